@@ -1,0 +1,137 @@
+import pytest
+import torch
+
+import xattn
+from tests.conftest import tiny_config
+
+SRC = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+TGT = torch.tensor([[1, 11, 12, 13], [1, 14, 15, 0]])
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return xattn.Transformer(tiny_config(**overrides)).eval()
+
+
+VARIANTS = [dict(), dict(norm="pre"), dict(positions="learned"), dict(score="dot"), dict(score="general"),
+            dict(score="additive"), dict(activation="gelu"),
+            dict(share_embeddings=True, tie_output=True, src_vocab_size=50)]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_future_tokens_do_not_change_earlier_logits(overrides):
+    model = _model(**overrides)
+    changed = TGT.clone()
+    changed[:, 2:] = torch.tensor([[20, 21], [22, 23]])
+    with torch.no_grad():
+        a, b = model(SRC, TGT).logits, model(SRC, changed).logits
+    torch.testing.assert_close(a[:, :2], b[:, :2])
+    assert not torch.allclose(a[:, 2:], b[:, 2:])
+
+
+@pytest.mark.parametrize("overrides", VARIANTS[:4], ids=str)
+def test_padding_leaves_real_positions_unchanged(overrides):
+    model = _model(**overrides)
+    with torch.no_grad():
+        a = model(SRC, TGT, need_weights=True)
+        b = model(torch.nn.functional.pad(SRC, (0, 3)), torch.nn.functional.pad(TGT, (0, 2)), need_weights=True)
+        single = model(SRC[1:, :3], TGT[1:, :3]).logits
+    torch.testing.assert_close(a.logits, b.logits[:, :4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(single, a.logits[1:, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.cross_attn[0], b.cross_attn[0][:, :, :4, :5], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
+def test_cached_incremental_decoding_equals_full_decoding(overrides):
+    model = _model(**overrides)
+    with torch.no_grad():
+        enc = model.encode(SRC)
+        full = model.decode(TGT, enc, need_weights=True)
+        cache = model.new_cache(enc)
+        steps = [model.decode(TGT[:, t:t + 1], None, cache=cache, need_weights=True) for t in range(TGT.shape[1])]
+    torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), full.logits, atol=1e-5, rtol=1e-5)
+    for layer in range(2):
+        torch.testing.assert_close(torch.cat([s.cross_attn[layer] for s in steps], 2), full.cross_attn[layer],
+                                   atol=1e-6, rtol=1e-5)
+    assert cache.length == TGT.shape[1]
+    assert cache.layers[0].self_k.shape == (2, 2, 4, 8)
+
+
+def test_cache_takes_several_positions_at_once_and_reorders():
+    model = _model()
+    with torch.no_grad():
+        enc = model.encode(SRC)
+        full = model.decode(TGT, enc).logits
+        cache = model.new_cache(enc)
+        first = model.decode(TGT[:, :3], None, cache=cache).logits
+        cache.select(torch.tensor([1, 0]))
+        last = model.decode(TGT.flip(0)[:, 3:], None, cache=cache).logits
+    torch.testing.assert_close(first, full[:, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last, full.flip(0)[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_shapes_rows_sum_to_one_and_zero_on_padding():
+    model = _model()
+    with torch.no_grad():
+        out = model(SRC, TGT, need_weights=True)
+    assert len(out.cross_attn) == 2 and len(out.self_attn) == 2
+    for w in out.cross_attn:
+        assert w.shape == (2, 2, 4, 5)  # (B, H, T, S)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4))
+        assert torch.all(w[1, :, :, 3:] == 0)
+    for w in out.self_attn:
+        assert w.shape == (2, 2, 4, 4)
+        assert torch.all(w.triu(1) == 0)
+    assert model(SRC, TGT).cross_attn is None
+
+
+def test_encoder_self_attention_on_request():
+    model = _model()
+    enc = model.encode(SRC, need_weights=True)
+    assert enc.states.shape == (2, 5, 16) and enc.mask.tolist()[1] == [True, True, True, False, False]
+    assert [w.shape for w in enc.self_attn] == [(2, 2, 5, 5)] * 2
+    assert model.encode(SRC).self_attn is None
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
+def test_parameter_groups_partition_every_parameter(overrides):
+    model = _model(**overrides)
+    groups = model.parameter_groups()
+    names = [n for g in groups.values() for n in g]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+    assert len(names) == len(set(names))
+    assert all(".cross_attn" in n for n in groups["xattn"])
+    assert not any("cross_attn" in n for g in ("enc", "dec", "src", "tgt") for n in groups[g])
+
+
+def test_parameter_names_are_pinned():
+    groups = _model().parameter_groups()
+    assert groups["src"] == ["src_embed.weight"]
+    assert groups["tgt"] == ["tgt_embed.weight", "generator.weight", "generator.bias"]
+    sub = lambda prefix, mods: [f"{prefix}.{m}.{p}" for m in mods for p in ("weight", "bias")]  # noqa: E731
+    attn = ["q_proj", "k_proj", "v_proj", "out_proj"]
+    enc = [n for i in range(2) for n in sub(f"encoder.layers.{i}.self_attn", attn)
+           + sub(f"encoder.layers.{i}", ["self_attn_norm", "ffn.fc1", "ffn.fc2", "ffn_norm"])]
+    dec = [n for i in range(2) for n in sub(f"decoder.layers.{i}.self_attn", attn)
+           + sub(f"decoder.layers.{i}", ["self_attn_norm", "ffn.fc1", "ffn.fc2", "ffn_norm"])]
+    xat = [n for i in range(2) for n in sub(f"decoder.layers.{i}.cross_attn", attn)
+           + sub(f"decoder.layers.{i}", ["cross_attn_norm"])]
+    assert groups["enc"] == enc
+    assert sorted(groups["dec"]) == sorted(dec)
+    assert sorted(groups["xattn"]) == sorted(xat)
+    pre = _model(norm="pre").parameter_groups()
+    assert "encoder.norm.weight" in pre["enc"] and "decoder.norm.weight" in pre["dec"]
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(xattn.XattnError, match="divisible"):
+        tiny_config(d_model=15)
+    with pytest.raises(xattn.XattnError, match="model.score"):
+        tiny_config(score="cosine")
+
+
+def test_gradients_reach_every_parameter():
+    model = _model(score="additive").train()
+    model(SRC, TGT).logits.sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert missing == []

@@ -1,0 +1,201 @@
+"""Attention as a key-value memory: masks, score functions, multi-head attention, the KV cache.
+
+Shapes: B batch, S source (key) length, T target (query) length, D model dim, H heads, Dh = D / H.
+Masks are boolean with True = may attend. They become -inf-like scores only inside `attend`;
+a query row with no key to attend gets all-zero weights (and a zero output), never NaN.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+# ---------------------------------------------------------------------------------------------- masks
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, S) bool, True = a real token."""
+    return ids.ne(pad_id)
+
+
+def causal_mask(n_queries: int, n_keys: int, device: torch.device | None = None) -> Tensor:
+    """(T, T_all) bool look-ahead mask for the last `n_queries` of `n_keys` positions.
+
+    Query i sits at absolute position n_keys - n_queries + i and may attend keys 0..that position.
+    """
+    offset = n_keys - n_queries
+    q = torch.arange(n_queries, device=device).unsqueeze(1) + offset
+    return torch.arange(n_keys, device=device).unsqueeze(0) <= q
+
+
+# -------------------------------------------------------------------------------------- score functions
+
+class DotScore(nn.Module):
+    """score(q, k) = q . k (Luong et al. 2015)."""
+
+    sdpa_scale: float | None = 1.0
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ k.transpose(-2, -1)  # (B, H, T, S)
+
+
+class ScaledDotScore(nn.Module):
+    """score(q, k) = q . k / sqrt(Dh) (Vaswani et al. 2017)."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.sdpa_scale = 1.0 / math.sqrt(head_dim)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return (q @ k.transpose(-2, -1)) * self.sdpa_scale  # (B, H, T, S)
+
+
+class GeneralScore(nn.Module):
+    """score(q, k) = q W k, one bilinear W (Dh, Dh) per head (Luong et al. 2015, "general")."""
+
+    sdpa_scale: float | None = None
+
+    def __init__(self, n_heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(head_dim).repeat(n_heads, 1, 1) / math.sqrt(head_dim))  # (H, Dh, Dh)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return (q @ self.weight.unsqueeze(0)) @ k.transpose(-2, -1)  # (B, H, T, S)
+
+
+class AdditiveScore(nn.Module):
+    """score(q, k) = v . tanh(Wq q + Wk k), per head (Bahdanau et al. 2015)."""
+
+    sdpa_scale: float | None = None
+
+    def __init__(self, n_heads: int, head_dim: int):
+        super().__init__()
+        self.query = nn.Parameter(torch.empty(n_heads, head_dim, head_dim))  # (H, Dh, Dh)
+        self.key = nn.Parameter(torch.empty(n_heads, head_dim, head_dim))
+        self.v = nn.Parameter(torch.empty(n_heads, head_dim))  # (H, Dh)
+        bound = 1.0 / math.sqrt(head_dim)
+        for p in (self.query, self.key, self.v):
+            nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        wq = (q @ self.query.unsqueeze(0)).unsqueeze(3)  # (B, H, T, 1, Dh)
+        wk = (k @ self.key.unsqueeze(0)).unsqueeze(2)  # (B, H, 1, S, Dh)
+        return (torch.tanh(wq + wk) @ self.v[None, :, None, :, None]).squeeze(-1)  # (B, H, T, S)
+
+
+def build_score(name: str, n_heads: int, head_dim: int) -> nn.Module:
+    """The score function module named in ModelConfig.score."""
+    table = {
+        "dot": lambda: DotScore(),
+        "scaled_dot": lambda: ScaledDotScore(head_dim),
+        "general": lambda: GeneralScore(n_heads, head_dim),
+        "additive": lambda: AdditiveScore(n_heads, head_dim),
+    }
+    return table[name]()
+
+
+# ------------------------------------------------------------------------------------------ attention
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Module,
+           dropout: float = 0.0, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Weighted sum of values under softmax(score(q, k)) restricted to `mask`.
+
+    q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
+    Returns the output (B, H, T, Dh) and, if `need_weights`, the weights (B, H, T, S) before dropout.
+    Without weights and with a dot-product score this runs through `F.scaled_dot_product_attention`.
+    """
+    if not need_weights and score.sdpa_scale is not None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=score.sdpa_scale)
+        return out, None
+    scores = score(q, k).float()  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights * mask  # rows with no allowed key: uniform -> exactly 0
+    weights = weights.to(v.dtype)
+    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    return dropped @ v, (weights if need_weights else None)  # (B, H, T, Dh)
+
+
+@dataclass
+class AttentionOutput:
+    out: Tensor                     # (B, T, D)
+    weights: Tensor | None = None   # (B, H, T, S), only when asked for
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention over a key-value memory: project, attend per head, concatenate, project.
+
+    The same module serves encoder self-attention, decoder masked self-attention and cross-attention;
+    what differs is where keys/values come from (`project_kv`) and the mask.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, score: nn.Module, dropout: float = 0.0):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.score = score
+        self.dropout = dropout
+
+    def _split(self, x: Tensor) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) memory -> keys and values, each (B, H, S, Dh)."""
+        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+
+    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
+                need_weights: bool = False) -> AttentionOutput:
+        """query (B, T, D); kv from `project_kv`; mask (B, T or 1, S) bool -> AttentionOutput."""
+        B, T, D = query.shape
+        q = self._split(self.q_proj(query))  # (B, H, T, Dh)
+        if mask is not None:
+            mask = mask.unsqueeze(1)  # (B, 1, T or 1, S)
+        p = self.dropout if self.training else 0.0
+        out, weights = attend(q, kv[0], kv[1], mask, self.score, p, need_weights)
+        out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return AttentionOutput(self.out_proj(out), weights)
+
+
+# ------------------------------------------------------------------------------------------- KV cache
+
+@dataclass
+class LayerCache:
+    """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed."""
+    cross_k: Tensor                 # (B, H, S, Dh)
+    cross_v: Tensor
+    self_k: Tensor | None = None    # (B, H, t, Dh), t = steps so far
+    self_v: Tensor | None = None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add this step's self-attention K/V (B, H, k, Dh); return all of them so far."""
+        if self.self_k is not None:
+            k, v = torch.cat([self.self_k, k], dim=2), torch.cat([self.self_v, v], dim=2)
+        self.self_k, self.self_v = k, v
+        return k, v
+
+
+@dataclass
+class DecoderCache:
+    """State of incremental decoding for a batch of hypotheses; see `Transformer.new_cache`."""
+    layers: list[LayerCache]
+    src_mask: Tensor                # (B, S) bool, True = token
+    length: int = 0                 # target positions processed so far
+
+    def select(self, index: Tensor) -> None:
+        """Keep (and reorder) batch rows `index` (N,), e.g. along beam back-pointers."""
+        self.src_mask = self.src_mask.index_select(0, index)
+        for layer in self.layers:
+            layer.cross_k = layer.cross_k.index_select(0, index)
+            layer.cross_v = layer.cross_v.index_select(0, index)
+            if layer.self_k is not None:
+                layer.self_k = layer.self_k.index_select(0, index)
+                layer.self_v = layer.self_v.index_select(0, index)

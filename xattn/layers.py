@@ -1,0 +1,109 @@
+"""Transformer layers: position-wise feed-forward, residual norms (post-LN, pre-LN), encoder and decoder layers.
+
+Shapes: B batch, S source length, T target length, D model dim, H heads.
+The attention modules are passed in by the builder (`model.py`), so a layer does not know which
+score function, or whether a learned or hard-coded attention, it runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from xattn.attention import LayerCache, MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(D, d_ff), activation, dropout, Linear(d_ff, D)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+
+class PostNorm(nn.LayerNorm):
+    """Residual then LayerNorm, as in Vaswani et al. (2017): x <- LN(x + sublayer(x))."""
+
+    def before(self, x: Tensor) -> Tensor:
+        return x
+
+    def after(self, x: Tensor, y: Tensor) -> Tensor:
+        return self(x + y)
+
+
+class PreNorm(nn.LayerNorm):
+    """LayerNorm on the sublayer's input (Xiong et al. 2020): x <- x + sublayer(LN(x))."""
+
+    def before(self, x: Tensor) -> Tensor:
+        return self(x)
+
+    def after(self, x: Tensor, y: Tensor) -> Tensor:
+        return x + y
+
+
+@dataclass
+class LayerWeights:
+    self_attn: Tensor | None = None     # (B, H, T, T) or (B, H, S, S)
+    cross_attn: Tensor | None = None    # (B, H, T, S)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention over the source, then the FFN; each sublayer with residual + LayerNorm."""
+
+    def __init__(self, self_attn: MultiHeadAttention, ffn: FeedForward, norm: type[nn.LayerNorm],
+                 d_model: int, dropout: float):
+        super().__init__()
+        self.self_attn = self_attn
+        self.self_attn_norm = norm(d_model)
+        self.ffn = ffn
+        self.ffn_norm = norm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, LayerWeights]:
+        """x (B, S, D), mask (B, 1, S) -> (B, S, D)."""
+        h = self.self_attn_norm.before(x)
+        a = self.self_attn(h, self.self_attn.project_kv(h), mask, need_weights)
+        x = self.self_attn_norm.after(x, self.dropout(a.out))
+        x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
+        return x, LayerWeights(self_attn=a.weights)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, then the FFN."""
+
+    def __init__(self, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention, ffn: FeedForward,
+                 norm: type[nn.LayerNorm], d_model: int, dropout: float):
+        super().__init__()
+        self.self_attn = self_attn
+        self.self_attn_norm = norm(d_model)
+        self.cross_attn = cross_attn
+        self.cross_attn_norm = norm(d_model)
+        self.ffn = ffn
+        self.ffn_norm = norm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, self_mask: Tensor, cross_mask: Tensor, cache: LayerCache,
+                need_weights: bool = False, grow_cache: bool = False) -> tuple[Tensor, LayerWeights]:
+        """x (B, T, D), self_mask (T, T_all) or (B, T, T_all), cross_mask (B, 1, S) -> (B, T, D).
+
+        `cache` holds the cross-attention K/V; with `grow_cache` this step's self-attention K/V
+        are appended to it and attention runs over all steps so far.
+        """
+        h = self.self_attn_norm.before(x)
+        kv = self.self_attn.project_kv(h)
+        if grow_cache:
+            kv = cache.append(*kv)
+        a = self.self_attn(h, kv, self_mask, need_weights)
+        x = self.self_attn_norm.after(x, self.dropout(a.out))
+        h = self.cross_attn_norm.before(x)
+        c = self.cross_attn(h, (cache.cross_k, cache.cross_v), cross_mask, need_weights)
+        x = self.cross_attn_norm.after(x, self.dropout(c.out))
+        x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
+        return x, LayerWeights(self_attn=a.weights, cross_attn=c.weights)

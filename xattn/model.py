@@ -1,0 +1,200 @@
+"""The encoder-decoder Transformer: embeddings + positions, encoder, decoder with cross-attention, generator.
+
+Shapes: B batch, S source length, T target length, D model dim, H heads, L layers, V vocabulary.
+Public API: `encode`, `decode`, `forward` (teacher forcing), `new_cache`, `parameter_groups`.
+Parameter names are public API (transfer and partial checkpoints rely on them); tests pin them.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from xattn.attention import DecoderCache, LayerCache, MultiHeadAttention, build_score, causal_mask, padding_mask
+from xattn.config import ModelConfig
+from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
+
+
+@dataclass
+class EncoderOutput:
+    states: Tensor                              # (B, S, D)
+    mask: Tensor                                # (B, S) bool, True = token
+    self_attn: tuple[Tensor, ...] | None = None  # L x (B, H, S, S), only when asked for
+
+
+@dataclass
+class DecoderOutput:
+    logits: Tensor                               # (B, T, V)
+    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights
+    self_attn: tuple[Tensor, ...] | None = None   # L x (B, H, T, T_all), only with need_weights
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos position encodings (Vaswani et al. 2017); the table grows on demand."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", self._table(256), persistent=False)
+
+    def _table(self, n: int) -> Tensor:
+        pos = torch.arange(n, dtype=torch.float32).unsqueeze(1)  # (n, 1)
+        freq = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / self.d_model))
+        table = torch.zeros(n, self.d_model)
+        table[:, 0::2] = torch.sin(pos * freq)
+        table[:, 1::2] = torch.cos(pos * freq[: self.d_model // 2])
+        return table  # (n, D)
+
+    def forward(self, offset: int, length: int) -> Tensor:
+        if offset + length > self.table.shape[0]:
+            self.table = self._table(2 * (offset + length)).to(self.table.device)
+        return self.table[offset: offset + length]  # (T, D)
+
+
+class LearnedPositions(nn.Embedding):
+    """One trained vector per position, up to ModelConfig.max_positions."""
+
+    def forward(self, offset: int, length: int) -> Tensor:  # type: ignore[override]
+        if offset + length > self.num_embeddings:
+            raise ValueError(f"position {offset + length} beyond max_positions={self.num_embeddings}")
+        return self.weight[offset: offset + length]  # (T, D)
+
+
+AttentionBuilder = Callable[[str, int], nn.Module]
+"""(place, layer index) -> attention module; place is "enc_self", "dec_self" or "cross"."""
+
+
+def default_attention(cfg: ModelConfig) -> AttentionBuilder:
+    """Learned multi-head attention with the config's score function in all three places."""
+    def build(place: str, layer: int) -> nn.Module:
+        score = build_score(cfg.score, cfg.n_heads, cfg.d_model // cfg.n_heads)
+        return MultiHeadAttention(cfg.d_model, cfg.n_heads, score, cfg.attention_dropout)
+    return build
+
+
+class Stack(nn.Module):
+    """Layers plus the final LayerNorm that pre-LN needs (identity for post-LN)."""
+
+    def __init__(self, layers: list[nn.Module], norm: nn.Module):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer whose cross-attention weights are a first-class output."""
+
+    def __init__(self, cfg: ModelConfig, attention: AttentionBuilder | None = None):
+        super().__init__()
+        self.cfg = cfg
+        attention = attention or default_attention(cfg)
+        D, norm = cfg.d_model, {"post": PostNorm, "pre": PreNorm}[cfg.norm]
+        ffn = lambda: FeedForward(D, cfg.d_ff, cfg.activation, cfg.dropout)  # noqa: E731
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, D, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, D, padding_idx=cfg.pad_id)
+        positions = (lambda: SinusoidalPositions(D)) if cfg.positions == "sinusoidal" \
+            else (lambda: LearnedPositions(cfg.max_positions, D))
+        self.src_pos, self.tgt_pos = positions(), positions()
+        final_norm = (lambda: nn.LayerNorm(D)) if cfg.norm == "pre" else nn.Identity
+        self.encoder = Stack([EncoderLayer(attention("enc_self", i), ffn(), norm, D, cfg.dropout)
+                              for i in range(cfg.n_encoder_layers)], final_norm())
+        self.decoder = Stack([DecoderLayer(attention("dec_self", i), attention("cross", i), ffn(), norm, D, cfg.dropout)
+                              for i in range(cfg.n_decoder_layers)], final_norm())
+        self.generator = nn.Linear(D, cfg.tgt_vocab_size)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.embed_scale = math.sqrt(D)
+        self._init_weights()
+        if cfg.tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if name.endswith(("embed.weight", "pos.weight")):
+                nn.init.normal_(p, 0.0, self.cfg.d_model ** -0.5)
+                if "embed" in name:
+                    with torch.no_grad():
+                        p[self.cfg.pad_id].zero_()
+            elif p.dim() == 2 and name.endswith("weight"):
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias") and "norm" not in name:
+                nn.init.zeros_(p)
+
+    # ------------------------------------------------------------------------------------ encode
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token)."""
+        mask = padding_mask(src, self.cfg.pad_id)
+        x = self.dropout(self.src_embed(src) * self.embed_scale + self.src_pos(0, src.shape[1]))
+        weights = []
+        for layer in self.encoder.layers:
+            x, w = layer(x, mask.unsqueeze(1), need_weights)  # mask (B, 1, S)
+            weights.append(w.self_attn)
+        return EncoderOutput(self.encoder.norm(x), mask, tuple(weights) if need_weights else None)
+
+    # ------------------------------------------------------------------------------------ decode
+
+    def new_cache(self, enc: EncoderOutput) -> DecoderCache:
+        """An empty incremental-decoding cache; cross-attention K/V are computed here, once."""
+        layers = [LayerCache(*layer.cross_attn.project_kv(enc.states)) for layer in self.decoder.layers]
+        return DecoderCache(layers, enc.mask)
+
+    def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
+               need_weights: bool = False) -> DecoderOutput:
+        """tgt (B, T) int64 (starting with BOS) -> DecoderOutput(logits (B, T, V), ...).
+
+        Without a cache, T positions are decoded at once under a look-ahead mask. With a cache,
+        `tgt` holds only the new positions (usually T = 1); the cache grows by T and `enc` may be None.
+        """
+        offset = cache.length if cache is not None else 0
+        T = tgt.shape[1]
+        x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + self.tgt_pos(offset, T))
+        if cache is None:
+            assert enc is not None, "decode without a cache needs the encoder output"
+            layer_caches, src_mask = [LayerCache(*l.cross_attn.project_kv(enc.states)) for l in self.decoder.layers], enc.mask
+        else:
+            layer_caches, src_mask = cache.layers, cache.src_mask
+        self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
+        cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)
+        cross, selfw = [], []
+        for layer, lc in zip(self.decoder.layers, layer_caches):
+            x, w = layer(x, self_mask, cross_mask, lc, need_weights, grow_cache=cache is not None)
+            cross.append(w.cross_attn)
+            selfw.append(w.self_attn)
+        if cache is not None:
+            cache.length += T
+        logits = self.generator(self.decoder.norm(x))
+        if not need_weights:
+            return DecoderOutput(logits)
+        return DecoderOutput(logits, tuple(cross), tuple(selfw))
+
+    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False) -> DecoderOutput:
+        """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token."""
+        return self.decode(tgt, self.encode(src), need_weights=need_weights)
+
+    # ------------------------------------------------------------------------------ parameter groups
+
+    GROUP_PATTERNS = (
+        ("xattn", re.compile(r"decoder\.layers\.\d+\.cross_attn(_norm)?\.")),
+        ("enc", re.compile(r"encoder\.")),
+        ("dec", re.compile(r"decoder\.")),
+        ("src", re.compile(r"src_(embed|pos)\.")),
+        ("tgt", re.compile(r"(tgt_(embed|pos)|generator)\.")),
+    )
+
+    def parameter_groups(self) -> dict[str, list[str]]:
+        """Partition of all parameter names into src, tgt, enc, dec, xattn (Gheini et al. 2021).
+
+        xattn is every decoder layer's cross-attention and its LayerNorm. A parameter shared by
+        two names (tied embeddings) appears once, under the first name PyTorch reports.
+        """
+        groups: dict[str, list[str]] = {name: [] for name in ("src", "tgt", "enc", "dec", "xattn")}
+        for name, _ in self.named_parameters():
+            group = next((g for g, pattern in self.GROUP_PATTERNS if pattern.match(name)), None)
+            if group is None:
+                raise RuntimeError(f"parameter {name} belongs to no group")
+            groups[group].append(name)
+        return groups
