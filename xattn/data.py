@@ -1,0 +1,411 @@
+"""Parallel corpora: reading and validation, cleaning, token-budget batching, Multi30k and numbers datasets.
+
+Shapes: B batch, S source length (tokens + eos), T target length (tokens + 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gzip
+import http.client
+import os
+import urllib.error
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import num2words
+import numpy as np
+import torch
+
+from xattn.errors import XattnError
+from xattn.io import atomic_write_bytes
+from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+
+Pair = tuple[str, str]
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a plain or `.gz` UTF-8 text file (a leading BOM is dropped), trailing whitespace stripped."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError as e:
+        raise XattnError(f"{path}: no such file") from e
+    except (OSError, EOFError) as e:
+        raise XattnError(f"{path}: cannot read ({e})") from e
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [_decode(line, path, n) for n, line in enumerate(lines, start=1)]
+
+
+def _decode(line: bytes, path: Path, line_number: int) -> str:
+    try:
+        return line.decode("utf-8").rstrip()
+    except UnicodeDecodeError as e:
+        raise XattnError(f"{path}: line {line_number}: invalid UTF-8") from e
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:
+    """Two line-aligned files (plain or `.gz`) -> [(src, tgt), ...]."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise XattnError(
+            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+        )
+    return list(zip(src, tgt))
+
+
+def read_tsv(path: str | Path) -> list[Pair]:
+    """A file with one `src<TAB>tgt` pair per line -> [(src, tgt), ...]."""
+    pairs = []
+    for n, line in enumerate(read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise XattnError(f"{path}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    return pairs
+
+
+@dataclass
+class FilterStats:
+    """How many pairs `clean_pairs` kept, and why it dropped the others."""
+
+    kept: int = 0
+    empty: int = 0
+    too_long: int = 0
+    ratio: int = 0
+
+
+def _word_count(text: str) -> int:
+    return len(text.split())
+
+
+def clean_pairs(
+    pairs: Sequence[Pair],
+    max_len: int | None = None,
+    max_ratio: float | None = None,
+    length: Callable[[str], int] = _word_count,
+) -> tuple[list[Pair], FilterStats]:
+    """Drop pairs with an empty side, a side longer than `max_len`, or a longer/shorter ratio above `max_ratio`.
+
+    `length` measures a sentence (default: whitespace words; pass e.g. a tokenizer's
+    `lambda s: len(tok.encode(s))` for tokens). Checks apply in that order; each dropped pair is counted once.
+    """
+    kept, stats = [], FilterStats()
+    for src, tgt in pairs:
+        if not src.strip() or not tgt.strip():
+            stats.empty += 1
+            continue
+        n_src, n_tgt = length(src), length(tgt)
+        if max_len is not None and max(n_src, n_tgt) > max_len:
+            stats.too_long += 1
+        elif max_ratio is not None and max(n_src, n_tgt) / max(1, min(n_src, n_tgt)) > max_ratio:
+            stats.ratio += 1
+        else:
+            kept.append((src, tgt))
+    stats.kept = len(kept)
+    return kept, stats
+
+
+@dataclass
+class Batch:
+    """One padded training batch; padding is `pad_id` on the right.
+
+    src (B, S) int64: tokens + eos.  tgt_in (B, T) int64: bos + tokens.  tgt_out (B, T) int64: tokens + eos.
+    n_tgt_tokens: non-pad positions in tgt_out.  indices: corpus index of each row.
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    n_tgt_tokens: int
+    indices: list[int]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return replace(self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device))
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
+    """N id lists -> (N, max len) int64, right-padded with `pad_id`."""
+    out = torch.full((len(seqs), max((len(s) for s in seqs), default=0)), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+def collate(
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]],
+    indices: Sequence[int],
+    pad_id: int = PAD_ID,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> Batch:
+    """Token ids without bos/eos -> a Batch (src gets eos; tgt_in gets bos, tgt_out gets eos)."""
+    tgt_out = pad_sequences([[*t, eos_id] for t in tgt_ids], pad_id)
+    return Batch(
+        src=pad_sequences([[*s, eos_id] for s in src_ids], pad_id),
+        tgt_in=pad_sequences([[bos_id, *t] for t in tgt_ids], pad_id),
+        tgt_out=tgt_out,
+        n_tgt_tokens=int((tgt_out != pad_id).sum()),
+        indices=list(indices),
+    )
+
+
+@dataclass
+class TokenizedCorpus:
+    """Token ids of a parallel corpus, without bos/eos."""
+
+    src: list[list[int]]
+    tgt: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def src_lengths(self) -> list[int]:
+        """Length of each source row in a Batch (tokens + eos)."""
+        return [len(s) + 1 for s in self.src]
+
+    def tgt_lengths(self) -> list[int]:
+        """Length of each target row in a Batch (tokens + bos or eos)."""
+        return [len(t) + 1 for t in self.tgt]
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], indices)
+
+
+def tokenize_pairs(pairs: Sequence[Pair], tokenizers: TokenizerPair, max_len: int | None = None) -> TokenizedCorpus:
+    """Encode both sides; with `max_len`, keep at most that many tokens per side (before bos/eos)."""
+    src = tokenizers.src.encode_batch([s for s, _ in pairs])
+    tgt = tokenizers.tgt.encode_batch([t for _, t in pairs])
+    if max_len is not None:
+        src, tgt = [s[:max_len] for s in src], [t[:max_len] for t in tgt]
+    return TokenizedCorpus(src, tgt)
+
+
+class TokenBatchSampler:
+    """Batches of corpus indices whose padded size n_sentences * max(S, T) stays within `max_tokens`.
+
+    With `shuffle`, each epoch shuffles the corpus, sorts chunks of `bucket_size` examples by length,
+    packs them greedily and shuffles the batch order; the result is a pure function of
+    (seed, epoch, lengths), so training can resume at any batch of any epoch. Without `shuffle`,
+    batches follow ascending length (for validation and translation). An example longer than
+    `max_tokens` gets a batch of its own.
+    """
+
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        bucket_size: int = 8192,
+    ):
+        if len(src_lengths) != len(tgt_lengths):
+            raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
+        if max_tokens <= 0 or bucket_size <= 0 or seed < 0:
+            raise XattnError(f"max_tokens, bucket_size must be positive and seed >= 0, got "
+                             f"{max_tokens}, {bucket_size}, {seed}")
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.max_tokens, self.shuffle, self.seed, self.bucket_size = max_tokens, shuffle, seed, bucket_size
+        self._lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+
+    def batches(self, epoch: int = 0) -> list[list[int]]:
+        """The batches of `epoch`, in order, each a list of corpus indices."""
+        if not self.shuffle:
+            return self._pack(np.argsort(self._lengths, kind="stable"))
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self._lengths))
+        batches = []
+        for start in range(0, len(order), self.bucket_size):
+            chunk = order[start : start + self.bucket_size]
+            batches += self._pack(chunk[np.argsort(self._lengths[chunk], kind="stable")])
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def _pack(self, indices: np.ndarray) -> list[list[int]]:
+        batches, current, longest = [], [], 0
+        for i, n in zip(indices.tolist(), self._lengths[indices].tolist()):
+            if current and (len(current) + 1) * max(longest, n) > self.max_tokens:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, n)
+        if current:
+            batches.append(current)
+        return batches
+
+    def __len__(self) -> int:
+        """Number of batches in epoch 0 (other epochs may differ slightly)."""
+        return len(self.batches(0))
+
+    def padding_fraction(self, batches: Sequence[Sequence[int]]) -> float:
+        """Fraction of padded positions over the src and tgt tensors of `batches`."""
+        real = padded = 0
+        for batch in batches:
+            src, tgt = self.src_lengths[list(batch)], self.tgt_lengths[list(batch)]
+            real += int(src.sum() + tgt.sum())
+            padded += len(batch) * int(src.max() + tgt.max())
+        return 1.0 - real / padded if padded else 0.0
+
+
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
+MULTI30K_ALIASES = {"test": "test_2016_flickr"}
+MULTI30K_LANGS = ("en", "de", "fr", "cs")
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}"
+
+
+def multi30k_files(split: str, lang: str, data_dir: str | Path | None = None) -> Path:
+    """Path of Multi30k `{split}.{lang}.gz` (split "test" means "test_2016_flickr").
+
+    Looks in `data_dir`, else in $XATTN_DATA (the multi30k folder or its parent), else in
+    the user cache (~/.cache/xattn/multi30k, honouring $XDG_CACHE_HOME), downloading what is missing.
+    """
+    split = MULTI30K_ALIASES.get(split, split)
+    if split not in MULTI30K_SPLITS:
+        raise XattnError(f"unknown Multi30k split {split!r}; valid: {', '.join(MULTI30K_SPLITS)} (or test)")
+    if lang not in MULTI30K_LANGS:
+        raise XattnError(f"unknown Multi30k language {lang!r}; valid: {', '.join(MULTI30K_LANGS)}")
+    name = f"{split}.{lang}.gz"
+    for origin, folder in (("data_dir", data_dir), ("XATTN_DATA", os.environ.get("XATTN_DATA"))):
+        if folder:
+            return _find_local(Path(folder), name, origin)
+    path = _cache_dir() / name
+    if not path.is_file():
+        _download(MULTI30K_URL.format(name=name), path)
+    return path
+
+
+def _find_local(folder: Path, name: str, origin: str) -> Path:
+    for candidate in (folder / name, folder / "multi30k" / name):
+        if candidate.is_file():
+            return candidate
+    raise XattnError(f"{folder} (from {origin}): no {name} there or in {folder / 'multi30k'}")
+
+
+def _cache_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "xattn" / "multi30k"
+
+
+def _download(url: str, path: Path) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            data = response.read()
+    except (OSError, http.client.HTTPException) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise XattnError(
+            f"cannot download Multi30k {path.name} from {url} ({reason}; offline?); "
+            f"pass --data-dir or set XATTN_DATA to a folder with {path.name}"
+        ) from e
+    if not data.startswith(b"\x1f\x8b"):
+        raise XattnError(f"{url}: downloaded file is not gzip data")
+    atomic_write_bytes(path, data)
+
+
+def multi30k(src_lang: str, tgt_lang: str, split: str, data_dir: str | Path | None = None) -> list[Pair]:
+    """Multi30k task 1 sentence pairs of one split, e.g. multi30k("de", "en", "train")."""
+    return read_parallel(multi30k_files(split, src_lang, data_dir), multi30k_files(split, tgt_lang, data_dir))
+
+
+NUMBERS_LANGS = ("en", "de", "fr", "cs", "digits")
+NUMBERS_SIZES = {"train": 20000, "val": 500, "test": 500}
+NUMBERS_MAX = 1_000_000
+NUMBERS_HELD_OUT = 0.1
+
+
+def numbers(src_lang: str, tgt_lang: str, split: str, size: int | None = None, seed: int = 0) -> list[Pair]:
+    """Cardinal numbers 0..999,999 written out by num2words, lowercased.
+
+    e.g. numbers("de", "en", ...) holds ("siebenhundertdreiundzwanzig", "seven hundred and twenty-three").
+    "digits" as a language gives "723". For one seed the splits use disjoint numbers (0..99 are
+    always in train), and every magnitude (1 to 6 digits) gets an equal share where the split has enough.
+    """
+    for lang in (src_lang, tgt_lang):
+        if lang not in NUMBERS_LANGS:
+            raise XattnError(f"unknown numbers language {lang!r}; valid: {', '.join(NUMBERS_LANGS)}")
+    if split not in NUMBERS_SIZES:
+        raise XattnError(f"unknown numbers split {split!r}; valid: {', '.join(NUMBERS_SIZES)}")
+    values = _sample_numbers(split, NUMBERS_SIZES[split] if size is None else size, seed)
+    src_words, tgt_words = _number_words(src_lang), _number_words(tgt_lang)
+    return [(src_words(v), tgt_words(v)) for v in values]
+
+
+def _sample_numbers(split: str, size: int, seed: int) -> list[int]:
+    split_index = list(NUMBERS_SIZES).index(split)
+    u = np.random.default_rng([seed, 0]).random(NUMBERS_MAX)
+    assigned = np.where(u < NUMBERS_HELD_OUT, 2, np.where(u < 2 * NUMBERS_HELD_OUT, 1, 0))
+    assigned[:100] = 0
+    in_split = assigned == split_index
+    bounds = [(0 if d == 1 else 10 ** (d - 1), 10**d) for d in range(1, 7)]
+    buckets = [np.flatnonzero(in_split[lo:hi]) + lo for lo, hi in bounds]
+    quotas = _equal_shares([len(b) for b in buckets], size)
+    if quotas is None:
+        raise XattnError(f"numbers split {split!r} has {int(in_split.sum())} numbers, {size} requested")
+    rng = np.random.default_rng([seed, 1 + split_index])
+    chosen = np.concatenate([rng.choice(b, q, replace=False) for b, q in zip(buckets, quotas)])
+    rng.shuffle(chosen)
+    return chosen.tolist()
+
+
+def _equal_shares(capacities: list[int], total: int) -> list[int] | None:
+    """Split `total` as evenly as the capacities allow; None if they cannot hold it."""
+    if total > sum(capacities):
+        return None
+    shares, remaining = [0] * len(capacities), total
+    order = sorted(range(len(capacities)), key=capacities.__getitem__)
+    for k, i in enumerate(order):
+        shares[i] = min(capacities[i], remaining // (len(order) - k))
+        remaining -= shares[i]
+    return shares
+
+
+@functools.cache
+def _number_words(lang: str) -> Callable[[int], str]:
+    """num2words' cardinal for `lang`, lowercased.
+
+    num2words scans its whole table of number words (up to 10**600) at every step; a copy of the
+    converter restricted to words below our range gives identical output about 10 times faster.
+    """
+    if lang == "digits":
+        return str
+    converter = copy.copy(num2words.CONVERTER_CLASSES[lang])
+    if isinstance(getattr(converter, "cards", None), dict):
+        converter.cards = OrderedDict((k, v) for k, v in converter.cards.items() if k <= NUMBERS_MAX)
+    return lambda n: converter.to_cardinal(n).lower()
+
+
+DATASETS = ("multi30k", "numbers")
+
+
+def load_pairs(
+    dataset: str,
+    src_lang: str,
+    tgt_lang: str,
+    split: str,
+    data_dir: str | Path | None = None,
+    size: int | None = None,
+    seed: int = 0,
+) -> list[Pair]:
+    """Sentence pairs of a named dataset.
+
+    `size` keeps the first `size` pairs of Multi30k, or generates that many numbers; `seed` is for numbers.
+    """
+    if dataset == "multi30k":
+        pairs = multi30k(src_lang, tgt_lang, split, data_dir)
+        return pairs if size is None else pairs[:size]
+    if dataset == "numbers":
+        return numbers(src_lang, tgt_lang, split, size, seed)
+    raise XattnError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")

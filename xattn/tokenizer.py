@@ -1,0 +1,183 @@
+"""SentencePiece tokenizers: training from in-memory text, loading, and the src/tgt pair.
+
+Special ids are fixed for every model xattn trains: pad=0, bos=1, eos=2, unk=3.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from xattn.errors import XattnError
+from xattn.io import atomic_write_bytes
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+JOINT_MODEL = "spm.model"
+SRC_MODEL = "spm.src.model"
+TGT_MODEL = "spm.tgt.model"
+
+
+class Tokenizer:
+    """A loaded SentencePiece model; ids are plain Python ints, without bos/eos unless added by the caller."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path):
+        self._sp = processor
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise XattnError(f"{path}: tokenizer model not found")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.load(str(path))
+        except (OSError, RuntimeError) as e:
+            raise XattnError(f"{path}: not a SentencePiece model ({e})") from e
+        return cls(processor, path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self._sp.pad_id()
+
+    @property
+    def bos_id(self) -> int:
+        return self._sp.bos_id()
+
+    @property
+    def eos_id(self) -> int:
+        return self._sp.eos_id()
+
+    @property
+    def unk_id(self) -> int:
+        return self._sp.unk_id()
+
+    def encode(self, text: str) -> list[int]:
+        """One sentence -> token ids (L,), no bos/eos."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """N sentences -> N lists of token ids, no bos/eos."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> detokenised text; pad, bos and eos ids are dropped."""
+        specials = {self.pad_id, self.bos_id, self.eos_id}
+        return self._sp.decode([int(i) for i in ids if int(i) not in specials])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """Token ids -> their pieces, e.g. ['▁Ein', '▁Hund', '</s>']."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def train_sentencepiece(
+    texts: Iterable[str],
+    model_path: str | Path,
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+) -> Tokenizer:
+    """Train a SentencePiece model on `texts` and write it atomically to `model_path`.
+
+    The vocabulary may come out smaller than `vocab_size` on a small corpus (no hard limit).
+    The learned vocabulary depends only on the texts and options, not on the thread count.
+    """
+    if model_type not in MODEL_TYPES:
+        raise XattnError(f"unknown tokenizer model_type {model_type!r}; valid: {', '.join(MODEL_TYPES)}")
+    if vocab_size < 8:
+        raise XattnError(f"vocab_size must be at least 8, got {vocab_size}")
+    sentences = [t for t in texts if t.strip()]
+    if not sentences:
+        raise XattnError(f"{model_path}: no non-empty sentences to train the tokenizer on")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+            hard_vocab_limit=False,
+            num_threads=min(16, os.cpu_count() or 1),
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise XattnError(f"{model_path}: SentencePiece training failed: {e}") from e
+    model_path = Path(model_path)
+    atomic_write_bytes(model_path, model.getvalue())
+    return Tokenizer.load(model_path)
+
+
+@dataclass(frozen=True)
+class TokenizerPair:
+    """Source and target tokenizers; with `joint` they are the same object (one shared model)."""
+
+    src: Tokenizer
+    tgt: Tokenizer
+    joint: bool
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.src.path,) if self.joint else (self.src.path, self.tgt.path)
+
+
+def train_tokenizers(
+    src_texts: Iterable[str],
+    tgt_texts: Iterable[str],
+    out_dir: str | Path,
+    vocab_size: int,
+    joint: bool,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+) -> TokenizerPair:
+    """Train `spm.model` (joint) or `spm.src.model` + `spm.tgt.model` in `out_dir`.
+
+    Files of the other layout left in `out_dir` are removed so that `load_tokenizers` is unambiguous.
+    """
+    out_dir = Path(out_dir)
+    options = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage)
+    if joint:
+        tok = train_sentencepiece(itertools.chain(src_texts, tgt_texts), out_dir / JOINT_MODEL, **options)
+        stale = (SRC_MODEL, TGT_MODEL)
+        pair = TokenizerPair(tok, tok, joint=True)
+    else:
+        src = train_sentencepiece(src_texts, out_dir / SRC_MODEL, **options)
+        tgt = train_sentencepiece(tgt_texts, out_dir / TGT_MODEL, **options)
+        stale = (JOINT_MODEL,)
+        pair = TokenizerPair(src, tgt, joint=False)
+    for name in stale:
+        (out_dir / name).unlink(missing_ok=True)
+    return pair
+
+
+def load_tokenizers(out_dir: str | Path) -> TokenizerPair:
+    """Load whichever layout `out_dir` holds: `spm.model`, or `spm.src.model` + `spm.tgt.model`."""
+    out_dir = Path(out_dir)
+    has_joint = (out_dir / JOINT_MODEL).is_file()
+    has_src, has_tgt = (out_dir / SRC_MODEL).is_file(), (out_dir / TGT_MODEL).is_file()
+    if has_joint and (has_src or has_tgt):
+        raise XattnError(f"{out_dir}: both {JOINT_MODEL} and {SRC_MODEL}/{TGT_MODEL} exist; remove one layout")
+    if has_joint:
+        tok = Tokenizer.load(out_dir / JOINT_MODEL)
+        return TokenizerPair(tok, tok, joint=True)
+    if has_src and has_tgt:
+        return TokenizerPair(Tokenizer.load(out_dir / SRC_MODEL), Tokenizer.load(out_dir / TGT_MODEL), joint=False)
+    if has_src or has_tgt:
+        missing = TGT_MODEL if has_src else SRC_MODEL
+        raise XattnError(f"{out_dir}: {missing} is missing")
+    raise XattnError(f"{out_dir}: no tokenizer found (expected {JOINT_MODEL} or {SRC_MODEL} + {TGT_MODEL})")
