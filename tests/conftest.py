@@ -20,3 +20,7 @@ def tiny_config(**overrides) -> xattn.ModelConfig:
 def tiny_model():
     torch.manual_seed(0)
     return xattn.Transformer(tiny_config()).eval()
+
+
+# Tests use tiny models; one thread avoids contention on small machines and keeps results repeatable.
+torch.set_num_threads(1)

@@ -71,8 +71,8 @@ class DataConfig:
     numbers_size: int = 20000           # training pairs of the numbers dataset
     vocab_size: int = 8000
     joint_vocab: bool = True            # one SentencePiece model for both sides
-    max_len: int = 100                  # pairs longer than this (tokens, either side) are dropped
-    max_ratio: float = 3.0              # pairs whose length ratio exceeds this are dropped
+    max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
+    max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
 
     def __post_init__(self) -> None:
         if self.dataset is not None:

@@ -93,18 +93,19 @@ def clean_pairs(
     max_len: int | None = None,
     max_ratio: float | None = None,
     length: Callable[[str], int] = _word_count,
+    tgt_length: Callable[[str], int] | None = None,
 ) -> tuple[list[Pair], FilterStats]:
     """Drop pairs with an empty side, a side longer than `max_len`, or a longer/shorter ratio above `max_ratio`.
 
     `length` measures a sentence (default: whitespace words; pass e.g. a tokenizer's
-    `lambda s: len(tok.encode(s))` for tokens). Checks apply in that order; each dropped pair is counted once.
+    `lambda s: len(tok.encode(s))` for tokens); `tgt_length`, if given, measures the target side. Checks apply in that order; each dropped pair is counted once.
     """
     kept, stats = [], FilterStats()
     for src, tgt in pairs:
         if not src.strip() or not tgt.strip():
             stats.empty += 1
             continue
-        n_src, n_tgt = length(src), length(tgt)
+        n_src, n_tgt = length(src), (tgt_length or length)(tgt)
         if max_len is not None and max(n_src, n_tgt) > max_len:
             stats.too_long += 1
         elif max_ratio is not None and max(n_src, n_tgt) / max(1, min(n_src, n_tgt)) > max_ratio:

@@ -1,0 +1,62 @@
+"""Shared by the benchmark scripts: machine description, result files, timing."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def data_dir() -> str:
+    return os.environ.get("XATTN_DATA", str(DEFAULT_DATA))
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=ROOT).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def write_result(name: str, figures: dict) -> Path:
+    """benchmarks/results/NAME.json with commit, date, machine, command and the figures."""
+    record = {"benchmark": name, "commit": commit(), "date": datetime.date.today().isoformat(),
+              "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv]), **figures}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times

@@ -1,0 +1,218 @@
+import itertools
+
+import pytest
+import torch
+
+import xattn
+from tests.conftest import tiny_config
+from xattn.decoding import Hypothesis, beam_search, gnmt_penalty, greedy, max_lengths, search
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def eos_model(vocab: int = 30, seed: int = 0, scale: float = 3.0, eos_bias: float = 1.5) -> xattn.Transformer:
+    """A random tiny model whose sharpened, EOS-biased generator ends sentences at different lengths."""
+    torch.manual_seed(seed)
+    model = xattn.Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(scale)
+        model.generator.bias[EOS] = eos_bias
+    return model
+
+
+def random_src(seed: int, batch: int = 8, vocab: int = 30, max_len: int = 7) -> torch.Tensor:
+    """(batch, max_len) sources of lengths 2..max_len, each ending with EOS, right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((batch, max_len), PAD)
+    for i in range(batch):
+        n = int(torch.randint(1, max_len, (1,), generator=g))
+        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
+        src[i, n] = EOS
+    return src
+
+
+def sequence_log_prob(model, src_row: torch.Tensor, tokens: list[int]) -> float:
+    """Teacher-forced log P(tokens + EOS | src) over the full vocabulary, no cache."""
+    src = src_row[src_row.ne(PAD)].unsqueeze(0)
+    tgt = torch.tensor([[BOS] + tokens])
+    with torch.no_grad():
+        lp = model(src, tgt).logits.log_softmax(-1)[0]  # (T, V)
+    return float(lp.gather(1, torch.tensor(tokens + [EOS]).unsqueeze(1)).sum())
+
+
+def reference_greedy(model, src_row: torch.Tensor, max_len: int) -> tuple[list[int], float]:
+    """Greedy search re-running the whole decoder at every step; pad and BOS are never chosen."""
+    src = src_row[src_row.ne(PAD)].unsqueeze(0)
+    tokens, total = [], 0.0
+    with torch.no_grad():
+        enc = model.encode(src)
+        for t in range(max_len + 1):
+            lp = model.decode(torch.tensor([[BOS] + tokens]), enc).logits[0, -1].log_softmax(-1)
+            lp[[PAD, BOS]] = float("-inf")
+            token = EOS if t == max_len else int(lp.argmax())
+            total += float(lp[token])
+            if token == EOS:
+                return tokens, total
+            tokens.append(token)
+    raise AssertionError("unreachable")
+
+
+def reference_beam(model, src_row: torch.Tensor, K: int, alpha: float, n_best: int, max_len: int):
+    """One-sentence beam search with the same rules, re-running the whole decoder per hypothesis."""
+    src = src_row[src_row.ne(PAD)].unsqueeze(0)
+    beam, finished = [([], 0.0)], []
+    with torch.no_grad():
+        enc = model.encode(src)
+        for t in range(max_len + 1):
+            candidates = []
+            for tokens, total in beam:
+                lp = model.decode(torch.tensor([[BOS] + tokens]), enc).logits[0, -1].log_softmax(-1).tolist()
+                allowed = [EOS] if t == max_len else range(EOS, len(lp))
+                candidates += [(total + lp[v], tokens, v) for v in allowed]
+            candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * K]
+            finished += [(tokens, total) for total, tokens, v in candidates[:K] if v == EOS]
+            beam = [(tokens + [v], total) for total, tokens, v in candidates if v != EOS][:K]
+            if len(finished) >= K:
+                break
+    ranked = sorted(((total / gnmt_penalty(len(tokens) + 1, alpha), tokens) for tokens, total in finished),
+                    key=lambda c: -c[0])
+    return ranked[:n_best]
+
+
+@pytest.mark.parametrize("seed,alpha", [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)])
+def test_beam_matches_reference(seed, alpha):
+    model, src = eos_model(), random_src(20 + seed)
+    max_len = torch.tensor([6, 2, 6, 4, 6, 1, 6, 6])
+    hyps = beam_search(model, src, beam_size=4, length_penalty=alpha, n_best=4, max_len=max_len)
+    for i, found in enumerate(hyps):
+        expected = reference_beam(model, src[i], 4, alpha, 4, int(max_len[i]))
+        assert [h.tokens for h in found] == [tokens for _, tokens in expected]
+        assert [h.score for h in found] == pytest.approx([score for score, _ in expected], abs=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_of_one_is_greedy(alpha):
+    model, src = eos_model(), random_src(0)
+    max_len = torch.tensor([12, 12, 12, 12, 5, 12, 3, 12])
+    g = greedy(model, src, max_len, length_penalty=alpha)
+    b = beam_search(model, src, beam_size=1, length_penalty=alpha, n_best=1, max_len=max_len)
+    assert len({len(h[0].tokens) for h in g}) >= 3, "fixture should end sentences at different lengths"
+    assert [h[0].tokens for h in g] == [h[0].tokens for h in b]
+    assert [h[0].score for h in g] == [h[0].score for h in b]
+    assert [h[0].log_prob for h in g] == [h[0].log_prob for h in b]
+
+
+def test_greedy_matches_full_recompute():
+    model, src = eos_model(), random_src(1)
+    max_len = torch.tensor([12, 4, 12, 12, 0, 12, 7, 12])
+    hyps = greedy(model, src, max_len)
+    for i, [h] in enumerate(hyps):
+        tokens, log_prob = reference_greedy(model, src[i], int(max_len[i]))
+        assert h.tokens == tokens
+        assert h.log_prob == pytest.approx(log_prob, abs=1e-4)
+        assert h.score == pytest.approx(log_prob / gnmt_penalty(len(tokens) + 1, 1.0), abs=1e-4)
+
+
+def test_greedy_drops_finished_rows():
+    model, src = eos_model(), random_src(0)
+    sizes = []
+    decode = model.decode
+
+    def counting_decode(tgt, enc, cache=None, need_weights=False):
+        sizes.append(tgt.shape[0])
+        return decode(tgt, enc, cache=cache, need_weights=need_weights)
+
+    model.decode = counting_decode
+    hyps = greedy(model, src, torch.full((8,), 12))
+    lengths = [len(h[0].tokens) for h in hyps]
+    assert sizes == [sum(n >= t for n in lengths) for t in range(max(lengths) + 1)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_beam_scores_at_least_greedy(seed):
+    model, src = eos_model(), random_src(10 + seed)
+    max_len = torch.full((8,), 10)
+    g = greedy(model, src, max_len)
+    b = beam_search(model, src, beam_size=5, length_penalty=1.0, n_best=1, max_len=max_len)
+    for [gh], [bh] in zip(g, b):
+        assert bh.score >= gh.score - 1e-6
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_wide_beam_equals_exhaustive_search(alpha):
+    """V = 6 leaves 3 content tokens; with max_len 3 there are 1 + 3 + 9 + 27 = 40 sequences."""
+    model, src = eos_model(vocab=6, scale=1.0, eos_bias=0.0), random_src(2, batch=2, vocab=6, max_len=5)
+    words = [3, 4, 5]
+    every = [list(seq) for n in range(4) for seq in itertools.product(words, repeat=n)]
+    hyps = beam_search(model, src, beam_size=40, length_penalty=alpha, n_best=40, max_len=torch.tensor([3, 3]))
+    for i, found in enumerate(hyps):
+        brute = sorted(((sequence_log_prob(model, src[i], seq) / gnmt_penalty(len(seq) + 1, alpha), seq)
+                        for seq in every), key=lambda x: -x[0])
+        assert len(found) == 40
+        assert [h.tokens for h in found] == [seq for _, seq in brute]
+        assert [h.score for h in found] == pytest.approx([s for s, _ in brute], abs=1e-5)
+
+
+def test_batching_invariance():
+    model, src = eos_model(), random_src(3)
+    max_len = torch.tensor([12, 3, 12, 8, 12, 12, 5, 12])
+    for decode in (lambda s, m: greedy(model, s, m),
+                   lambda s, m: beam_search(model, s, beam_size=4, length_penalty=1.0, n_best=3, max_len=m)):
+        together = decode(src, max_len)
+        for i in range(len(src)):
+            row = src[i: i + 1, : int(src[i].ne(PAD).sum())]
+            [alone] = decode(row, max_len[i: i + 1])
+            assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+            assert [h.score for h in alone] == pytest.approx([h.score for h in together[i]], abs=1e-5)
+
+
+def test_n_best_sorted_distinct_and_scored_correctly():
+    model, src = eos_model(), random_src(4)
+    alpha = 0.6
+    hyps = beam_search(model, src, beam_size=5, length_penalty=alpha, n_best=3, max_len=torch.full((8,), 10))
+    for i, nbest in enumerate(hyps):
+        assert len(nbest) == 3
+        assert all(isinstance(h, Hypothesis) for h in nbest)
+        assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+        assert len({tuple(h.tokens) for h in nbest}) == 3
+        for h in nbest:
+            assert h.log_prob == pytest.approx(sequence_log_prob(model, src[i], h.tokens), abs=1e-4)
+            assert h.score == pytest.approx(h.log_prob / ((5 + len(h.tokens) + 1) / 6) ** alpha)
+            assert EOS not in h.tokens and PAD not in h.tokens and BOS not in h.tokens
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_max_len_respected(strategy):
+    model, src = eos_model(eos_bias=-100.0), random_src(5, batch=4)  # EOS only when forced
+    max_len = torch.tensor([0, 1, 3, 6])
+    if strategy == "greedy":
+        hyps = greedy(model, src, max_len)
+    else:
+        hyps = beam_search(model, src, beam_size=3, length_penalty=1.0, n_best=3, max_len=max_len)
+    for nbest, n in zip(hyps, max_len.tolist()):
+        assert nbest and all(len(h.tokens) == n for h in nbest)
+    loose = eos_model()
+    for nbest, n in zip(beam_search(loose, src, 3, 1.0, 3, max_len), max_len.tolist()):
+        assert all(len(h.tokens) <= n for h in nbest)
+
+
+def test_max_lengths_and_search_dispatch():
+    src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD], [EOS, PAD, PAD, PAD]])
+    cfg = xattn.DecodeConfig(beam_size=1, max_len_a=1.5, max_len_b=2)
+    assert max_lengths(src, cfg, PAD).tolist() == [8, 5, 0]
+    model = eos_model()
+    assert search(model, src, cfg) == greedy(model, src, max_lengths(src, cfg, PAD), cfg.length_penalty)
+    beam = xattn.DecodeConfig(beam_size=3, n_best=2, max_len_a=1.5, max_len_b=2)
+    found = search(model, src, beam)
+    assert found == beam_search(model, src, 3, beam.length_penalty, 2, max_lengths(src, beam, PAD))
+    assert found[2] == [Hypothesis([], found[2][0].log_prob, found[2][0].log_prob)]  # lp(1) = 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    model, src = eos_model(), random_src(6)
+    max_len = torch.full((8,), 10)
+    cpu = beam_search(model, src, 4, 1.0, 2, max_len)
+    gpu = beam_search(model.cuda(), src.cuda(), 4, 1.0, 2, max_len.cuda())
+    assert [[h.tokens for h in n] for n in cpu] == [[h.tokens for h in n] for n in gpu]
+    assert greedy(model, src.cuda(), max_len)[0][0].tokens == greedy(model.cpu(), src, max_len)[0][0].tokens

@@ -1,0 +1,122 @@
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from xattn.checkpoint import load_model_dir
+from xattn.config import load_config
+from xattn.errors import XattnError
+from xattn.training import Trainer, inverse_sqrt_lr, label_smoothed_loss, train
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+        "model.d_ff=32", "model.share_embeddings=true", "model.tie_output=true",
+        "data.dataset=numbers", "data.numbers_size=300", "data.vocab_size=120",
+        "train.max_tokens=400", "train.warmup=5", "train.lr=0.003", "train.amp=none", "train.eval_every=3",
+        "train.eval_bleu_sentences=8", "train.log_every=1", "train.max_minutes=0", "train.threads=1"]
+
+
+def _cfg(*extra):
+    return load_config(None, TINY + list(extra))
+
+
+def _losses(out: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_label_smoothed_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0], [0.0, 1.0, 3.0, 0.5]]])
+    target = torch.tensor([[2, 0]])  # second position is padding (pad_id=0)
+    loss, nll = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.1)
+    logp = logits[0, 0].log_softmax(-1)
+    assert nll.item() == pytest.approx(-logp[2].item(), rel=1e-6)
+    assert loss.item() == pytest.approx((0.9 * -logp[2] + 0.1 * -logp.mean()).item(), rel=1e-6)
+
+
+def test_inverse_sqrt_schedule():
+    assert inverse_sqrt_lr(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+def test_training_writes_a_model_directory(tmp_path):
+    progress = train(_cfg("train.max_steps=6"), tmp_path, quiet=True)
+    assert progress.step == 6
+    for name in ("config.yaml", "model.safetensors", "spm.model", "log.jsonl", "train_state/state.pt",
+                 "train_state/last.safetensors"):
+        assert (tmp_path / name).is_file(), name
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "valid_bleu" in r] == [3, 6]
+    assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] >= 0 for r in records if "loss" in r)
+    loaded = load_model_dir(tmp_path)
+    assert loaded.model.cfg.src_vocab_size == loaded.tokenizers.src.vocab_size
+
+
+def test_resume_continues_the_loss_curve_exactly(tmp_path):
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    train(_cfg("train.max_steps=8"), full, quiet=True)
+    train(_cfg("train.max_steps=3"), parts, quiet=True)
+    train(_cfg("train.max_steps=8"), parts, quiet=True)
+    a, b = _losses(full), _losses(parts)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in range(1, 9):
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-7), step
+
+
+def test_interrupt_saves_state_and_resume_picks_up(tmp_path):
+    trainer = Trainer(_cfg("train.max_steps=50"), tmp_path, quiet=True)
+    trainer._stop_signal = True  # as if SIGINT arrived during the first step
+    assert trainer.fit().step == 1
+    resumed = Trainer(_cfg("train.max_steps=4"), tmp_path, quiet=True)
+    assert resumed.progress.step == 1
+    assert resumed.fit().step == 4
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    train(_cfg("train.max_steps=2"), tmp_path, quiet=True)
+    with pytest.raises(XattnError, match="different model config"):
+        Trainer(_cfg("train.max_steps=4", "model.d_ff=64"), tmp_path, quiet=True)
+
+
+def test_checkpoint_averaging(tmp_path):
+    train(_cfg("train.max_steps=9", "train.average_last=3"), tmp_path, quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert any(r.get("averaged") == 3 for r in records)
+    assert len(list((tmp_path / "train_state").glob("ckpt-*.safetensors"))) == 3
+
+
+def test_unknown_config_key_names_the_nearest(tmp_path):
+    with pytest.raises(XattnError, match=r"train.max_step .*'max_steps'"):
+        _cfg("train.max_step=3")
+
+
+WORKER = textwrap.dedent("""
+    import sys, hashlib, torch.distributed as dist
+    from xattn.config import load_config
+    from xattn.training import Trainer
+    out = sys.argv[1]
+    trainer = Trainer(load_config(None, sys.argv[2:]), out, quiet=True)
+    trainer.fit()
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters())).hexdigest()
+    open(f"{out}/rank{trainer.ctx.rank}.sha", "w").write(f"{digest} {trainer.progress.step}")
+    dist.destroy_process_group()
+""")
+
+
+def test_ddp_two_cpu_processes_hold_identical_weights(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "run"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           str(worker), str(out), *TINY, "train.max_steps=4", "train.device=cpu"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rank0, rank1 = (out / "rank0.sha").read_text(), (out / "rank1.sha").read_text()
+    assert rank0 == rank1 and rank0.endswith(" 4")

@@ -1,0 +1,192 @@
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import xattn
+from tests.test_decoding import eos_model
+from xattn.decoding import Hypothesis
+from xattn.translator import Translation, Translator, cross_attention, load, token_batches
+
+WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 30)]
+
+
+class WordTokenizer:
+    """Whitespace words over a fixed vocabulary; the Tokenizer interface of xattn.tokenizer."""
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+
+    def encode(self, text: str) -> list[int]:
+        return [WORDS.index(w) if w in WORDS else self.unk_id for w in text.split()]
+
+    def decode(self, ids) -> str:
+        return " ".join(WORDS[i] for i in ids if i > self.eos_id)
+
+    def pieces(self, ids) -> list[str]:
+        return [WORDS[i] for i in ids]
+
+
+TEXTS = ["w5 w6 w7 w8 w9 w10", "w11", "w12 w13 w14", "w15 w16 w17 w18 w19 w20 w21 w22 w23", "w24 w25"]
+
+
+@pytest.fixture
+def translator():
+    tok = WordTokenizer()
+    return Translator(eos_model(), SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
+
+
+def texts_and_scores(results):
+    return [(r.text, r.score) for r in results]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_input_order_restored_across_batches(translator, beam_size):
+    cfg = xattn.DecodeConfig(beam_size=beam_size, n_best=1, max_tokens=12 * beam_size)
+    assert len(token_batches([len(t.split()) + 1 for t in TEXTS], cfg.max_tokens, beam_size)) > 2
+    together = translator.translate(TEXTS, cfg)
+    alone = [translator.translate([text], cfg)[0] for text in TEXTS]
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert [r.score for r in together] == pytest.approx([r.score for r in alone], abs=1e-5)
+    assert [r.src_tokens for r in together] == [t.split() + ["</s>"] for t in TEXTS]
+    assert len({r.text for r in together}) > 1
+
+
+def test_batches_fit_token_budget(translator, monkeypatch):
+    shapes = []
+    search = xattn.translator.search
+
+    def recording_search(model, src, cfg):
+        shapes.append(tuple(src.shape))
+        return search(model, src, cfg)
+
+    monkeypatch.setattr(xattn.translator, "search", recording_search)
+    cfg = xattn.DecodeConfig(beam_size=3, max_tokens=40)
+    translator.translate(TEXTS * 3, cfg)
+    assert sum(b for b, _ in shapes) == 15 and len(shapes) > 3
+    assert all(b == 1 or cfg.beam_size * b * s <= cfg.max_tokens for b, s in shapes)
+    assert any(b > 1 for b, _ in shapes)
+
+
+def test_translation_matches_search(translator):
+    cfg = xattn.DecodeConfig(beam_size=3, n_best=1)
+    [result] = translator.translate([TEXTS[0]], cfg)
+    src = torch.tensor([[WORDS.index(w) for w in TEXTS[0].split()] + [2]])
+    [[hyp]] = xattn.decoding.search(translator.model, src, cfg)
+    assert result.text == " ".join(WORDS[i] for i in hyp.tokens)
+    assert result.tgt_tokens == [WORDS[i] for i in hyp.tokens] + ["</s>"]
+    assert result.score == hyp.score
+
+
+def test_token_batches_respect_budget():
+    lengths = [5, 1, 9, 3, 3, 7, 2, 12]
+    batches = token_batches(lengths, max_tokens=24, beam_size=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) == 1 or 2 * len(batch) * max(lengths[i] for i in batch) <= 24
+    assert [max(lengths[i] for i in b) for b in batches] == sorted(max(lengths[i] for i in b) for b in batches)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_attention_shapes_rows_and_unchanged_translation(translator, beam_size):
+    cfg = xattn.DecodeConfig(beam_size=beam_size, n_best=1)
+    plain = translator.translate(TEXTS, cfg)
+    with_attention = translator.translate(TEXTS, cfg, return_attention=True)
+    assert texts_and_scores(plain) == texts_and_scores(with_attention)
+    L, H = translator.model.cfg.n_decoder_layers, translator.model.cfg.n_heads
+    for r in with_attention:
+        assert r.cross_attention.dtype == np.float32
+        assert r.cross_attention.shape == (L, H, len(r.tgt_tokens), len(r.src_tokens))
+        np.testing.assert_allclose(r.cross_attention.sum(-1), 1.0, atol=1e-5)
+        assert plain[0].cross_attention is None
+
+
+def test_attention_equals_unbatched_teacher_forcing(translator):
+    results = translator.translate(TEXTS, xattn.DecodeConfig(beam_size=2), return_attention=True)
+    model = translator.model
+    for text, r in zip(TEXTS, results):
+        src = torch.tensor([[WORDS.index(w) for w in r.src_tokens]])
+        tgt = torch.tensor([[1] + [WORDS.index(w) for w in r.tgt_tokens[:-1]]])
+        with torch.no_grad():
+            out = model.decode(tgt, model.encode(src), need_weights=True)
+        expected = torch.stack(out.cross_attn, dim=1)[0].numpy()  # (L, H, T, S)
+        np.testing.assert_allclose(r.cross_attention, expected, atol=1e-5)
+
+
+def test_cross_attention_crops_padding(translator):
+    model = translator.model
+    src = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    hyps = [Hypothesis([9, 10, 11], 0.0, 0.0), Hypothesis([], 0.0, 0.0), Hypothesis([12], 0.0, 0.0)]
+    maps = cross_attention(model, src, hyps, rows=[0, 1, 1])
+    assert [m.shape[2:] for m in maps] == [(4, 4), (1, 2), (2, 2)]
+    np.testing.assert_allclose(maps[1].sum(-1), 1.0, atol=1e-5)
+
+
+def test_n_best_alternatives(translator):
+    cfg = xattn.DecodeConfig(beam_size=4, n_best=3)
+    results = translator.translate(TEXTS, cfg, return_attention=True)
+    for r in results:
+        assert len(r.alternatives) == 3
+        top = r.alternatives[0]
+        assert (top.text, top.score, top.src_tokens, top.tgt_tokens) == (r.text, r.score, r.src_tokens, r.tgt_tokens)
+        np.testing.assert_array_equal(top.cross_attention, r.cross_attention)
+        scores = [a.score for a in r.alternatives]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(a.tgt_tokens) for a in r.alternatives}) == 3
+        for a in r.alternatives:
+            assert a.alternatives == [] and a.src_tokens == r.src_tokens
+            assert a.cross_attention.shape[2:] == (len(a.tgt_tokens), len(a.src_tokens))
+    single = translator.translate(TEXTS, dataclasses.replace(cfg, n_best=1))
+    assert [r.alternatives for r in single] == [[]] * len(TEXTS)
+    assert texts_and_scores(single) == texts_and_scores(results)
+
+
+def test_empty_input(translator):
+    results = translator.translate(["", TEXTS[1], ""], xattn.DecodeConfig(beam_size=3, n_best=2), return_attention=True)
+    for r in (results[0], results[2]):
+        assert r.text == "" and r.src_tokens == ["</s>"] and r.tgt_tokens == ["</s>"]
+        assert r.cross_attention.shape[2:] == (1, 1)
+        assert [a.text for a in r.alternatives] == [""]
+    assert results[1].text == translator.translate([TEXTS[1]], xattn.DecodeConfig(beam_size=3, n_best=2))[0].text
+    assert translator.translate([]) == []
+
+
+def test_translation_is_a_plain_dataclass():
+    t = Translation("a", -1.0, ["x", "</s>"], ["a", "</s>"])
+    assert t.cross_attention is None and t.alternatives == []
+
+
+def test_load_model_directory(tmp_path):
+    pytest.importorskip("sentencepiece")
+    tokenizer = pytest.importorskip("xattn.tokenizer")
+    from xattn.checkpoint import save_model_dir
+
+    lines = [" ".join(f"word{(i * 7 + j) % 23}" for j in range(1 + i % 5)) for i in range(200)]
+    pair = tokenizer.train_tokenizers(lines, lines, tmp_path, vocab_size=40, joint=True, model_type="word")
+    vocab = pair.src.vocab_size
+    model_cfg = xattn.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1,
+                                  n_decoder_layers=1, d_ff=32, dropout=0.0)
+    torch.manual_seed(0)
+    model = xattn.Transformer(model_cfg)
+    save_model_dir(tmp_path, model, xattn.RunConfig(model=model_cfg))
+    translator = load(tmp_path, device="cpu")
+    assert isinstance(translator, Translator) and translator.device == torch.device("cpu")
+    cfg = xattn.DecodeConfig(beam_size=2)
+    [result] = translator.translate(["word3 word5"], cfg, return_attention=True)
+    direct = Translator(model, pair, device="cpu").translate(["word3 word5"], cfg)[0]
+    assert (result.text, result.score) == (direct.text, pytest.approx(direct.score, abs=1e-6))
+    assert result.src_tokens[-1] == "</s>" and result.tgt_tokens[-1] == "</s>"
+    assert result.cross_attention.shape == (1, 2, len(result.tgt_tokens), len(result.src_tokens))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    tok = WordTokenizer()
+    cfg = xattn.DecodeConfig(beam_size=3, n_best=2)
+    cpu = Translator(eos_model(), SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
+    gpu = Translator(eos_model(), SimpleNamespace(src=tok, tgt=tok, joint=True), device="cuda")
+    a, b = cpu.translate(TEXTS, cfg, return_attention=True), gpu.translate(TEXTS, cfg, return_attention=True)
+    assert [r.text for r in a] == [r.text for r in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.cross_attention, y.cross_attention, atol=1e-4)

@@ -1,0 +1,1 @@
+"""Analysis of cross-attention: maps and plots (later: alignments, head importance, diagnostics)."""

@@ -1,0 +1,1 @@
+"""The `xattn` command line: one module per verb, each with `register(subparsers)`."""

@@ -1,0 +1,57 @@
+"""`xattn evaluate MODEL`: translate a test set and score it with sacreBLEU (BLEU cased and lowercased, chrF)."""
+from __future__ import annotations
+
+import json
+
+from xattn.cli.common import add_verb, read_input_lines, write_output_lines
+from xattn.cli.translate import add_decode_flags, decode_config
+from xattn.errors import XattnError
+
+
+def register(sub) -> None:
+    p = add_verb(sub, "evaluate", "Score a model on a named split of its dataset or on given files.",
+                 "xattn evaluate runs/multi30k-de-en --split test --beam 5", run)
+    p.add_argument("model", help="model directory")
+    p.add_argument("--split", default="test", help="split of the model's dataset: test (default), val")
+    p.add_argument("--src", help="source file (instead of --split)")
+    p.add_argument("--ref", help="reference file (with --src)")
+    p.add_argument("--data-dir", help="local Multi30k folder")
+    p.add_argument("--output", "-o", help="also write the translations to this file")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+    add_decode_flags(p)
+
+
+def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
+    from xattn.data import load_pairs
+
+    if args.src or args.ref:
+        if not (args.src and args.ref):
+            raise XattnError("--src and --ref go together")
+        src, ref = read_input_lines(args.src), read_input_lines(args.ref)
+        if len(src) != len(ref):
+            raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.ref} has {len(ref)}")
+        return src, ref
+    if data_cfg.dataset is None:
+        raise XattnError("the model was trained on own files; give --src and --ref")
+    pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split,
+                       args.data_dir or data_cfg.data_dir)
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def run(args) -> int:
+    from xattn.evaluation import evaluate
+    from xattn.translator import Translator
+
+    translator = Translator.from_dir(args.model, device=args.device)
+    src, refs = test_pairs(args, translator.config.data)
+    cfg = decode_config(args, translator.decode_config)
+    hyps = [t.text for t in translator.translate(src, cfg)]
+    if args.output:
+        write_output_lines(args.output, hyps)
+    scores = evaluate(hyps, refs)
+    if args.json:
+        print(json.dumps({k: {"score": round(s.score, 2), "signature": s.signature} for k, s in scores.items()}))
+    else:
+        for score in scores.values():
+            print(score)
+    return 0

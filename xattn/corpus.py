@@ -1,0 +1,69 @@
+"""The corpus a run trains on: the pairs a DataConfig names, cleaned and tokenized, with its tokenizers.
+
+Tokenizers are trained into the model directory on the first run and loaded from it afterwards,
+so a resumed run (or another DDP rank) tokenizes exactly as the first one did.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from xattn.config import DataConfig
+from xattn.data import FilterStats, Pair, TokenizedCorpus, clean_pairs, load_pairs, read_parallel, read_tsv, tokenize_pairs
+from xattn.distributed import Context
+from xattn.errors import XattnError
+from xattn.tokenizer import TokenizerPair, load_tokenizers, train_tokenizers
+
+
+@dataclass
+class Corpus:
+    tokenizers: TokenizerPair
+    train: TokenizedCorpus
+    valid: TokenizedCorpus
+    valid_pairs: list[Pair]             # raw text, for BLEU
+    stats: FilterStats                  # what cleaning dropped from the training pairs
+
+
+def read_split(cfg: DataConfig, split: str) -> list[Pair]:
+    """The "train" or "val" pairs of a named dataset or of the configured files."""
+    if cfg.dataset is not None:
+        size = cfg.numbers_size if cfg.dataset == "numbers" and split == "train" else None
+        return load_pairs(cfg.dataset, cfg.src_lang, cfg.tgt_lang, split, cfg.data_dir, size=size)
+    prefix = "train" if split == "train" else "valid"
+    tsv, src, tgt = (getattr(cfg, f"{prefix}_{k}") for k in ("tsv", "src", "tgt"))
+    if tsv:
+        return read_tsv(tsv)
+    if src and tgt:
+        return read_parallel(src, tgt)
+    raise XattnError(f"data: no {prefix} set; give data.{prefix}_src + data.{prefix}_tgt or data.{prefix}_tsv")
+
+
+def has_tokenizers(out_dir: Path) -> bool:
+    return any((out_dir / name).is_file() for name in ("spm.model", "spm.src.model"))
+
+
+def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, quiet: bool = False) -> Corpus:
+    """Read, clean and tokenize; train the tokenizers into `out_dir` unless it has them already."""
+    ctx = ctx or Context()
+    train_pairs, _ = clean_pairs(read_split(cfg, "train"))
+    valid_pairs = [p for p in read_split(cfg, "val") if p[0].strip() and p[1].strip()]
+    if not train_pairs:
+        raise XattnError("data: the training set is empty")
+    if not valid_pairs:
+        raise XattnError("data: the validation set is empty")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.rank == 0 and not has_tokenizers(out_dir):
+        train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
+                         cfg.vocab_size, cfg.joint_vocab)
+    ctx.barrier()
+    tokenizers = load_tokenizers(out_dir)
+    if tokenizers.joint != cfg.joint_vocab:
+        raise XattnError(f"{out_dir}: holds {'a joint' if tokenizers.joint else 'separate'} vocabulary, "
+                         f"but data.joint_vocab={cfg.joint_vocab}")
+    train_pairs, stats = clean_pairs(train_pairs, cfg.max_len, cfg.max_ratio,
+                                     length=lambda s: len(tokenizers.src.encode(s)),
+                                     tgt_length=lambda t: len(tokenizers.tgt.encode(t)))
+    if not train_pairs:
+        raise XattnError("data: no training pairs left after the data.max_len / data.max_ratio filter")
+    return Corpus(tokenizers, tokenize_pairs(train_pairs, tokenizers), tokenize_pairs(valid_pairs, tokenizers),
+                  valid_pairs, stats)

@@ -1,0 +1,138 @@
+"""Translator: text in, Translation out (tokenize, batch by token budget, search, detokenize).
+
+Shapes: B sentences in a batch, R hypotheses, S source length, T target positions, L layers, H heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from xattn.config import DecodeConfig, RunConfig
+from xattn.decoding import Hypothesis, search
+from xattn.model import Transformer
+
+if TYPE_CHECKING:
+    from xattn.tokenizer import TokenizerPair
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float                                  # the hypothesis' length-normalised log-probability
+    src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
+    tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
+    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
+    alternatives: list[Translation] = field(default_factory=list)  # n-best, best first, when n_best > 1
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
+    """N id lists -> (N, max length) int64, right-padded with pad_id."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out.to(device)
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
+    """Indices grouped by length so that beam_size * batch * longest source <= max_tokens.
+
+    Sorting by length keeps padding low; a sentence over the budget on its own gets its own batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and beam_size * (len(batches[-1]) + 1) * lengths[i] <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def cross_attention(model: Transformer, src: Tensor, hyps: Sequence[Hypothesis], rows: Sequence[int]) -> list[np.ndarray]:
+    """Cross-attention of each hypothesis, in one teacher-forced pass.
+
+    src (B, S); hypothesis r translates src row rows[r]. Decoder input is BOS + tokens, so its
+    T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r), unpadded.
+    """
+    cfg = model.cfg
+    tgt = pad_batch([[cfg.bos_id] + h.tokens for h in hyps], cfg.pad_id, src.device)  # (R, T)
+    src = src.index_select(0, torch.tensor(list(rows), device=src.device))  # (R, S)
+    with torch.inference_mode():
+        out = model.decode(tgt, model.encode(src), need_weights=True)
+    weights = torch.stack(out.cross_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, S)
+    src_len = src.ne(cfg.pad_id).sum(dim=1).tolist()
+    return [weights[r, :, :, : len(h.tokens) + 1, : src_len[r]].copy() for r, h in enumerate(hyps)]
+
+
+class Translator:
+    """A model and its tokenizers on one device; `translate` turns sentences into Translations."""
+
+    def __init__(self, model: Transformer, tokenizers: TokenizerPair, device: str | torch.device | None = None,
+                 config: RunConfig | None = None):
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = model.to(self.device).eval()
+        self.tokenizers = tokenizers
+        self.config = config
+
+    @property
+    def decode_config(self) -> DecodeConfig:
+        """The model directory's decode settings (defaults for a Translator built in memory)."""
+        return self.config.decode if self.config is not None else DecodeConfig()
+
+    @classmethod
+    def from_dir(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
+        """Load a model directory (config.yaml, model.safetensors, tokenizer files)."""
+        from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
+
+        device = torch.device(device) if device is not None else default_device()
+        loaded = load_model_dir(path, device)
+        return cls(loaded.model, loaded.tokenizers, device, loaded.config)
+
+    def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(),
+                  return_attention: bool = False) -> list[Translation]:
+        """Translate `texts`; results come back in input order.
+
+        Sentences are sorted by length into batches of at most cfg.max_tokens source positions
+        (beam_size * sentences * longest source). An empty sentence translates to an empty text.
+        """
+        eos = self.model.cfg.eos_id
+        ids = [self.tokenizers.src.encode(text) + [eos] for text in texts]
+        results: list[Translation | None] = [None] * len(texts)
+        for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.beam_size):
+            translations = self._translate_batch([ids[i] for i in batch], cfg, return_attention)
+            for i, translation in zip(batch, translations):
+                results[i] = translation
+        return results  # type: ignore[return-value]
+
+    def _translate_batch(self, ids: list[list[int]], cfg: DecodeConfig, return_attention: bool) -> list[Translation]:
+        src = pad_batch(ids, self.model.cfg.pad_id, self.device)  # (B, S)
+        nbest = search(self.model, src, cfg)
+        flat = [h for hyps in nbest for h in hyps]
+        rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
+        attention = cross_attention(self.model, src, flat, rows) if return_attention else [None] * len(flat)
+        out, r = [], 0
+        for source, hyps in zip(ids, nbest):
+            src_tokens = self.tokenizers.src.pieces(source)
+            options = [self._translation(h, src_tokens, a) for h, a in zip(hyps, attention[r: r + len(hyps)])]
+            r += len(hyps)
+            out.append(replace(options[0], alternatives=options if cfg.n_best > 1 else []))
+        return out
+
+    def _translation(self, hyp: Hypothesis, src_tokens: list[str], attention: np.ndarray | None) -> Translation:
+        tgt = self.tokenizers.tgt
+        return Translation(tgt.decode(hyp.tokens), hyp.score, list(src_tokens),
+                           tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), attention)
+
+
+def load(path: str | Path, device: str | torch.device | None = None) -> Translator:
+    """A Translator for the model directory at `path` (exported as `xattn.load`)."""
+    return Translator.from_dir(path, device)
