@@ -105,9 +105,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Modul
 
     q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
     Returns the output (B, H, T, Dh) and, if `need_weights`, the weights (B, H, T, S) before dropout.
-    Without weights and with a dot-product score this runs through `F.scaled_dot_product_attention`.
+    Without weights and with a dot-product score this runs through `F.scaled_dot_product_attention`,
+    except where that fused kernel is the slower one (see `_fused_is_slower`).
     """
-    if not need_weights and score.sdpa_scale is not None:
+    if not need_weights and score.sdpa_scale is not None and not _fused_is_slower(q):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=score.sdpa_scale)
         return out, None
     scores = score(q, k).float()  # (B, H, T, S)
@@ -119,6 +120,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Modul
     weights = weights.to(v.dtype)
     dropped = F.dropout(weights, dropout) if dropout > 0 else weights
     return dropped @ v, (weights if need_weights else None)  # (B, H, T, Dh)
+
+
+def _fused_is_slower(q: Tensor) -> bool:
+    """True for reduced-precision training on CPU, where PyTorch's fused CPU attention backward is
+    about 10x slower than the explicit path (bf16, B=160, H=4, T=S=17: 63 ms against 6 ms per
+    forward + backward, benchmarks/README.md); in float32, at inference and on CUDA the fused kernel wins.
+    """
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
 
 
 @dataclass

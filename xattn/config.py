@@ -28,7 +28,8 @@ class ModelConfig:
     n_decoder_layers: int = 3
     d_ff: int = 1024
     dropout: float = 0.1
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.0      # on attention weights
+    activation_dropout: float = 0.0     # on the FFN hidden layer (fairseq's activation_dropout)
     activation: str = "relu"            # relu | gelu
     norm: str = "post"                  # post (Vaswani et al. 2017) | pre (Xiong et al. 2020)
     positions: str = "sinusoidal"       # sinusoidal | learned

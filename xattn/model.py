@@ -93,7 +93,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         attention = attention or default_attention(cfg)
         D, norm = cfg.d_model, {"post": PostNorm, "pre": PreNorm}[cfg.norm]
-        ffn = lambda: FeedForward(D, cfg.d_ff, cfg.activation, cfg.dropout)  # noqa: E731
+        ffn = lambda: FeedForward(D, cfg.d_ff, cfg.activation, cfg.activation_dropout)  # noqa: E731
         self.src_embed = nn.Embedding(cfg.src_vocab_size, D, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, D, padding_idx=cfg.pad_id)
         positions = (lambda: SinusoidalPositions(D)) if cfg.positions == "sinusoidal" \
