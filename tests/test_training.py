@@ -120,3 +120,21 @@ def test_ddp_two_cpu_processes_hold_identical_weights(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rank0, rank1 = (out / "rank0.sha").read_text(), (out / "rank1.sha").read_text()
     assert rank0 == rank1 and rank0.endswith(" 4")
+
+
+def test_early_stopping_after_patience(tmp_path):
+    progress = train(_cfg("train.max_steps=20", "train.eval_every=1", "train.patience=2", "train.lr=1e-9"),
+                     tmp_path, quiet=True)
+    assert progress.stop_reason == "early_stopping" and progress.step == 3
+
+
+def test_corpus_counts_what_cleaning_dropped(tmp_path):
+    (tmp_path / "a.de").write_text("eins zwei\n\ndrei\n" + "vier " * 30 + "\n")
+    (tmp_path / "a.en").write_text("one two\nempty\nthree\nfour\n")
+    cfg = _cfg("data.dataset=null", f"data.train_src={tmp_path}/a.de", f"data.train_tgt={tmp_path}/a.en",
+               f"data.valid_src={tmp_path}/a.de", f"data.valid_tgt={tmp_path}/a.en", "data.vocab_size=30",
+               "data.max_ratio=5")
+    from xattn.corpus import prepare_corpus
+    corpus = prepare_corpus(cfg.data, tmp_path / "m")
+    assert (corpus.stats.kept, corpus.stats.empty, corpus.stats.ratio) == (2, 1, 1)
+    assert len(corpus.valid_pairs) == 3

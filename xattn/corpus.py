@@ -42,10 +42,10 @@ def has_tokenizers(out_dir: Path) -> bool:
     return any((out_dir / name).is_file() for name in ("spm.model", "spm.src.model"))
 
 
-def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, quiet: bool = False) -> Corpus:
+def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None) -> Corpus:
     """Read, clean and tokenize; train the tokenizers into `out_dir` unless it has them already."""
     ctx = ctx or Context()
-    train_pairs, _ = clean_pairs(read_split(cfg, "train"))
+    train_pairs, empties = clean_pairs(read_split(cfg, "train"))
     valid_pairs = [p for p in read_split(cfg, "val") if p[0].strip() and p[1].strip()]
     if not train_pairs:
         raise XattnError("data: the training set is empty")
@@ -63,6 +63,7 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, q
     train_pairs, stats = clean_pairs(train_pairs, cfg.max_len, cfg.max_ratio,
                                      length=lambda s: len(tokenizers.src.encode(s)),
                                      tgt_length=lambda t: len(tokenizers.tgt.encode(t)))
+    stats.empty = empties.empty
     if not train_pairs:
         raise XattnError("data: no training pairs left after the data.max_len / data.max_ratio filter")
     return Corpus(tokenizers, tokenize_pairs(train_pairs, tokenizers), tokenize_pairs(valid_pairs, tokenizers),

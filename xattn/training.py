@@ -90,6 +90,7 @@ class Progress:
     checkpoints: list[int] = field(default_factory=list)   # steps with a kept checkpoint (averaging)
     target_tokens: int = 0
     seconds: float = 0.0
+    stop_reason: str | None = None      # why the last fit() ended
 
 
 class Trainer:
@@ -102,8 +103,10 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.corpus: Corpus = prepare_corpus(cfg.data, self.out_dir, self.ctx)
-        self._print(f"corpus: {len(self.corpus.train)} training pairs ({self.corpus.stats}), "
-                    f"{len(self.corpus.valid)} validation pairs")
+        stats = self.corpus.stats
+        self._print(f"corpus: {len(self.corpus.train)} training pairs (dropped: {stats.empty} empty, "
+                    f"{stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over length ratio "
+                    f"{cfg.data.max_ratio:g}), {len(self.corpus.valid)} validation pairs")
         tok = self.corpus.tokenizers
         model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
         self.cfg = dataclasses.replace(cfg, model=model_cfg)
@@ -119,6 +122,9 @@ class Trainer:
                                          tc.max_tokens, shuffle=True, seed=tc.seed)
         self.progress = Progress()
         self._stop_signal = False
+        first = self.sampler.batches(0)
+        self._print(f"batches: {len(first)} per epoch of at most {tc.max_tokens} tokens, "
+                    f"{100 * self.sampler.padding_fraction(first):.1f}% padding")
         self._maybe_resume()
 
     # ------------------------------------------------------------------------------------ resume
@@ -228,6 +234,7 @@ class Trainer:
         if stop_reason is not None:
             self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
             bar.close()
+            p.stop_reason = stop_reason
             return p
         try:
             while stop_reason is None:
@@ -254,6 +261,7 @@ class Trainer:
             bar.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+        p.stop_reason = stop_reason
         self._finish(stop_reason)
         return p
 

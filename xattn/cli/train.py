@@ -25,5 +25,5 @@ def run(args) -> int:
     overrides = list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
     cfg = load_config(args.config, overrides)
     out = Path(args.out or Path("runs") / Path(args.config).stem)
-    train(cfg, out, quiet=args.quiet)
-    return 0
+    progress = train(cfg, out, quiet=args.quiet)
+    return 130 if progress.stop_reason == "interrupted" else 0

@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xattn.cli.main import main
+
+QUICK = ["--minutes", "0.25", "data.numbers_size=3000", "model.d_model=64", "model.d_ff=128",
+         "train.eval_every=40", "train.eval_bleu_sentences=50", "train.threads=1"]
+
+
+def _run(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xattn", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def quickstart_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("qs") / "model"
+    result = _run("quickstart", "--out", str(out), "--examples", "2", *QUICK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exact match" in result.stdout and "cross-attention heatmap" in result.stdout
+    return out
+
+
+def test_quickstart_end_to_end(quickstart_dir):
+    for name in ("config.yaml", "model.safetensors", "spm.model", "log.jsonl", "attention.png"):
+        assert (quickstart_dir / name).is_file(), name
+    assert (quickstart_dir / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_translate_stdin_and_files(quickstart_dir, tmp_path):
+    result = _run("translate", str(quickstart_dir), "--beam", "2", stdin="dreiundzwanzig\nsieben\n")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and all(lines)
+    src = tmp_path / "in.txt"
+    src.write_text("dreiundzwanzig\nsieben\n")
+    out = tmp_path / "out.txt"
+    assert _run("translate", str(quickstart_dir), "-i", str(src), "-o", str(out), "--beam", "2").returncode == 0
+    assert out.read_text().splitlines() == lines
+    nbest = _run("translate", str(quickstart_dir), "--n-best", "3", stdin="sieben\n").stdout.splitlines()
+    assert len(nbest) == 3 and all(line.startswith("0 ||| ") for line in nbest)
+
+
+def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
+    result = _run("evaluate", str(quickstart_dir), "--split", "test", "--beam", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert set(scores) == {"bleu", "bleu_lc", "chrf"} and "case:lc" in scores["bleu_lc"]["signature"]
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("sieben\nacht\n")
+    ref.write_text("seven\n")
+    bad = _run("evaluate", str(quickstart_dir), "--src", str(src), "--ref", str(ref))
+    assert bad.returncode == 2 and "line counts differ" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["translate", "/nonexistent/model"], "not a model directory"),
+    (["train", "/nonexistent.yaml"], "config file not found"),
+    (["train", "configs/numbers-de-en.yaml", "train.max_step=3"], "did you mean 'max_steps'"),
+    (["train", "configs/numbers-de-en.yaml", "model.d_model=100", "model.n_heads=3"], "divisible"),
+    (["train", "configs/numbers-de-en.yaml", "lr=3"], "expected section.key=value"),
+])
+def test_user_mistakes_are_one_line_and_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_corpus_file_names_file_and_line(tmp_path, capsys):
+    (tmp_path / "a.de").write_text("eins\nzwei\n")
+    (tmp_path / "a.en").write_text("one\n")
+    args = ["train", "configs/numbers-de-en.yaml", "data.dataset=null", f"data.train_src={tmp_path}/a.de",
+            f"data.train_tgt={tmp_path}/a.en", "--out", str(tmp_path / "m")]
+    assert main(args) == 2
+    assert "a.de has 2 lines" in capsys.readouterr().err
+    (tmp_path / "a.en").write_bytes(b"one\n\xff\xfe\n")
+    assert main(args) == 2
+    assert "a.en: line 2: invalid UTF-8" in capsys.readouterr().err
+
+
+def test_every_verb_has_help_with_an_example():
+    for verb in ("quickstart", "train", "translate", "evaluate"):
+        result = _run(verb, "--help")
+        assert result.returncode == 0 and "example:" in result.stdout
