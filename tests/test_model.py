@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -135,3 +137,14 @@ def test_gradients_reach_every_parameter():
     model(SRC, TGT).logits.sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert missing == []
+
+
+def test_sinusoidal_positions_golden_values():
+    from xattn.model import SinusoidalPositions
+    table = SinusoidalPositions(8)(0, 300)
+    pos, i = 7, 1
+    angle = pos / 10000 ** (2 * i / 8)
+    assert table[pos, i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert table[pos, 4 + i].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert table.shape == (300, 8)
+    torch.testing.assert_close(SinusoidalPositions(8)(5, 3), table[5:8])

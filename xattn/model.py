@@ -34,7 +34,8 @@ class DecoderOutput:
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sin/cos position encodings (Vaswani et al. 2017); the table grows on demand."""
+    """Fixed position encodings (Vaswani et al. 2017): sines in the first half of D, cosines in the second
+    (the layout of tensor2tensor, fairseq and Marian, so weights carry over); the table grows on demand."""
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -42,12 +43,11 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("table", self._table(256), persistent=False)
 
     def _table(self, n: int) -> Tensor:
-        pos = torch.arange(n, dtype=torch.float32).unsqueeze(1)  # (n, 1)
-        freq = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / self.d_model))
-        table = torch.zeros(n, self.d_model)
-        table[:, 0::2] = torch.sin(pos * freq)
-        table[:, 1::2] = torch.cos(pos * freq[: self.d_model // 2])
-        return table  # (n, D)
+        half = (self.d_model + 1) // 2
+        pos = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
+        freq = torch.exp(torch.arange(half, dtype=torch.float64) * (-2.0 * math.log(10000.0) / self.d_model))
+        angles = pos * freq  # (n, ceil(D/2))
+        return torch.cat([angles.sin(), angles.cos()[:, : self.d_model // 2]], dim=1).float()  # (n, D)
 
     def forward(self, offset: int, length: int) -> Tensor:
         if offset + length > self.table.shape[0]:
