@@ -5,7 +5,15 @@ import torch
 
 import xattn
 from tests.conftest import tiny_config
-from xattn.decoding import Hypothesis, beam_search, gnmt_penalty, greedy, max_lengths, search
+from xattn import beam
+from xattn.config import DecodeConfig
+from xattn.decoding import Hypothesis, gnmt_penalty, greedy, max_lengths, search
+from xattn.processors import constraints
+
+
+def beam_search(model, src, beam_size, length_penalty, n_best, max_len, **options):
+    cfg = DecodeConfig(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best, **options)
+    return beam.beam_search(model, src, cfg, max_len, constraints(cfg, model.cfg))
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -216,3 +224,103 @@ def test_cuda_matches_cpu():
     gpu = beam_search(model.cuda(), src.cuda(), 4, 1.0, 2, max_len.cuda())
     assert [[h.tokens for h in n] for n in cpu] == [[h.tokens for h in n] for n in gpu]
     assert greedy(model, src.cuda(), max_len)[0][0].tokens == greedy(model.cpu(), src, max_len)[0][0].tokens
+
+
+# ----------------------------------------------------------------------------- strategies of the decoding issue
+
+def _search(model, src, **options):
+    return search(model, src, DecodeConfig(**options))
+
+
+def test_sampling_is_reproducible_and_varied():
+    model, src = eos_model(), random_src(10)
+    a = _search(model, src, sampling=True, num_samples=4, seed=3)
+    b = _search(model, src, sampling=True, num_samples=4, seed=3)
+    c = _search(model, src, sampling=True, num_samples=4, seed=4)
+    assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]
+    assert [[h.tokens for h in s] for s in a] != [[h.tokens for h in s] for s in c]
+    assert all(len(s) == 4 for s in a)
+    assert len({tuple(h.tokens) for s in a for h in s}) > len(a)
+
+
+@pytest.mark.parametrize("options", [dict(top_k=1), dict(temperature=1e-4), dict(top_p=1e-6)])
+def test_degenerate_sampling_is_greedy(options):
+    model, src = eos_model(), random_src(11)
+    sampled = _search(model, src, sampling=True, seed=0, **options)
+    greedy_ = _search(model, src, beam_size=1)
+    assert [s[0].tokens for s in sampled] == [g[0].tokens for g in greedy_]
+    assert [s[0].log_prob for s in sampled] == pytest.approx([g[0].log_prob for g in greedy_], abs=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4), dict(sampling=True, seed=1)])
+def test_forced_prefix_is_continued(options):
+    model, src = eos_model(), random_src(12, batch=3)
+    prefix = torch.tensor([[7, 8, 9], [5, 0, 0], [0, 0, 0]])
+    hyps = search(model, src, DecodeConfig(**options), prefix=prefix)
+    assert hyps[0][0].tokens[:3] == [7, 8, 9] and hyps[1][0].tokens[:1] == [5]
+    free = search(model, src[2:], DecodeConfig(**options))
+    assert hyps[2][0].tokens == free[0][0].tokens
+    if options.get("beam_size", 1) == 1 and not options.get("sampling"):
+        ref = sequence_log_prob(model, src[0], hyps[0][0].tokens)
+        assert hyps[0][0].log_prob == pytest.approx(ref, abs=1e-4)
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=3, n_best=3), dict(sampling=True, seed=2, num_samples=2)])
+def test_attention_tracked_in_search_equals_teacher_forcing(options):
+    from xattn.translator import teacher_forced_attention
+
+    model, src = eos_model(), random_src(13)
+    tracked = search(model, src, DecodeConfig(**options), need_attention=True)
+    plain = search(model, src, DecodeConfig(**options))
+    assert [[h.tokens for h in s] for s in tracked] == [[h.tokens for h in s] for s in plain]
+    flat = [h for s in tracked for h in s]
+    rows = [b for b, s in enumerate(tracked) for _ in s]
+    expected, _ = teacher_forced_attention(model, src, flat, rows)
+    src_len = src.ne(PAD).sum(1).tolist()
+    for h, r, e in zip(flat, rows, expected):
+        torch.testing.assert_close(h.cross_attention[..., : src_len[r]], torch.from_numpy(e), atol=1e-5, rtol=1e-4)
+
+
+def test_coverage_penalty_score_by_hand():
+    from xattn.translator import teacher_forced_attention
+
+    model, src = eos_model(), random_src(14)
+    beta, alpha = 0.4, 1.0
+    hyps = _search(model, src, beam_size=4, n_best=2, length_penalty=alpha, coverage_penalty=beta)
+    flat = [h for s in hyps for h in s]
+    rows = [b for b, s in enumerate(hyps) for _ in s]
+    attention, _ = teacher_forced_attention(model, src, flat, rows)
+    for h, a in zip(flat, attention):
+        coverage = torch.from_numpy(a[-1].mean(axis=0)).sum(dim=0)  # (S,) last layer, mean of heads
+        expected = h.log_prob / gnmt_penalty(len(h.tokens) + 1, alpha) + beta * coverage.clamp(1e-10, 1).log().sum()
+        assert h.score == pytest.approx(float(expected), abs=1e-4)
+    plain = _search(model, src, beam_size=4, n_best=2, length_penalty=alpha)
+    assert [h.score for s in plain for h in s] != pytest.approx([h.score for h in flat])
+
+
+def test_no_repeat_ngram_and_min_len_hold():
+    model, src = eos_model(vocab=8, eos_bias=-1.0), random_src(15, vocab=8)
+    for options in (dict(beam_size=1), dict(beam_size=3)):
+        for s in _search(model, src, no_repeat_ngram_size=2, min_len=4, max_len_b=12, **options):
+            tokens = s[0].tokens
+            bigrams = list(zip(tokens, tokens[1:]))
+            assert len(bigrams) == len(set(bigrams)) and len(tokens) >= 4
+
+
+def test_without_early_stopping_beam_is_no_worse():
+    model = eos_model(eos_bias=0.5)
+    for seed in range(3):
+        src = random_src(20 + seed)
+        early = _search(model, src, beam_size=3, length_penalty=1.0)
+        full = _search(model, src, beam_size=3, length_penalty=1.0, early_stopping=False)
+        assert all(f[0].score >= e[0].score - 1e-6 for e, f in zip(early, full))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(temperature=0), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(beam_size=0), "beam_size"), (dict(top_k=-1), "top_k"), (dict(num_samples=0), "num_samples"),
+    (dict(beam_size=2, n_best=3), "n_best"), (dict(coverage_penalty=-1), "coverage_penalty"),
+])
+def test_invalid_settings_are_clear_errors(options, message):
+    with pytest.raises(xattn.XattnError, match=message):
+        DecodeConfig(**options)

@@ -8,7 +8,7 @@ import torch
 import xattn
 from tests.test_decoding import eos_model
 from xattn.decoding import Hypothesis
-from xattn.translator import Translation, Translator, cross_attention, load, token_batches
+from xattn.translator import Translation, Translator, load, teacher_forced_attention, token_batches
 
 WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 30)]
 
@@ -38,7 +38,8 @@ def translator():
 
 
 def texts_and_scores(results):
-    return [(r.text, r.score) for r in results]
+    """Texts exactly; scores to 1e-5 (attention requests take the explicit attention path, equal to ~1e-7)."""
+    return [(r.text, round(r.score, 5)) for r in results]
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -57,9 +58,9 @@ def test_batches_fit_token_budget(translator, monkeypatch):
     shapes = []
     search = xattn.translator.search
 
-    def recording_search(model, src, cfg):
+    def recording_search(model, src, cfg, *args, **kwargs):
         shapes.append(tuple(src.shape))
-        return search(model, src, cfg)
+        return search(model, src, cfg, *args, **kwargs)
 
     monkeypatch.setattr(xattn.translator, "search", recording_search)
     cfg = xattn.DecodeConfig(beam_size=3, max_tokens=40)
@@ -118,7 +119,8 @@ def test_cross_attention_crops_padding(translator):
     model = translator.model
     src = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
     hyps = [Hypothesis([9, 10, 11], 0.0, 0.0), Hypothesis([], 0.0, 0.0), Hypothesis([12], 0.0, 0.0)]
-    maps = cross_attention(model, src, hyps, rows=[0, 1, 1])
+    maps, selfw = teacher_forced_attention(model, src, hyps, rows=[0, 1, 1])
+    assert [m.shape[2:] for m in selfw] == [(4, 4), (1, 1), (2, 2)]
     assert [m.shape[2:] for m in maps] == [(4, 4), (1, 2), (2, 2)]
     np.testing.assert_allclose(maps[1].sum(-1), 1.0, atol=1e-5)
 
@@ -190,3 +192,38 @@ def test_cuda_matches_cpu():
     assert [r.text for r in a] == [r.text for r in b]
     for x, y in zip(a, b):
         np.testing.assert_allclose(x.cross_attention, y.cross_attention, atol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", [xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3, n_best=2),
+                                 xattn.DecodeConfig(sampling=True, num_samples=2, seed=5)], ids=["greedy", "beam", "sample"])
+def test_attention_from_search_equals_rescoring(translator, cfg):
+    tracked = translator.translate(TEXTS, cfg, return_attention=True)
+    rescored = translator.translate(TEXTS, cfg, return_attention=True, attention_from="rescore")
+    assert texts_and_scores(tracked) == texts_and_scores(rescored)
+    for a, b in zip(tracked, rescored):
+        np.testing.assert_allclose(a.cross_attention, b.cross_attention, atol=1e-5)
+        for x, y in zip(a.alternatives, b.alternatives):
+            np.testing.assert_allclose(x.cross_attention, y.cross_attention, atol=1e-5)
+    if cfg.sampling:
+        assert all(len(r.alternatives) == 2 for r in tracked)
+
+
+def test_self_attention_on_request(translator):
+    results = translator.translate(TEXTS, xattn.DecodeConfig(beam_size=2), return_self_attention=True)
+    for r in results:
+        T = len(r.tgt_tokens)
+        assert r.cross_attention is None and r.self_attention.shape[2:] == (T, T)
+        np.testing.assert_allclose(r.self_attention.sum(-1), 1.0, atol=1e-5)
+        assert np.all(np.triu(r.self_attention[0, 0], 1) == 0)
+
+
+def test_prefixes_are_continued(translator):
+    prefixes = ["w7 w8", "", "w9", "w10 w11 w12", ""]
+    results = translator.translate(TEXTS, xattn.DecodeConfig(beam_size=3), prefixes=prefixes)
+    free = translator.translate(TEXTS, xattn.DecodeConfig(beam_size=3))
+    for prefix, r, f in zip(prefixes, results, free):
+        assert r.text.startswith(prefix)
+        if not prefix:
+            assert r.text == f.text
+    with pytest.raises(xattn.XattnError, match="prefixes"):
+        translator.translate(TEXTS, prefixes=["w7"])

@@ -113,20 +113,44 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    beam_size: int = 5                  # 1: greedy
-    length_penalty: float = 1.0         # GNMT alpha: score / ((5 + len) / 6) ** alpha
-    n_best: int = 1
+    beam_size: int = 5                  # 1: greedy search
+    sampling: bool = False              # draw tokens at random instead of searching (beam_size unused)
+    temperature: float = 1.0            # sampling: < 1 sharper, > 1 flatter
+    top_k: int = 0                      # sampling: keep the k most probable tokens (0: all)
+    top_p: float = 1.0                  # sampling: keep the smallest set with this much mass (nucleus)
+    num_samples: int = 1                # sampling: samples per input, returned as alternatives
+    seed: int | None = None             # sampling: same seed, same samples
+    length_penalty: float = 1.0         # GNMT alpha: score = log p / ((5 + len) / 6) ** alpha
+    coverage_penalty: float = 0.0       # GNMT beta: + beta * sum_j log(min(attention mass on source j, 1))
+    n_best: int = 1                     # beam: hypotheses returned per input
+    min_len: int = 0                    # no EOS before this many tokens
     max_len_a: float = 1.5              # max target length = a * source length + b
     max_len_b: int = 10
+    no_repeat_ngram_size: int = 0       # forbid repeating any n-gram of this size (0: off)
+    early_stopping: bool = True         # beam: a sentence ends once beam_size hypotheses have finished
     max_tokens: int = 8000              # token budget of one translation batch
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise XattnError(f"decode.beam_size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise XattnError(f"decode.n_best must be in [1, beam_size={self.beam_size}], got {self.n_best}")
-        if self.length_penalty < 0:
-            raise XattnError(f"decode.length_penalty must be >= 0, got {self.length_penalty}")
+        checks = [
+            (self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}"),
+            (1 <= self.n_best <= self.beam_size, f"decode.n_best must be in [1, beam_size={self.beam_size}], got {self.n_best}"),
+            (self.temperature > 0, f"decode.temperature must be > 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"decode.top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"decode.top_k must be >= 0, got {self.top_k}"),
+            (self.num_samples >= 1, f"decode.num_samples must be >= 1, got {self.num_samples}"),
+            (self.length_penalty >= 0, f"decode.length_penalty must be >= 0, got {self.length_penalty}"),
+            (self.coverage_penalty >= 0, f"decode.coverage_penalty must be >= 0, got {self.coverage_penalty}"),
+            (self.min_len >= 0 and self.no_repeat_ngram_size >= 0, "decode.min_len and decode.no_repeat_ngram_size must be >= 0"),
+            (self.max_tokens > 0, f"decode.max_tokens must be positive, got {self.max_tokens}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise XattnError(message)
+
+    @property
+    def hypotheses(self) -> int:
+        """Rows decoded per input: samples when sampling, else the beam."""
+        return self.num_samples if self.sampling else self.beam_size
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig, RunConfig
+from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
 from xattn.model import Transformer
 
@@ -23,11 +24,12 @@ if TYPE_CHECKING:
 @dataclass
 class Translation:
     text: str
-    score: float                                  # the hypothesis' length-normalised log-probability
+    score: float                                  # the hypothesis' ranking score (normalised log-probability)
     src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
     tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
     cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
-    alternatives: list[Translation] = field(default_factory=list)  # n-best, best first, when n_best > 1
+    self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
+    alternatives: list[Translation] = field(default_factory=list)  # n-best or samples, best first
 
 
 def default_device() -> torch.device:
@@ -57,20 +59,25 @@ def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -
     return batches
 
 
-def cross_attention(model: Transformer, src: Tensor, hyps: Sequence[Hypothesis], rows: Sequence[int]) -> list[np.ndarray]:
-    """Cross-attention of each hypothesis, in one teacher-forced pass.
+def teacher_forced_attention(model: Transformer, src: Tensor, hyps: Sequence[Hypothesis], rows: Sequence[int],
+                             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Cross- and self-attention of each hypothesis, in one teacher-forced pass.
 
     src (B, S); hypothesis r translates src row rows[r]. Decoder input is BOS + tokens, so its
-    T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r), unpadded.
+    T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r) and
+    R arrays (L, H, T_r, T_r), unpadded.
     """
     cfg = model.cfg
     tgt = pad_batch([[cfg.bos_id] + h.tokens for h in hyps], cfg.pad_id, src.device)  # (R, T)
     src = src.index_select(0, torch.tensor(list(rows), device=src.device))  # (R, S)
     with torch.inference_mode():
         out = model.decode(tgt, model.encode(src), need_weights=True)
-    weights = torch.stack(out.cross_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, S)
+    cross = torch.stack(out.cross_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, S)
+    selfw = torch.stack(out.self_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, T)
     src_len = src.ne(cfg.pad_id).sum(dim=1).tolist()
-    return [weights[r, :, :, : len(h.tokens) + 1, : src_len[r]].copy() for r, h in enumerate(hyps)]
+    T = [len(h.tokens) + 1 for h in hyps]
+    return ([cross[r, :, :, : T[r], : src_len[r]].copy() for r in range(len(hyps))],
+            [selfw[r, :, :, : T[r], : T[r]].copy() for r in range(len(hyps))])
 
 
 class Translator:
@@ -97,40 +104,72 @@ class Translator:
         loaded = load_model_dir(path, device)
         return cls(loaded.model, loaded.tokenizers, device, loaded.config)
 
-    def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(),
-                  return_attention: bool = False) -> list[Translation]:
+    def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
+                  attention_from: str = "search", return_self_attention: bool = False,
+                  prefixes: list[str] | None = None) -> list[Translation]:
         """Translate `texts`; results come back in input order.
 
         Sentences are sorted by length into batches of at most cfg.max_tokens source positions
-        (beam_size * sentences * longest source). An empty sentence translates to an empty text.
+        (hypotheses per input * sentences * longest source). An empty sentence translates to an
+        empty text. `prefixes[i]` (target text, may be "") is forced as the start of translation i.
+        With `return_attention` each result carries the cross-attention of its hypothesis:
+        tracked along the search (`attention_from="search"`) or recomputed by one teacher-forced
+        pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree.
         """
+        if attention_from not in ("search", "rescore"):
+            raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         eos = self.model.cfg.eos_id
         ids = [self.tokenizers.src.encode(text) + [eos] for text in texts]
+        forced = [self.tokenizers.tgt.encode(p) for p in prefixes] if prefixes is not None else None
+        options = Options(return_attention, attention_from, return_self_attention)
         results: list[Translation | None] = [None] * len(texts)
-        for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.beam_size):
-            translations = self._translate_batch([ids[i] for i in batch], cfg, return_attention)
+        for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
+            batch_prefix = [forced[i] for i in batch] if forced is not None else None
+            translations = self._translate_batch([ids[i] for i in batch], cfg, options, batch_prefix)
             for i, translation in zip(batch, translations):
                 results[i] = translation
         return results  # type: ignore[return-value]
 
-    def _translate_batch(self, ids: list[list[int]], cfg: DecodeConfig, return_attention: bool) -> list[Translation]:
-        src = pad_batch(ids, self.model.cfg.pad_id, self.device)  # (B, S)
-        nbest = search(self.model, src, cfg)
+    def _translate_batch(self, ids: list[list[int]], cfg: DecodeConfig, options: Options,
+                         prefix: list[list[int]] | None) -> list[Translation]:
+        pad = self.model.cfg.pad_id
+        src = pad_batch(ids, pad, self.device)  # (B, S)
+        forced = pad_batch([p or [pad] for p in prefix], pad, self.device) if prefix is not None else None  # (B, P)
+        in_search = options.cross and options.source == "search"
+        nbest = search(self.model, src, cfg, forced, need_attention=in_search)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
-        attention = cross_attention(self.model, src, flat, rows) if return_attention else [None] * len(flat)
+        cross, selfw = [None] * len(flat), [None] * len(flat)
+        if (options.cross and not in_search) or options.self_:
+            tf_cross, tf_self = teacher_forced_attention(self.model, src, flat, rows)
+            cross = tf_cross if options.cross and not in_search else cross
+            selfw = tf_self if options.self_ else selfw
+        if in_search:
+            src_len = src.ne(pad).sum(dim=1).tolist()
+            cross = [h.cross_attention[..., : src_len[r]].numpy() for h, r in zip(flat, rows)]
         out, r = [], 0
+        many = cfg.num_samples > 1 if cfg.sampling else cfg.n_best > 1
         for source, hyps in zip(ids, nbest):
             src_tokens = self.tokenizers.src.pieces(source)
-            options = [self._translation(h, src_tokens, a) for h, a in zip(hyps, attention[r: r + len(hyps)])]
+            options_ = [self._translation(h, src_tokens, cross[r + i], selfw[r + i]) for i, h in enumerate(hyps)]
             r += len(hyps)
-            out.append(replace(options[0], alternatives=options if cfg.n_best > 1 else []))
+            out.append(replace(options_[0], alternatives=options_ if many else []))
         return out
 
-    def _translation(self, hyp: Hypothesis, src_tokens: list[str], attention: np.ndarray | None) -> Translation:
+    def _translation(self, hyp: Hypothesis, src_tokens: list[str], cross: np.ndarray | None,
+                     selfw: np.ndarray | None) -> Translation:
         tgt = self.tokenizers.tgt
         return Translation(tgt.decode(hyp.tokens), hyp.score, list(src_tokens),
-                           tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), attention)
+                           tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), cross, selfw)
+
+
+@dataclass(frozen=True)
+class Options:
+    cross: bool          # return cross-attention
+    source: str          # "search" or "rescore"
+    self_: bool          # return decoder self-attention
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:

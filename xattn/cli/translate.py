@@ -1,36 +1,69 @@
-"""`xattn translate MODEL`: translate lines from stdin or a file."""
+"""`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-
 from xattn.cli.common import add_verb, read_input_lines, write_output_lines
+from xattn.errors import XattnError
+
+# flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
+DECODE_FLAGS = {
+    "--beam": ("beam_size", int, "beam size (1: greedy)"),
+    "--length-penalty": ("length_penalty", float, "GNMT length penalty alpha"),
+    "--coverage-penalty": ("coverage_penalty", float, "GNMT coverage penalty beta (beam search)"),
+    "--n-best": ("n_best", int, "print N hypotheses per input as: index ||| text ||| score"),
+    "--min-len": ("min_len", int, "no end of sentence before this many tokens"),
+    "--max-len-a": ("max_len_a", float, "max length = a * source length + b"),
+    "--max-len-b": ("max_len_b", int, "max length = a * source length + b"),
+    "--no-repeat-ngram": ("no_repeat_ngram_size", int, "never repeat an n-gram of this size"),
+    "--temperature": ("temperature", float, "sampling temperature"),
+    "--top-k": ("top_k", int, "sample from the k most probable tokens"),
+    "--top-p": ("top_p", float, "sample from the smallest set with this probability mass"),
+    "--num-samples": ("num_samples", int, "samples per input, printed like --n-best"),
+    "--seed": ("seed", int, "random seed for sampling"),
+    "--max-tokens": ("max_tokens", int, "token budget of one translation batch"),
+}
+
+
+SAMPLING_ONLY = {"temperature", "top_k", "top_p", "num_samples", "seed"}
 
 
 def register(sub) -> None:
     p = add_verb(sub, "translate", "Translate one sentence per line (stdin to stdout, or files).",
-                 "echo 'Ein Hund rennt.' | xattn translate runs/multi30k-de-en --beam 5", run)
+                 "echo 'Ein Hund rennt.' | xattn translate runs/multi30k-de-en --beam 5\n"
+                 "  xattn translate runs/multi30k-de-en -i test.de --sample --top-p 0.9 --num-samples 3 --seed 1",
+                 run)
     p.add_argument("model", help="model directory")
     p.add_argument("--input", "-i", help="input file (default: stdin)")
     p.add_argument("--output", "-o", help="output file, written atomically (default: stdout)")
-    add_decode_flags(p)
-    p.add_argument("--n-best", type=int, default=1, help="print N hypotheses per input: index ||| text ||| score")
+    p.add_argument("--prefix", help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
+    add_decode_flags(p)
 
 
 def add_decode_flags(p) -> None:
-    p.add_argument("--beam", type=int, help="beam size (1: greedy; default: the model's decode.beam_size)")
-    p.add_argument("--length-penalty", type=float, help="GNMT length penalty alpha")
-    p.add_argument("--max-tokens", type=int, help="token budget of one translation batch")
+    for flag, (_, kind, help) in DECODE_FLAGS.items():
+        p.add_argument(flag, type=kind, help=help)
+    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--no-early-stopping", action="store_true",
+                   help="beam: search until no active hypothesis can beat the finished ones")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
 
 
 def decode_config(args, base):
     """The model directory's DecodeConfig with the command line's choices on top."""
-    changes = {"beam_size": args.beam, "length_penalty": args.length_penalty, "max_tokens": args.max_tokens,
-               "n_best": getattr(args, "n_best", None)}
+    from xattn.config import DecodeConfig, build
+
+    changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
+    if args.sample:
+        changes["sampling"] = True
+    elif not base.sampling and SAMPLING_ONLY & set(changes):
+        raise XattnError(f"{', '.join(sorted(SAMPLING_ONLY & set(changes)))} apply to sampling only; add --sample")
+    if args.no_early_stopping:
+        changes["early_stopping"] = False
     if changes.get("n_best", 1) > changes.get("beam_size", base.beam_size):
         changes["beam_size"] = changes["n_best"]
-    from xattn.config import DecodeConfig, build
+    if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
+        changes["n_best"] = 1
     return build(DecodeConfig, changes, "decode", base)
 
 
@@ -39,8 +72,12 @@ def run(args) -> int:
 
     translator = Translator.from_dir(args.model, device=args.device)
     cfg = decode_config(args, translator.decode_config)
-    results = translator.translate(read_input_lines(args.input), cfg)
-    if args.n_best > 1:
+    texts = read_input_lines(args.input)
+    prefixes = read_input_lines(args.prefix) if args.prefix else None
+    if prefixes is not None and len(prefixes) != len(texts):
+        raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {len(texts)}")
+    results = translator.translate(texts, cfg, prefixes=prefixes)
+    if any(r.alternatives for r in results):
         lines = [f"{i} ||| {alt.text} ||| {alt.score:.4f}" for i, r in enumerate(results) for alt in r.alternatives]
     elif args.scores:
         lines = [f"{r.text} ||| {r.score:.4f}" for r in results]

@@ -1,0 +1,55 @@
+import math
+
+import pytest
+import torch
+
+from xattn.processors import (StepState, forced_prefix, max_length, min_length, no_repeat_ngram, temperature, top_k,
+                              top_p)
+
+NEG = float("-inf")
+
+
+def _state(tokens, t=None, max_len=10, prefix=None):
+    tokens = torch.tensor(tokens, dtype=torch.long).view(len(tokens), -1)
+    return StepState(tokens.shape[1] if t is None else t, tokens, torch.full((tokens.shape[0],), max_len), prefix)
+
+
+def test_top_k_keeps_the_k_best():
+    lp = torch.tensor([[0.1, 0.5, 0.2, 0.9]]).log()
+    out = top_k(2)(lp, _state([[]]))
+    assert torch.isinf(out[0, [0, 2]]).all() and torch.isfinite(out[0, [1, 3]]).all()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    lp = torch.tensor([[0.05, 0.5, 0.15, 0.3]]).log()
+    assert torch.isfinite(top_p(0.8)(lp, _state([[]]))).tolist() == [[False, True, False, True]]
+    assert torch.isfinite(top_p(0.81)(lp, _state([[]]))).tolist() == [[False, True, True, True]]
+    assert torch.isfinite(top_p(0.4)(lp, _state([[]]))).tolist() == [[False, True, False, False]]
+
+
+def test_temperature_renormalises():
+    lp = torch.tensor([[0.2, 0.8]]).log()
+    out = temperature(0.5)(lp, _state([[]])).exp()
+    assert out[0].tolist() == pytest.approx([0.04 / 0.68, 0.64 / 0.68])
+
+
+def test_no_repeat_ngram_bans_the_completing_token():
+    lp = torch.zeros(2, 6)
+    out = no_repeat_ngram(2)(lp, _state([[3, 4, 5, 3], [1, 2, 1, 2]]))
+    assert out[0].tolist() == [0, 0, 0, 0, NEG, 0]   # "3 4" seen: 4 may not follow 3 again
+    assert out[1].tolist() == [0, NEG, 0, 0, 0, 0]   # "2 1" seen: 1 may not follow 2 again
+    out3 = no_repeat_ngram(3)(lp, _state([[3, 4, 5, 3, 4], [1, 2, 1, 2, 3]]))
+    assert out3[0].tolist() == [0, 0, 0, 0, 0, NEG] and out3[1].eq(0).all()
+
+
+def test_lengths_and_prefix():
+    lp = torch.zeros(2, 5)
+    assert min_length(2, 2)(lp, _state([[7], [7]], t=1))[:, 2].eq(NEG).all()
+    assert min_length(2, 2)(lp, _state([[7, 7], [7, 7]], t=2)).eq(0).all()
+    forced = max_length(2)(lp, StepState(3, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 5])))
+    assert forced[0].tolist() == [NEG, NEG, 0, NEG, NEG] and forced[1].eq(0).all()
+    prefix = torch.tensor([[4, 3], [4, 0]])
+    out = forced_prefix(0)(lp, StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([9, 9]), prefix))
+    assert out[0].tolist() == [NEG, NEG, NEG, 0, NEG] and out[1].eq(0).all()
+    assert math.isinf(forced_prefix(0)(lp, StepState(0, torch.zeros(2, 0, dtype=torch.long), torch.tensor([9, 9]),
+                                                     prefix))[1, 3])

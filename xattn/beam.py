@@ -1,0 +1,175 @@
+"""Batched beam search with GNMT length and coverage penalties, n-best lists and attention that follows
+the beam's back-pointers.
+
+Shapes: B sentences, K beam size, N sentences still decoding, V vocabulary, T positions,
+L layers, H heads, S source length. See decoding.py for lengths and scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from xattn.config import DecodeConfig
+from xattn.decoding import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.model import Transformer
+from xattn.processors import Processor, StepState, apply_all
+
+NEG_INF = float("-inf")
+
+
+def gather_slots(x: Tensor | None, index: Tensor) -> Tensor | None:
+    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index`."""
+    if x is None:
+        return None
+    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
+
+@dataclass
+class Beam:
+    """The active hypotheses of the N sentences still decoding."""
+    sentence: Tensor                # (N,) index into the batch
+    log_prob: Tensor                # (N, K) cumulative, -inf = dead slot
+    tokens: Tensor                  # (N, K, T) generated so far, pad after
+    attention: Tensor | None        # (N, K, T, L, H, S) cross-attention so far, when tracked
+    coverage: Tensor | None         # (N, K, S) attention mass per source token, with a coverage penalty
+
+    def keep(self, index: Tensor) -> Beam:
+        pick = lambda x: x[index] if x is not None else None  # noqa: E731
+        return Beam(self.sentence[index], self.log_prob[index], self.tokens[index], pick(self.attention),
+                    pick(self.coverage))
+
+    def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, attn: Tensor | None,
+               cover: Tensor | None) -> Beam:
+        """Children of slots `parent` (N, C) adding `token` at position t, with this step's attention."""
+        tokens = gather_slots(self.tokens, parent).clone()
+        tokens[:, :, t] = token
+        attention = gather_slots(self.attention, parent)
+        if attention is not None:
+            attention = attention.clone()
+            attention[:, :, t] = gather_slots(attn, parent)
+        coverage = gather_slots(self.coverage, parent)
+        if coverage is not None:
+            coverage = coverage + gather_slots(cover, parent)
+        return Beam(self.sentence, log_prob, tokens, attention, coverage)
+
+
+@dataclass
+class Finished:
+    """The best K finished hypotheses of every sentence, kept on the device."""
+    tokens: Tensor                  # (B, K, T) pad after the last token
+    score: Tensor                   # (B, K) ranking score, -inf = empty slot
+    log_prob: Tensor                # (B, K)
+    penalty: Tensor                 # (B, K) coverage penalty included in the score
+    attention: Tensor | None        # (B, K, T, L, H, S)
+
+    def add(self, candidates: Beam, score: Tensor, penalty: Tensor) -> None:
+        """Merge finished candidates (their sentences' rows of `candidates`) ranked by score (N, C)."""
+        rows, K = candidates.sentence, self.score.shape[1]
+        merged = torch.cat([self.score[rows], score], dim=1)  # (N, K + C)
+        best, index = merged.topk(K, dim=1)  # (N, K)
+        self.score[rows] = best
+        self.log_prob[rows] = torch.cat([self.log_prob[rows], candidates.log_prob], 1).gather(1, index)
+        self.penalty[rows] = torch.cat([self.penalty[rows], penalty], 1).gather(1, index)
+        self.tokens[rows] = gather_slots(torch.cat([self.tokens[rows], candidates.tokens], 1), index)
+        if self.attention is not None:
+            self.attention[rows] = gather_slots(torch.cat([self.attention[rows], candidates.attention], 1), index)
+
+    def count(self, rows: Tensor) -> Tensor:
+        """(N,) number of finished hypotheses of sentences `rows`."""
+        return self.score[rows].isfinite().sum(dim=1)
+
+    def worst(self, rows: Tensor) -> Tensor:
+        """(N,) lowest kept score (-inf while slots are empty)."""
+        return self.score[rows].min(dim=1).values
+
+
+def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
+    """coverage (N, C, S), src_mask (N, S) -> (N, C): beta * sum over source tokens of log(min(mass, 1))."""
+    mass = coverage.clamp(min=1e-10, max=1.0).log() * src_mask.unsqueeze(1)
+    return beta * mass.sum(dim=-1)
+
+
+def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: bool) -> tuple[Beam, Finished]:
+    B, device, pad = src.shape[0], src.device, model.cfg.pad_id
+    first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
+    L, H = model.cfg.n_decoder_layers, model.cfg.n_heads
+    attention = torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None
+    coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
+    tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
+    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, attention, coverage)
+    finished = Finished(tokens.clone(), torch.full((B, K), NEG_INF, device=device), torch.zeros(B, K, device=device),
+                        torch.zeros(B, K, device=device), attention.clone() if track else None)
+    return beam, finished
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: list[Processor],
+                prefix: Tensor | None = None, need_attention: bool = False) -> list[list[Hypothesis]]:
+    """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
+
+    Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
+    among the K best finishes a hypothesis; the K best others stay active. With early stopping a
+    sentence is done once K hypotheses have finished (fairseq's rule; it keeps beam size 1 exactly
+    greedy); without, only once no active hypothesis can still beat the worst finished one. At
+    max_len every active hypothesis ends with EOS. Done sentences leave the batch.
+    """
+    K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
+    device, max_len = src.device, max_len.to(src.device)
+    T = int(max_len.max()) + 1
+    step = make_step(model, need_attention or beta > 0)
+    cache = prepare_cache(model, src, K)
+    src_mask = src.ne(model.cfg.pad_id)  # (B, S)
+    beam, finished = start(model, src, K, T, need_attention, beta > 0)
+    last = torch.full((src.shape[0] * K, 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (N * K, 1)
+    for t in range(T):
+        N = beam.sentence.shape[0]
+        raw, attn = step(last, cache)
+        rows = beam.sentence.repeat_interleave(K)  # (N * K,)
+        state = StepState(t, beam.tokens[:, :, :t].reshape(N * K, t), max_len[rows],
+                          prefix[rows] if prefix is not None else None)
+        lp = apply_all(rules, raw, state).view(N, K, -1)  # (N, K, V)
+        attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
+        cover = attn[:, :, -1].mean(dim=2) if beta > 0 else None  # (N, K, S)
+        score, index = (beam.log_prob.unsqueeze(2) + lp).view(N, -1).topk(2 * K, dim=1)  # (N, 2K)
+        parent, token = index // lp.shape[2], index % lp.shape[2]
+        ended = token.eq(eos) & score.isfinite()
+        ended[:, K:] = False  # an EOS finishes a hypothesis only when it ranks among the K best
+        done_beam = beam.extend(parent, token, score, t, attn, cover)
+        cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(score)
+        finished.add(done_beam, torch.where(ended, score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp)
+        order = token.eq(eos).long() * (2 * K) + torch.arange(2 * K, device=device)  # EOS last
+        pick = order.topk(K, dim=1, largest=False).indices  # (N, K) best non-EOS first
+        beam = beam.extend(parent.gather(1, pick), token.gather(1, pick), score.gather(1, pick), t, attn, cover)
+        done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
+        keep = (~done).nonzero().squeeze(1)  # (N',)
+        if keep.numel() == 0:
+            break
+        cache.select((torch.arange(N, device=device).unsqueeze(1) * K + parent.gather(1, pick))[keep].view(-1))
+        beam = beam.keep(keep)
+        last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
+    return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
+
+
+def stopped(beam: Beam, finished: Finished, cfg: DecodeConfig, max_len: Tensor) -> Tensor:
+    """(N,) sentences whose search is over (see beam_search)."""
+    full = finished.count(beam.sentence).ge(cfg.beam_size)
+    if cfg.early_stopping:
+        return full
+    longest = max_len[beam.sentence] + 1  # the most optimistic length when alpha > 0
+    best_active = beam.log_prob.max(dim=1).values / gnmt_penalty(longest, cfg.length_penalty)
+    return full & (best_active <= finished.worst(beam.sentence))
+
+
+def collect(finished: Finished, n_best: int, stop: set[int], alpha: float) -> list[list[Hypothesis]]:
+    """The n_best finished hypotheses of each sentence as Python objects, best first."""
+    tokens, scores, log_probs, penalties = (x.cpu().tolist() for x in (finished.tokens, finished.score,
+                                                                       finished.log_prob, finished.penalty))
+    attention = finished.attention.cpu() if finished.attention is not None else None
+    out = []
+    for b, (ids, score, log_prob, penalty) in enumerate(zip(tokens, scores, log_probs, penalties)):
+        hyps = [hypothesis(i, stop, lp, alpha, cp, attention[b, k] if attention is not None else None)
+                for k, (i, s, lp, cp) in enumerate(zip(ids, score, log_prob, penalty)) if s != NEG_INF]
+        out.append(sorted(hyps, key=lambda h: -h.score)[:n_best])
+    return out

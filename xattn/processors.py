@@ -1,0 +1,133 @@
+"""Logit processors: small pure functions `(log_probs (N, V), state) -> log_probs (N, V)` that every
+decoding strategy applies in the same order (STYLE.md rule 8).
+
+Shapes: N rows being decoded, V target vocabulary, t tokens generated so far, P forced prefix length.
+A processor only ever lowers entries to -inf, except the sampling warpers (temperature, top-k,
+top-p), which reshape the distribution a sample is drawn from and never touch search scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from xattn.config import DecodeConfig, ModelConfig
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class StepState:
+    t: int                          # index of the token being chosen (0 = first after BOS)
+    tokens: Tensor                  # (N, t) tokens chosen so far, forced prefix included
+    max_len: Tensor                 # (N,) tokens allowed before EOS is forced
+    prefix: Tensor | None = None    # (N, P) forced tokens, pad where a row's prefix has ended
+
+
+Processor = Callable[[Tensor, StepState], Tensor]
+
+
+def forbid(ids: list[int]) -> Processor:
+    """Never produce `ids` (pad and BOS)."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        return lp.index_fill(1, torch.tensor(ids, device=lp.device), NEG_INF)
+    return apply
+
+
+def min_length(n: int, eos_id: int) -> Processor:
+    """No EOS before `n` tokens."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        return lp.index_fill(1, torch.tensor([eos_id], device=lp.device), NEG_INF) if state.t < n else lp
+    return apply
+
+
+def only(lp: Tensor, rows: Tensor, token: Tensor) -> Tensor:
+    """(N, V), rows (N,) bool, token (N,) -> rows that may produce nothing but their `token`."""
+    keep = torch.zeros_like(lp, dtype=torch.bool).scatter_(1, token.unsqueeze(1), True)  # (N, V)
+    return lp.masked_fill(rows.unsqueeze(1) & ~keep, NEG_INF)
+
+
+def forced_prefix(pad_id: int) -> Processor:
+    """Rows whose prefix reaches position t must produce the prefix token there."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        if state.prefix is None or state.t >= state.prefix.shape[1]:
+            return lp
+        token = state.prefix[:, state.t]  # (N,)
+        return only(lp, token.ne(pad_id), token)
+    return apply
+
+
+def max_length(eos_id: int) -> Processor:
+    """EOS, and nothing else, once a row has max_len tokens."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        rows = state.max_len <= state.t  # (N,)
+        return only(lp, rows, torch.full_like(rows, eos_id, dtype=torch.long))
+    return apply
+
+
+def no_repeat_ngram(n: int) -> Processor:
+    """Forbid any token that would repeat an n-gram already in the row (Paulus et al. 2018)."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        tokens = state.tokens
+        if tokens.shape[1] < n:
+            return lp
+        grams = tokens.unfold(1, n, 1)  # (N, G, n)
+        seen = grams[:, :, :-1].eq(tokens[:, -(n - 1):].unsqueeze(1)).all(dim=2) if n > 1 \
+            else torch.ones(grams.shape[:2], dtype=torch.bool, device=lp.device)  # (N, G)
+        V = lp.shape[1]
+        banned = grams[:, :, -1].masked_fill(~seen, V)  # (N, G), V = a spare column
+        padded = torch.cat([lp, lp.new_zeros(lp.shape[0], 1)], dim=1)  # (N, V + 1)
+        return padded.scatter(1, banned, NEG_INF)[:, :V]
+    return apply
+
+
+# ------------------------------------------------------------------------------------- sampling warpers
+
+def temperature(value: float) -> Processor:
+    """Sharpen (< 1) or flatten (> 1) the distribution: log p / T, renormalised."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        return (lp / value).log_softmax(dim=-1)
+    return apply
+
+
+def top_k(k: int) -> Processor:
+    """Keep the k most probable tokens (Fan et al. 2018)."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        kth = lp.topk(min(k, lp.shape[1]), dim=-1).values[:, -1:]  # (N, 1)
+        return lp.masked_fill(lp < kth, NEG_INF)
+    return apply
+
+
+def top_p(p: float) -> Processor:
+    """Keep the smallest set of most probable tokens whose mass reaches p (Holtzman et al. 2020)."""
+    def apply(lp: Tensor, state: StepState) -> Tensor:
+        sorted_lp, order = lp.sort(dim=-1, descending=True)  # (N, V)
+        before = sorted_lp.softmax(dim=-1).cumsum(dim=-1) - sorted_lp.softmax(dim=-1)  # mass of better tokens
+        drop = torch.zeros_like(lp, dtype=torch.bool).scatter(1, order, before >= p)
+        return lp.masked_fill(drop, NEG_INF)
+    return apply
+
+
+def constraints(cfg: DecodeConfig, model: ModelConfig) -> list[Processor]:
+    """The hard rules every strategy obeys, in the order they apply; scores are taken after these."""
+    out = [forbid([model.pad_id, model.bos_id])]
+    if cfg.no_repeat_ngram_size:
+        out.append(no_repeat_ngram(cfg.no_repeat_ngram_size))
+    if cfg.min_len:
+        out.append(min_length(cfg.min_len, model.eos_id))
+    return out + [forced_prefix(model.pad_id), max_length(model.eos_id)]
+
+
+def warpers(cfg: DecodeConfig) -> list[Processor]:
+    """What sampling draws from, on top of the constraints: temperature, then top-k, then top-p."""
+    out = [temperature(cfg.temperature)] if cfg.temperature != 1.0 else []
+    out += [top_k(cfg.top_k)] if cfg.top_k else []
+    return out + ([top_p(cfg.top_p)] if cfg.top_p < 1.0 else [])
+
+
+def apply_all(processors: list[Processor], lp: Tensor, state: StepState) -> Tensor:
+    for processor in processors:
+        lp = processor(lp, state)
+    return lp
