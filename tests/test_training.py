@@ -138,3 +138,14 @@ def test_corpus_counts_what_cleaning_dropped(tmp_path):
     corpus = prepare_corpus(cfg.data, tmp_path / "m")
     assert (corpus.stats.kept, corpus.stats.empty, corpus.stats.ratio) == (2, 1, 1)
     assert len(corpus.valid_pairs) == 3
+
+
+def test_label_smoothed_loss_equals_torch_cross_entropy():
+    torch.manual_seed(0)
+    logits, target = torch.randn(3, 5, 11), torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0
+    loss, nll = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.2)
+    flat = logits.flatten(0, 1), target.flatten()
+    expected = torch.nn.functional.cross_entropy(*flat, ignore_index=0, label_smoothing=0.2, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(*flat, ignore_index=0, reduction="sum"))
