@@ -26,6 +26,8 @@ def run_pair(pair: str, minutes: float, out_root: Path, overrides: list[str]) ->
     start = time.time()
     progress = train(cfg, out)
     wall = time.time() - start
+    if progress.stop_reason == "interrupted":
+        raise SystemExit(f"{pair}: training was interrupted; run again to resume (no result written)")
     translator = Translator.from_dir(out)
     pairs = multi30k(cfg.data.src_lang, cfg.data.tgt_lang, "test_2016_flickr", data_dir())
     start = time.time()
