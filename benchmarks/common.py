@@ -43,9 +43,12 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
+START_COMMIT = commit()
+
+
 def write_result(name: str, figures: dict) -> Path:
-    """benchmarks/results/NAME.json with commit, date, machine, command and the figures."""
-    record = {"benchmark": name, "commit": commit(), "date": datetime.date.today().isoformat(),
+    """benchmarks/results/NAME.json with commit (at the script's start), date, machine, command and the figures."""
+    record = {"benchmark": name, "commit": START_COMMIT, "date": datetime.date.today().isoformat(),
               "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv]), **figures}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
