@@ -56,7 +56,7 @@ def test_cached_incremental_decoding_equals_full_decoding(overrides):
         torch.testing.assert_close(torch.cat([s.cross_attn[layer] for s in steps], 2), full.cross_attn[layer],
                                    atol=1e-6, rtol=1e-5)
     assert cache.length == TGT.shape[1]
-    assert cache.layers[0].self_k.shape == (2, 2, 4, 8)
+    assert cache.layers[0].self_k.shape == (2, 2, 4, 8) and cache.layers[0].buffer_k.shape[2] >= 16
 
 
 def test_cache_takes_several_positions_at_once_and_reorders():
@@ -148,3 +148,41 @@ def test_sinusoidal_positions_golden_values():
     assert table[pos, 4 + i].item() == pytest.approx(math.cos(angle), abs=1e-6)
     assert table.shape == (300, 8)
     torch.testing.assert_close(SinusoidalPositions(8)(5, 3), table[5:8])
+
+
+def test_grouped_cache_equals_copied_rows():
+    """A beam's rows sharing one cross-attention K/V per source decode exactly like independent copies."""
+    model = _model()
+    K = 3
+    steps = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 18, 19], [20, 21, 22], [23, 24, 25], [26, 27, 28]])
+    with torch.no_grad():
+        enc = model.encode(SRC)
+        grouped, copied = model.new_cache(enc), model.new_cache(enc)
+        grouped.expand(K, grouped=True)
+        copied.expand(K, grouped=False)
+        assert grouped.layers[0].cross_k.shape[0] == 2 and copied.layers[0].cross_k.shape[0] == 6
+        reorder = torch.tensor([2, 2, 0, 4, 3, 5])   # back-pointers within each source's group
+        drop = torch.tensor([3, 4, 5])               # the first source finishes
+        for t, index in enumerate([None, reorder, drop]):
+            if index is not None:
+                grouped.select(index)
+                copied.select(index)
+                steps = steps[index]
+            tokens = steps[:, t:t + 1]
+            a = model.decode(tokens, None, cache=grouped, need_weights=True)
+            b = model.decode(tokens, None, cache=copied, need_weights=True)
+            torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a.cross_attn[1], b.cross_attn[1], atol=1e-6, rtol=1e-5)
+    assert grouped.src_mask.shape[0] == 1 and grouped.layers[0].self_k.shape == (3, 2, 3, 8)
+
+
+def test_cache_buffer_grows_past_its_capacity():
+    model = _model()
+    tgt = torch.randint(3, 50, (2, 40))
+    tgt[:, 0] = 1
+    with torch.no_grad():
+        enc = model.encode(SRC)
+        full = model.decode(tgt, enc).logits
+        cache = model.new_cache(enc)
+        steps = torch.cat([model.decode(tgt[:, t:t + 1], None, cache=cache).logits for t in range(40)], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)

@@ -178,33 +178,77 @@ class MultiHeadAttention(nn.Module):
 
 @dataclass
 class LayerCache:
-    """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed."""
-    cross_k: Tensor                 # (B, H, S, Dh)
+    """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed.
+
+    Self-attention K/V live in a buffer that doubles when full, so a step writes in place instead
+    of copying everything decoded so far.
+    """
+    cross_k: Tensor                 # (B / group, H, S, Dh)
     cross_v: Tensor
-    self_k: Tensor | None = None    # (B, H, t, Dh), t = steps so far
-    self_v: Tensor | None = None
+    buffer_k: Tensor | None = None  # (B, H, capacity, Dh)
+    buffer_v: Tensor | None = None
+    length: int = 0                 # filled positions of the buffers
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's self-attention K/V (B, H, k, Dh); return all of them so far."""
-        if self.self_k is not None:
-            k, v = torch.cat([self.self_k, k], dim=2), torch.cat([self.self_v, v], dim=2)
-        self.self_k, self.self_v = k, v
-        return k, v
+        """Add this step's self-attention K/V (B, H, n, Dh); return all of them so far, (B, H, t, Dh)."""
+        end = self.length + k.shape[2]
+        if self.buffer_k is None or end > self.buffer_k.shape[2]:
+            capacity = max(16, 2 * end)
+            grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
+            grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
+            if self.buffer_k is not None:
+                grown_k[:, :, : self.length] = self.buffer_k[:, :, : self.length]
+                grown_v[:, :, : self.length] = self.buffer_v[:, :, : self.length]
+            self.buffer_k, self.buffer_v = grown_k, grown_v
+        self.buffer_k[:, :, self.length: end] = k
+        self.buffer_v[:, :, self.length: end] = v
+        self.length = end
+        return self.self_k, self.self_v
+
+    @property
+    def self_k(self) -> Tensor | None:
+        return self.buffer_k[:, :, : self.length] if self.buffer_k is not None else None  # (B, H, t, Dh)
+
+    @property
+    def self_v(self) -> Tensor | None:
+        return self.buffer_v[:, :, : self.length] if self.buffer_v is not None else None
 
 
 @dataclass
 class DecoderCache:
-    """State of incremental decoding for a batch of hypotheses; see `Transformer.new_cache`."""
+    """State of incremental decoding for a batch of hypotheses; see `Transformer.new_cache`.
+
+    With `group` = K, the B rows are B / K groups of K consecutive hypotheses of one source (a beam):
+    cross-attention K/V and the source mask are stored once per source, and the K rows of a group
+    attend to them as K query positions of one sequence, which is exact because cross-attention
+    has no mask among queries.
+    """
     layers: list[LayerCache]
-    src_mask: Tensor                # (B, S) bool, True = token
+    src_mask: Tensor                # (B / group, S) bool, True = token
     length: int = 0                 # target positions processed so far
+    group: int = 1
 
     def select(self, index: Tensor) -> None:
-        """Keep (and reorder) batch rows `index` (N,), e.g. along beam back-pointers."""
-        self.src_mask = self.src_mask.index_select(0, index)
+        """Keep (and reorder) rows `index` (N,), e.g. along beam back-pointers.
+
+        With group K, every K consecutive entries of `index` must come from one source group.
+        """
+        sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index  # (N / K,)
+        same_sources = self.group > 1 and sources.shape[0] == self.src_mask.shape[0] and \
+            torch.equal(sources, torch.arange(sources.shape[0], device=sources.device))
+        if not same_sources:
+            self.src_mask = self.src_mask.index_select(0, sources)
         for layer in self.layers:
-            layer.cross_k = layer.cross_k.index_select(0, index)
-            layer.cross_v = layer.cross_v.index_select(0, index)
-            if layer.self_k is not None:
-                layer.self_k = layer.self_k.index_select(0, index)
-                layer.self_v = layer.self_v.index_select(0, index)
+            if not same_sources:
+                layer.cross_k = layer.cross_k.index_select(0, sources)
+                layer.cross_v = layer.cross_v.index_select(0, sources)
+            if layer.buffer_k is not None:
+                layer.buffer_k = layer.buffer_k.index_select(0, index)
+                layer.buffer_v = layer.buffer_v.index_select(0, index)
+
+    def expand(self, copies: int, grouped: bool) -> None:
+        """Give each source `copies` consecutive rows: as one group (beam search) or as independent rows."""
+        if grouped:
+            self.group = copies
+            return
+        self.select(torch.arange(self.src_mask.shape[0], device=self.src_mask.device).repeat_interleave(copies))

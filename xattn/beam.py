@@ -119,7 +119,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
     step = make_step(model, need_attention or beta > 0)
-    cache = prepare_cache(model, src, K)
+    cache = prepare_cache(model, src, K, grouped=True)
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
     last = torch.full((src.shape[0] * K, 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (N * K, 1)

@@ -53,11 +53,12 @@ def make_step(model: Transformer, need_weights: bool = False) -> Step:
     return step
 
 
-def prepare_cache(model: Transformer, src: Tensor, copies: int = 1) -> DecoderCache:
-    """Encode src (B, S) and return a cache of B * copies rows, `copies` consecutive rows per sentence."""
+def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, grouped: bool = False) -> DecoderCache:
+    """Encode src (B, S) and return a cache of B * copies rows, `copies` consecutive rows per sentence;
+    `grouped` (beam search) keeps one cross-attention K/V per sentence for its rows."""
     cache = model.new_cache(model.encode(src))
     if copies > 1:
-        cache.select(torch.arange(src.shape[0], device=src.device).repeat_interleave(copies))  # (B * K,)
+        cache.expand(copies, grouped)
     return cache
 
 

@@ -90,11 +90,12 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, self_mask: Tensor, cross_mask: Tensor, cache: LayerCache,
-                need_weights: bool = False, grow_cache: bool = False) -> tuple[Tensor, LayerWeights]:
-        """x (B, T, D), self_mask (T, T_all) or (B, T, T_all), cross_mask (B, 1, S) -> (B, T, D).
+                need_weights: bool = False, grow_cache: bool = False, group: int = 1) -> tuple[Tensor, LayerWeights]:
+        """x (B, T, D), self_mask (1 or B, T, T_all), cross_mask (B / group, 1, S) -> (B, T, D).
 
-        `cache` holds the cross-attention K/V; with `grow_cache` this step's self-attention K/V
-        are appended to it and attention runs over all steps so far.
+        `cache` holds the cross-attention K/V, one per group of `group` rows (see DecoderCache);
+        with `grow_cache` this step's self-attention K/V are appended to it and attention runs
+        over all steps so far.
         """
         h = self.self_attn_norm.before(x)
         kv = self.self_attn.project_kv(h)
@@ -103,7 +104,21 @@ class DecoderLayer(nn.Module):
         a = self.self_attn(h, kv, self_mask, need_weights)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         h = self.cross_attn_norm.before(x)
-        c = self.cross_attn(h, (cache.cross_k, cache.cross_v), cross_mask, need_weights)
-        x = self.cross_attn_norm.after(x, self.dropout(c.out))
+        c = self.cross_attn(fold(h, group), (cache.cross_k, cache.cross_v), cross_mask, need_weights)
+        x = self.cross_attn_norm.after(x, self.dropout(c.out.view_as(x)))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
-        return x, LayerWeights(self_attn=a.weights, cross_attn=c.weights)
+        return x, LayerWeights(self_attn=a.weights, cross_attn=unfold_weights(c.weights, group))
+
+
+def fold(x: Tensor, group: int) -> Tensor:
+    """(B, T, D) -> (B / group, group * T, D): a group's rows become query positions of one sequence."""
+    B, T, D = x.shape
+    return x if group == 1 else x.reshape(B // group, group * T, D)
+
+
+def unfold_weights(weights: Tensor | None, group: int) -> Tensor | None:
+    """(B / group, H, group * T, S) -> (B, H, T, S)."""
+    if weights is None or group == 1:
+        return weights
+    N, H, GT, S = weights.shape
+    return weights.view(N, H, group, GT // group, S).transpose(1, 2).reshape(N * group, H, GT // group, S)

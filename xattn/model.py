@@ -161,7 +161,7 @@ class Transformer(nn.Module):
         cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)
         cross, selfw = [], []
         for layer, lc in zip(self.decoder.layers, layer_caches):
-            x, w = layer(x, self_mask, cross_mask, lc, need_weights, grow_cache=cache is not None)
+            x, w = layer(x, self_mask, cross_mask, lc, need_weights, cache is not None, cache.group if cache else 1)
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:
