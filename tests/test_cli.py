@@ -44,6 +44,22 @@ def test_translate_stdin_and_files(quickstart_dir, tmp_path):
     assert out.read_text().splitlines() == lines
     nbest = _run("translate", str(quickstart_dir), "--n-best", "3", stdin="sieben\n").stdout.splitlines()
     assert len(nbest) == 3 and all(line.startswith("0 ||| ") for line in nbest)
+    int8 = _run("translate", str(quickstart_dir), "--beam", "2", "--quantize", "int8", stdin="dreiundzwanzig\nsieben\n")
+    assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 2
+
+
+def test_translate_sampling_and_prefix(quickstart_dir, tmp_path):
+    args = ("translate", str(quickstart_dir), "--sample", "--top-p", "0.9", "--num-samples", "3", "--seed", "7")
+    first, again = _run(*args, stdin="dreiundzwanzig\n"), _run(*args, stdin="dreiundzwanzig\n")
+    assert first.returncode == 0 and first.stdout == again.stdout and len(first.stdout.splitlines()) == 3
+    prefix = tmp_path / "prefix.txt"
+    prefix.write_text("twenty\n")
+    forced = _run("translate", str(quickstart_dir), "--prefix", str(prefix), stdin="dreiundzwanzig\n")
+    assert forced.returncode == 0 and forced.stdout.startswith("twenty")
+    wrong = _run("translate", str(quickstart_dir), "--top-k", "5", stdin="sieben\n")
+    assert wrong.returncode == 2 and "add --sample" in wrong.stderr
+    bad = _run("translate", str(quickstart_dir), "--sample", "--temperature", "0", stdin="sieben\n")
+    assert bad.returncode == 2 and "temperature" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):

@@ -4,6 +4,7 @@ Shapes: B sentences in a batch, R hypotheses, S source length, T target position
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -96,13 +97,17 @@ class Translator:
         return self.config.decode if self.config is not None else DecodeConfig()
 
     @classmethod
-    def from_dir(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
-        """Load a model directory (config.yaml, model.safetensors, tokenizer files)."""
+    def from_dir(cls, path: str | Path, device: str | torch.device | None = None, quantize: str | None = None,
+                 compile: bool = False) -> Translator:
+        """Load a model directory (config.yaml, model.safetensors, tokenizer files).
+
+        `quantize="int8"`: dynamic int8 linear layers (CPU only). `compile`: torch.compile the decoder step.
+        """
         from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
 
         device = torch.device(device) if device is not None else default_device()
         loaded = load_model_dir(path, device)
-        return cls(loaded.model, loaded.tokenizers, device, loaded.config)
+        return cls(accelerate(loaded.model, device, quantize, compile), loaded.tokenizers, device, loaded.config)
 
     def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
@@ -170,6 +175,21 @@ class Options:
     cross: bool          # return cross-attention
     source: str          # "search" or "rescore"
     self_: bool          # return decoder self-attention
+
+
+def accelerate(model: Transformer, device: torch.device, quantize: str | None, compile: bool) -> Transformer:
+    """Inference speed-ups: dynamic int8 quantization of every Linear (CPU), a compiled decoder step."""
+    if quantize not in (None, "int8"):
+        raise XattnError(f"quantize must be int8, got {quantize!r}")
+    if quantize == "int8":
+        if device.type != "cpu":
+            raise XattnError("int8 quantization runs on CPU only; use --device cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    if compile:
+        model.decode = torch.compile(model.decode, dynamic=True)
+    return model
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:

@@ -42,7 +42,7 @@ def run(args) -> int:
     from xattn.evaluation import evaluate
     from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=args.device)
+    translator = Translator.from_dir(args.model, device=args.device, quantize=args.quantize, compile=args.compile)
     src, refs = test_pairs(args, translator.config.data)
     cfg = decode_config(args, translator.decode_config)
     hyps = [t.text for t in translator.translate(src, cfg)]

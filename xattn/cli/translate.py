@@ -46,6 +46,8 @@ def add_decode_flags(p) -> None:
     p.add_argument("--no-early-stopping", action="store_true",
                    help="beam: search until no active hypothesis can beat the finished ones")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
 
 
 def decode_config(args, base):
@@ -70,7 +72,7 @@ def decode_config(args, base):
 def run(args) -> int:
     from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=args.device)
+    translator = Translator.from_dir(args.model, device=args.device, quantize=args.quantize, compile=args.compile)
     cfg = decode_config(args, translator.decode_config)
     texts = read_input_lines(args.input)
     prefixes = read_input_lines(args.prefix) if args.prefix else None
