@@ -30,7 +30,7 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0      # on attention weights
     activation_dropout: float = 0.0     # on the FFN hidden layer (fairseq's activation_dropout)
-    activation: str = "relu"            # relu | gelu
+    activation: str = "relu"            # relu | gelu | swish (SiLU, as in opus-mt models)
     norm: str = "post"                  # post (Vaswani et al. 2017) | pre (Xiong et al. 2020)
     positions: str = "sinusoidal"       # sinusoidal | learned
     max_positions: int = 1024           # learned positions only; sinusoidal ones extend as needed
@@ -42,7 +42,7 @@ class ModelConfig:
     eos_id: int = 2
 
     def __post_init__(self) -> None:
-        _check_choice("model.activation", self.activation, ("relu", "gelu"))
+        _check_choice("model.activation", self.activation, ("relu", "gelu", "swish"))
         _check_choice("model.norm", self.norm, ("post", "pre"))
         _check_choice("model.positions", self.positions, ("sinusoidal", "learned"))
         _check_choice("model.score", self.score, ("dot", "scaled_dot", "general", "additive"))

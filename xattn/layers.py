@@ -21,7 +21,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

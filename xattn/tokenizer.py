@@ -1,12 +1,16 @@
 """SentencePiece tokenizers: training from in-memory text, loading, and the src/tgt pair.
 
 Special ids are fixed for every model xattn trains: pad=0, bos=1, eos=2, unk=3.
+A model imported from Marian (opus-mt) numbers its pieces differently from its SentencePiece model;
+its piece -> id table is a JSON file next to the SentencePiece model (`vocab_file`), and then every
+id this module hands out or takes is a model id.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,14 +26,26 @@ MODEL_TYPES = ("unigram", "bpe", "char", "word")
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "spm.src.model"
 TGT_MODEL = "spm.tgt.model"
+VOCAB_SUFFIX = ".vocab.json"
+
+
+def vocab_file(model_path: str | Path) -> Path:
+    """Where the optional piece -> id table of a SentencePiece model lives: spm.src.model -> spm.src.vocab.json."""
+    return Path(model_path).with_suffix(VOCAB_SUFFIX)
 
 
 class Tokenizer:
-    """A loaded SentencePiece model; ids are plain Python ints, without bos/eos unless added by the caller."""
+    """A loaded SentencePiece model; ids are plain Python ints, without bos/eos unless added by the caller.
 
-    def __init__(self, processor: spm.SentencePieceProcessor, path: Path):
+    With `vocab` (piece -> id), ids are those of the table instead of SentencePiece's own; a piece
+    missing from the table becomes the table's unknown piece.
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path, vocab: dict[str, int] | None = None):
         self._sp = processor
         self.path = path
+        self._ids = vocab
+        self._pieces = {i: piece for piece, i in vocab.items()} if vocab is not None else None
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -41,47 +57,86 @@ class Tokenizer:
             processor.load(str(path))
         except (OSError, RuntimeError) as e:
             raise XattnError(f"{path}: not a SentencePiece model ({e})") from e
-        return cls(processor, path)
+        table = vocab_file(path)
+        return cls(processor, path, read_vocab(table) if table.is_file() else None)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """piece -> id for every id: the table if there is one, else SentencePiece's own numbering."""
+        if self._ids is not None:
+            return dict(self._ids)
+        return {self._sp.id_to_piece(i): i for i in range(self._sp.get_piece_size())}
 
     @property
     def vocab_size(self) -> int:
-        return self._sp.get_piece_size()
+        return max(self._ids.values()) + 1 if self._ids is not None else self._sp.get_piece_size()
+
+    def _special(self, sp_id: int, default_piece: str) -> int:
+        if self._ids is None:
+            return sp_id
+        return self._ids.get(self._sp.id_to_piece(sp_id) if sp_id >= 0 else default_piece, -1)
 
     @property
     def pad_id(self) -> int:
-        return self._sp.pad_id()
+        return self._special(self._sp.pad_id(), "<pad>")
 
     @property
     def bos_id(self) -> int:
-        return self._sp.bos_id()
+        return self._special(self._sp.bos_id(), "<s>")
 
     @property
     def eos_id(self) -> int:
-        return self._sp.eos_id()
+        return self._special(self._sp.eos_id(), "</s>")
 
     @property
     def unk_id(self) -> int:
-        return self._sp.unk_id()
+        return self._special(self._sp.unk_id(), "<unk>")
 
     def encode(self, text: str) -> list[int]:
         """One sentence -> token ids (L,), no bos/eos."""
+        if self._ids is not None:
+            return self._to_ids(self._sp.encode(text, out_type=str))
         return self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """N sentences -> N lists of token ids, no bos/eos."""
+        if self._ids is not None:
+            return [self._to_ids(pieces) for pieces in self._sp.encode(list(texts), out_type=str)]
         return self._sp.encode(list(texts), out_type=int)
+
+    def _to_ids(self, pieces: list[str]) -> list[int]:
+        unk = self.unk_id
+        return [self._ids.get(piece, unk) for piece in pieces]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> detokenised text; pad, bos and eos ids are dropped."""
         specials = {self.pad_id, self.bos_id, self.eos_id}
+        if self._ids is not None:
+            return self._sp.decode_pieces(self.pieces(i for i in ids if int(i) not in specials))
         return self._sp.decode([int(i) for i in ids if int(i) not in specials])
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         """Token ids -> their pieces, e.g. ['▁Ein', '▁Hund', '</s>']."""
+        if self._pieces is not None:
+            return [self._pieces.get(int(i), "<unk>") for i in ids]
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    """A piece -> id JSON table (Marian's vocab.json); ids must be distinct non-negative integers."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise XattnError(f"{path}: cannot read the vocabulary ({e})") from None
+    if not isinstance(table, dict) or not table or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in table.values()):
+        raise XattnError(f"{path}: expected a JSON object of piece -> non-negative integer id")
+    if len(set(table.values())) != len(table):
+        raise XattnError(f"{path}: two pieces share an id")
+    return table
 
 
 def train_sentencepiece(
@@ -120,6 +175,7 @@ def train_sentencepiece(
         raise XattnError(f"{model_path}: SentencePiece training failed: {e}") from e
     model_path = Path(model_path)
     atomic_write_bytes(model_path, model.getvalue())
+    vocab_file(model_path).unlink(missing_ok=True)  # a table left by an import would not fit the new model
     return Tokenizer.load(model_path)
 
 

@@ -7,14 +7,15 @@ import sys
 
 from xattn.errors import XattnError
 
-VERBS = ("quickstart", "train", "translate", "evaluate")
+VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import")
+MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xattn", description="Encoder-decoder Transformers built around cross-attention.")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb in VERBS:
-        importlib.import_module(f"xattn.cli.{verb}").register(sub)
+        importlib.import_module(f"xattn.cli.{MODULES.get(verb, verb)}").register(sub)
     return parser
 
 

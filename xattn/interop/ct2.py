@@ -1,0 +1,88 @@
+"""CTranslate2 export: the Marian export (`marian.py`) in a temporary folder, converted by ctranslate2's
+own Marian loader with three xattn-specific changes.
+
+ctranslate2's `TransformersConverter` assumes opus-mt conventions that do not hold for xattn models:
+it starts decoding from a zero vector (opus-mt's <pad> row) and so drops the last vocabulary entry, and
+it gives source and target one vocabulary. Here decoding starts from xattn's BOS embedding, no row is
+dropped, and each side keeps its own vocabulary. Like opus-mt in CTranslate2, the caller appends
+"</s>" to the source pieces; the output directory also holds source.spm and target.spm.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from xattn.checkpoint import load_model_dir
+from xattn.config import ModelConfig
+from xattn.errors import XattnError
+from xattn.interop import require, staged_dir
+from xattn.interop.marian import check_exportable, write_marian
+from xattn.tokenizer import Tokenizer
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+def pieces_by_id(tokenizer: Tokenizer, size: int) -> list[str]:
+    """The model's vocabulary as CTranslate2 wants it: piece of id 0, 1, ..., size - 1 (placeholders for gaps)."""
+    pieces = {i: piece for piece, i in tokenizer.vocab.items()}
+    return [pieces.get(i, f"<xattn_unused_{i}>") for i in range(size)]
+
+
+def _converter(hf_dir: Path, src: list[str], tgt: list[str], cfg: ModelConfig, unk_id: int):
+    """A ctranslate2 Converter for the Marian export in `hf_dir` (classes built here: ctranslate2 is optional)."""
+    ctranslate2 = require("ctranslate2")
+    transformers = require("transformers")
+    from ctranslate2.converters.transformers import BartLoader
+
+    class XattnMarianLoader(BartLoader):
+        """ctranslate2's Marian loading (its MarianMTLoader is this BartLoader plus opus-mt assumptions) for xattn."""
+
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return super().get_model_spec(model)
+
+        def set_config(self, config, model, tokenizer):
+            config.bos_token = config.decoder_start_token = tgt[cfg.bos_id]
+            config.eos_token = tgt[cfg.eos_id]
+            config.unk_token = tgt[unk_id] if unk_id >= 0 else "<unk>"
+
+        def get_vocabulary(self, model, tokenizer):
+            return src, tgt
+
+        def set_vocabulary(self, spec, tokens):
+            spec.register_source_vocabulary(tokens[0])
+            spec.register_target_vocabulary(tokens[1])
+
+    class XattnConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            model = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True)
+            spec = XattnMarianLoader()(model, None)
+            for name in ("source.spm", "target.spm"):
+                spec.register_file(str(hf_dir / name))
+            return spec
+
+    return XattnConverter()
+
+
+def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | None = None) -> Path:
+    """xattn model directory -> new CTranslate2 model directory (`ctranslate2.Translator(out_dir)`).
+
+    `quantization` is one of QUANTIZATIONS (None keeps float32 weights).
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise XattnError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    require("transformers")
+    require("ctranslate2")
+    with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory() as hf_dir:
+        loaded = load_model_dir(model_dir)
+        check_exportable(loaded.model)
+        cfg = loaded.config.model
+        src = pieces_by_id(loaded.tokenizers.src, cfg.src_vocab_size)
+        tgt = pieces_by_id(loaded.tokenizers.tgt, cfg.tgt_vocab_size)
+        write_marian(loaded.model, loaded.config, loaded.tokenizers, Path(hf_dir))
+        converter = _converter(Path(hf_dir), src, tgt, cfg, loaded.tokenizers.tgt.unk_id)
+        converter.convert(str(tmp), quantization=quantization, force=True)  # force: tmp exists (and is empty)
+    return Path(out_dir)
