@@ -1,0 +1,132 @@
+"""Translation speed and BLEU: xattn against Hugging Face `generate` and CTranslate2, on the same weights.
+
+One run, one machine: the de->en Multi30k model of benchmarks/train_multi30k.py, exported to a
+MarianMTModel directory and to CTranslate2 (float32 and int8); Multi30k test_2016_flickr (1,000
+sentences); greedy and beam 5; batch translation, text in and text out (tokenization included).
+Each system runs `--repeats` times per setting; the median time gives sentences/s.
+
+Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
+length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length normalisation), the same
+number of CPU threads. Batching: xattn its token budget (8000 source positions x beam); HF
+length-sorted batches of 64 sentences; CTranslate2 its token budget (8000 / beam), sorted internally.
+
+usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import data_dir, write_result
+
+from xattn.config import DecodeConfig
+from xattn.data import multi30k
+from xattn.evaluation import evaluate
+from xattn.interop.ct2 import export_ct2
+from xattn.interop.marian import export_marian
+from xattn.translator import Translator
+
+
+def timed(fn, repeats: int) -> tuple[float, list[str], list[float]]:
+    times, out = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out, times
+
+
+def xattn_system(model_dir: Path, quantize: str | None):
+    translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize)
+
+    def run(texts: list[str], beam: int) -> list[str]:
+        return [t.text for t in translator.translate(texts, DecodeConfig(beam_size=beam, n_best=1))]
+    return run
+
+
+def hf_system(hf_dir: Path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    model = MarianMTModel.from_pretrained(hf_dir).eval()
+
+    def run(texts: list[str], beam: int) -> list[str]:
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = [""] * len(texts)
+        for start in range(0, len(order), 64):
+            batch = [texts[i] for i in order[start:start + 64]]
+            enc = tokenizer(batch, return_tensors="pt", padding=True)
+            limit = int(1.5 * enc["input_ids"].shape[1] + 10)
+            with torch.inference_mode():
+                ids = model.generate(**enc, num_beams=beam, do_sample=False, max_new_tokens=limit,
+                                     length_penalty=1.0, early_stopping=True)
+            for i, text in zip(order[start:start + 64], tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                out[i] = text
+        return out
+    return run
+
+
+def ct2_system(ct2_dir: Path, threads: int):
+    import ctranslate2
+    import sentencepiece as spm
+
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads, inter_threads=1)
+    source = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.spm"))
+    target = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
+
+    def run(texts: list[str], beam: int) -> list[str]:
+        pieces = [p + ["</s>"] for p in source.encode(texts, out_type=str)]
+        results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=8000 // beam, batch_type="tokens",
+                                             max_decoding_length=max(int(1.5 * len(p) + 10) for p in pieces),
+                                             length_penalty=1.0, suppress_sequences=[["<pad>"], ["<s>"]])
+        return [target.decode_pieces(r.hypotheses[0]) for r in results]
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="runs/bench/multi30k-de-en")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    threads = torch.get_num_threads()
+    pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
+    texts, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, ct2_dir, ct2_int8_dir = Path(tmp, "hf"), Path(tmp, "ct2"), Path(tmp, "ct2-int8")
+        export_marian(args.model, hf_dir)
+        export_ct2(args.model, ct2_dir)
+        export_ct2(args.model, ct2_int8_dir, quantization="int8")
+        systems = {"xattn": xattn_system(Path(args.model), None), "xattn_int8": xattn_system(Path(args.model), "int8"),
+                   "hf_generate": hf_system(hf_dir), "ct2": ct2_system(ct2_dir, threads),
+                   "ct2_int8": ct2_system(ct2_int8_dir, threads)}
+        figures, outputs = {}, {}
+        for beam in (1, 5):
+            mode = "greedy" if beam == 1 else "beam5"
+            for name, run in systems.items():
+                run(texts[:50], beam)  # warm up
+                seconds, hyps, times = timed(lambda: run(texts, beam), args.repeats)
+                scores = evaluate(hyps, refs)
+                outputs[(name, mode)] = hyps
+                figures.setdefault(mode, {})[name] = {
+                    "sentences_per_s": round(len(texts) / seconds, 1), "median_s": round(seconds, 2),
+                    "times_s": [round(t, 2) for t in times], "bleu": round(scores["bleu"].score, 2),
+                    "bleu_lc": round(scores["bleu_lc"].score, 2)}
+                print(mode, name, figures[mode][name], flush=True)
+    for mode, row in figures.items():
+        x, x8 = row["xattn"]["sentences_per_s"], row["xattn_int8"]["sentences_per_s"]
+        row["ratios"] = {"xattn_over_hf": round(x / row["hf_generate"]["sentences_per_s"], 2),
+                         "xattn_over_ct2": round(x / row["ct2"]["sentences_per_s"], 2),
+                         "xattn_int8_over_ct2_int8": round(x8 / row["ct2_int8"]["sentences_per_s"], 2),
+                         "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2)}
+    same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
+    figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
+    figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats, "model": args.model}
+    print("->", write_result("decode_speed", figures))
+
+
+if __name__ == "__main__":
+    main()
