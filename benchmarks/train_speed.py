@@ -8,7 +8,8 @@ gradient clipping, AdamW. Throughput = non-padding target tokens per second.
 (a) identical padded batches (xattn's token batches, 4096 tokens), sides alternating, median of repeats;
 (b) one Multi30k epoch with each side's own batching: xattn token-budget batches (4096 tokens,
     length-bucketed), HF 64 shuffled sentences per batch padded to the longest (as a HF Trainer
-    with DataCollatorForSeq2Seq does).
+    with DataCollatorForSeq2Seq does);
+(c) xattn alone, bf16 autocast against float32 on the identical batches of (a): what train.amp=auto buys.
 
 usage: python benchmarks/train_speed.py [--amp bf16|none] [--batches 20] [--repeats 3] [--no-epoch]
 """
@@ -112,6 +113,16 @@ def main() -> None:
               "a_identical_batches": {"batches": len(same), "repeats": args.repeats, "tokens_per_s": a,
                                       "all_runs": rates, "ratio": round(a["xattn"] / a["hf_marian"], 3)}}
     print("(a)", result["a_identical_batches"])
+
+    other = None if amp is None else Stepper(build_models(tokenizers.src.vocab_size)[0], forward_xattn, None)
+    if other is not None:
+        throughput(other, same[:3])
+        fp32 = [throughput(other, same) for _ in range(args.repeats)]
+        mixed = statistics.median(rates["xattn"])
+        result["c_xattn_bf16_vs_fp32"] = {"tokens_per_s": {"bf16": round(mixed, 1),
+                                                           "fp32": round(statistics.median(fp32), 1)},
+                                          "ratio": round(mixed / statistics.median(fp32), 3)}
+        print("(c)", result["c_xattn_bf16_vs_fp32"])
 
     if not args.no_epoch:
         order = list(range(len(corpus)))
