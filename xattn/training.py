@@ -348,7 +348,7 @@ class Trainer:
         self._print(f"average of last {len(files)} checkpoints: BLEU {scores['valid_bleu']:.2f}"
                     f"{' (kept as model.safetensors)' if better else ' (not better; best kept)'}")
         if better:
-            p.best_score = scores["valid_bleu"]
+            p.best_score, p.best_step = scores["valid_bleu"], p.step
             save_model_dir(self.out_dir, self.model, self.cfg)
         self.model.load_state_dict(last)
         self._save_state()
