@@ -43,13 +43,16 @@ def test_no_repeat_ngram_bans_the_completing_token():
 
 
 def test_lengths_and_prefix():
-    lp = torch.zeros(2, 5)
-    assert min_length(2, 2)(lp, _state([[7], [7]], t=1))[:, 2].eq(NEG).all()
-    assert min_length(2, 2)(lp, _state([[7, 7], [7, 7]], t=2)).eq(0).all()
-    forced = max_length(2)(lp, StepState(3, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 5])))
+    lp = lambda: torch.zeros(2, 5)  # noqa: E731  (constraints write in place: a fresh tensor each call)
+    assert min_length(2, 2)(lp(), _state([[7], [7]], t=1))[:, 2].eq(NEG).all()
+    assert min_length(2, 2)(lp(), _state([[7, 7], [7, 7]], t=2)).eq(0).all()
+    forced = max_length(2)(lp(), StepState(3, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 5])))
     assert forced[0].tolist() == [NEG, NEG, 0, NEG, NEG] and forced[1].eq(0).all()
     prefix = torch.tensor([[4, 3], [4, 0]])
-    out = forced_prefix(0)(lp, StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([9, 9]), prefix))
+    out = forced_prefix(0)(lp(), StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([9, 9]), prefix))
     assert out[0].tolist() == [NEG, NEG, NEG, 0, NEG] and out[1].eq(0).all()
-    assert math.isinf(forced_prefix(0)(lp, StepState(0, torch.zeros(2, 0, dtype=torch.long), torch.tensor([9, 9]),
-                                                     prefix))[1, 3])
+    assert math.isinf(forced_prefix(0)(lp(), StepState(0, torch.zeros(2, 0, dtype=torch.long), torch.tensor([9, 9]),
+                                                       prefix))[1, 3])
+    scores = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]])
+    kept = max_length(1)(scores.clone(), StepState(2, torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 7])))
+    assert kept.tolist() == [[NEG, -2.0, NEG], [-4.0, -5.0, -6.0]]  # the forced token keeps its own log-prob

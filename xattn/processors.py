@@ -1,5 +1,6 @@
-"""Logit processors: small pure functions `(log_probs (N, V), state) -> log_probs (N, V)` that every
-decoding strategy applies in the same order (STYLE.md rule 8).
+"""Logit processors: small functions `(log_probs (N, V), state) -> log_probs (N, V)` that every
+decoding strategy applies in the same order (STYLE.md rule 8). The constraints write into the
+log-probabilities they are given (a fresh tensor each step) instead of copying N x V values.
 
 Shapes: N rows being decoded, V target vocabulary, t tokens generated so far, P forced prefix length.
 A processor only ever lowers entries to -inf, except the sampling warpers (temperature, top-k,
@@ -32,21 +33,29 @@ Processor = Callable[[Tensor, StepState], Tensor]
 def forbid(ids: list[int]) -> Processor:
     """Never produce `ids` (pad and BOS)."""
     def apply(lp: Tensor, state: StepState) -> Tensor:
-        return lp.index_fill(1, torch.tensor(ids, device=lp.device), NEG_INF)
+        lp[:, ids] = NEG_INF
+        return lp
     return apply
 
 
 def min_length(n: int, eos_id: int) -> Processor:
     """No EOS before `n` tokens."""
     def apply(lp: Tensor, state: StepState) -> Tensor:
-        return lp.index_fill(1, torch.tensor([eos_id], device=lp.device), NEG_INF) if state.t < n else lp
+        if state.t < n:
+            lp[:, eos_id] = NEG_INF
+        return lp
     return apply
 
 
 def only(lp: Tensor, rows: Tensor, token: Tensor) -> Tensor:
-    """(N, V), rows (N,) bool, token (N,) -> rows that may produce nothing but their `token`."""
-    keep = torch.zeros_like(lp, dtype=torch.bool).scatter_(1, token.unsqueeze(1), True)  # (N, V)
-    return lp.masked_fill(rows.unsqueeze(1) & ~keep, NEG_INF)
+    """(N, V), rows (N,) bool, token (N,) -> rows that may produce nothing but their `token`, in place."""
+    index = rows.nonzero().squeeze(1)  # (n,)
+    if index.numel():
+        token = token[index].unsqueeze(1)  # (n, 1)
+        kept = lp[index].gather(1, token)
+        lp[index] = NEG_INF
+        lp[index.unsqueeze(1), token] = kept
+    return lp
 
 
 def forced_prefix(pad_id: int) -> Processor:
