@@ -227,3 +227,15 @@ def test_prefixes_are_continued(translator):
             assert r.text == f.text
     with pytest.raises(xattn.XattnError, match="prefixes"):
         translator.translate(TEXTS, prefixes=["w7"])
+
+
+def test_packed_linear_layers_give_the_same_translations(translator):
+    from xattn.translator import pack_linear_layers
+
+    tok = WordTokenizer()
+    packed_model = eos_model()
+    pack_linear_layers(packed_model)
+    assert not any(type(m) is torch.nn.Linear for m in packed_model.modules())
+    packed = Translator(packed_model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
+    for cfg in (xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3)):
+        assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))
