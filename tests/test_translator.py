@@ -239,3 +239,7 @@ def test_packed_linear_layers_give_the_same_translations(translator):
     packed = Translator(packed_model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
     for cfg in (xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3)):
         assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        reference = translator.model.decoder.layers[0].ffn.fc1(x)
+        torch.testing.assert_close(packed_model.decoder.layers[0].ffn.fc1(x), reference, atol=1e-5, rtol=1e-5)

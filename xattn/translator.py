@@ -180,8 +180,7 @@ class Options:
 def accelerate(model: Transformer, device: torch.device, quantize: str | None, compile: bool) -> Transformer:
     """Inference speed-ups for a model loaded from a directory.
 
-    On CPU, float32 linear layers run through oneDNN with weights packed once (`MkldnnLinear`): about
-    twice as fast as the default GEMM on this project's AMD CPU, with identical results.
+    On CPU, float32 linear layers run through oneDNN with weights packed once (`PackedLinear`).
     `quantize="int8"`: dynamic int8 linear layers instead (CPU). `compile`: torch.compile the decoder step.
     """
     if quantize not in (None, "int8"):
@@ -192,21 +191,40 @@ def accelerate(model: Transformer, device: torch.device, quantize: str | None, c
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    elif device.type == "cpu" and torch.backends.mkldnn.is_available():
+    elif device.type == "cpu":
         pack_linear_layers(model)
     if compile:
         model.decode = torch.compile(model.decode, dynamic=True)
     return model
 
 
-def pack_linear_layers(model: torch.nn.Module) -> None:
-    """Replace every float32 nn.Linear by a oneDNN linear with packed weights (inference only)."""
-    from torch.utils.mkldnn import MkldnnLinear
+class PackedLinear(torch.nn.Module):
+    """An inference-only float32 linear layer whose weight oneDNN packed once for this CPU."""
 
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.out_features = linear.out_features
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.weight, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def pack_linear_layers(model: torch.nn.Module) -> None:
+    """Replace every float32 nn.Linear by a PackedLinear (inference on CPU only).
+
+    The default GEMM is about 2-2.6x slower than oneDNN's packed one on this project's AMD CPU for
+    the decoder's shapes (benchmarks/README.md); results agree to float32 rounding. Does nothing
+    where PyTorch was built without oneDNN.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, child_name, MkldnnLinear(child, torch.float))
+                setattr(module, name, PackedLinear(child))
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:
