@@ -24,7 +24,7 @@ import torch
 from common import data_dir, write_result
 
 from xattn.config import DecodeConfig
-from xattn.data import multi30k
+from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
 from xattn.interop.ct2 import export_ct2
 from xattn.interop.marian import export_marian

@@ -14,7 +14,7 @@ from pathlib import Path
 from common import ROOT, data_dir, write_result
 
 from xattn.config import DecodeConfig, load_config
-from xattn.data import multi30k
+from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
 from xattn.training import train, resolve_device
 from xattn.translator import Translator

@@ -27,7 +27,8 @@ from common import data_dir, write_result
 from transformers import MarianConfig, MarianMTModel
 
 import xattn
-from xattn.data import TokenBatchSampler, multi30k, tokenize_pairs
+from xattn.data import TokenBatchSampler, tokenize_pairs
+from xattn.datasets import multi30k
 from xattn.tokenizer import train_tokenizers
 from xattn.training import label_smoothed_loss
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from xattn.data import (
-    Batch, FilterStats, TokenBatchSampler, TokenizedCorpus, clean_pairs, collate, load_pairs, multi30k,
-    multi30k_files, numbers, read_parallel, read_tsv, tokenize_pairs,
+    Batch, FilterStats, TokenBatchSampler, TokenizedCorpus, clean_pairs, collate, read_parallel, read_tsv,
+    tokenize_pairs,
 )
+from xattn.datasets import load_pairs, multi30k, multi30k_files, numbers
 from xattn.errors import XattnError
 from xattn.tokenizer import TokenizerPair
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xattn.config import DataConfig
-from xattn.data import FilterStats, Pair, TokenizedCorpus, clean_pairs, load_pairs, read_parallel, read_tsv, tokenize_pairs
+from xattn.data import FilterStats, Pair, TokenizedCorpus, clean_pairs, read_parallel, read_tsv, tokenize_pairs
+from xattn.datasets import load_pairs
 from xattn.distributed import Context
 from xattn.errors import XattnError
 from xattn.tokenizer import TokenizerPair, load_tokenizers, train_tokenizers

@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
-    from xattn.data import load_pairs
+    from xattn.datasets import load_pairs
 
     if args.src or args.ref:
         if not (args.src and args.ref):

@@ -26,7 +26,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from xattn.analysis.plots import plot_attention
     from xattn.config import load_config
-    from xattn.data import load_pairs
+    from xattn.datasets import load_pairs
     from xattn.evaluation import evaluate
     from xattn.training import train
     from xattn.translator import Translator
