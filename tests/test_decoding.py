@@ -324,3 +324,21 @@ def test_without_early_stopping_beam_is_no_worse():
 def test_invalid_settings_are_clear_errors(options, message):
     with pytest.raises(xattn.XattnError, match=message):
         DecodeConfig(**options)
+
+
+@pytest.mark.parametrize("V", [50, 3000, 3008])
+def test_best_extensions_equal_a_top_n_over_all_sums(V):
+    from xattn.beam import best_extensions
+
+    torch.manual_seed(0)
+    N, K, n = 4, 3, 6
+    lp = torch.randn(N * K, V).log_softmax(dim=-1)
+    lp[1, 100 % V:] = float("-inf")                  # a row with few allowed words
+    log_prob = torch.randn(N, K)
+    log_prob[2, 1:] = float("-inf")                   # a sentence with one live hypothesis
+    sums = (log_prob.unsqueeze(2) + lp.view(N, K, V)).view(N, K * V)
+    expected, index = sums.topk(n, dim=1)
+    score, parent, token = best_extensions(lp, log_prob, n)
+    torch.testing.assert_close(score, expected, rtol=0, atol=0)
+    finite = expected.isfinite()
+    assert torch.equal(parent[finite], (index // V)[finite]) and torch.equal(token[finite], (index % V)[finite])

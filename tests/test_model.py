@@ -56,7 +56,7 @@ def test_cached_incremental_decoding_equals_full_decoding(overrides):
         torch.testing.assert_close(torch.cat([s.cross_attn[layer] for s in steps], 2), full.cross_attn[layer],
                                    atol=1e-6, rtol=1e-5)
     assert cache.length == TGT.shape[1]
-    assert cache.layers[0].self_k.shape == (2, 2, 4, 8) and cache.layers[0].buffer_k.shape[2] >= 16
+    assert cache.layers[0].self_k.shape == (2, 2, 4, 8) and cache.layers[0].buffer_k.shape[0] >= 16
 
 
 def test_cache_takes_several_positions_at_once_and_reorders():
@@ -186,3 +186,26 @@ def test_cache_buffer_grows_past_its_capacity():
         cache = model.new_cache(enc)
         steps = torch.cat([model.decode(tgt[:, t:t + 1], None, cache=cache).logits for t in range(40)], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_cache_reorders_like_indexing_a_list_of_steps():
+    """Appends, reorders that shrink, permute and repeat rows, and growth past the capacity, against
+    the plain reference: every step's K/V kept as a list and indexed on each reorder."""
+    from xattn.attention import LayerCache
+
+    torch.manual_seed(0)
+    cache, keys, values = LayerCache(torch.zeros(1), torch.zeros(1)), [], []
+    rows = 6
+    for t in range(40):
+        k, v = torch.randn(rows, 2, 1, 4), torch.randn(rows, 2, 1, 4)
+        got_k, got_v = cache.append(k, v)
+        keys, values = keys + [k], values + [v]
+        torch.testing.assert_close(got_k, torch.cat(keys, 2), rtol=0, atol=0)
+        torch.testing.assert_close(got_v, torch.cat(values, 2), rtol=0, atol=0)
+        if t % 3 == 2:
+            n = rows - 1 if t < 12 else rows + 2    # shrink, then grow past the spare storage
+            index = torch.randint(0, rows, (n,))
+            cache.select(index)
+            keys, values = [x[index] for x in keys], [x[index] for x in values]
+            rows = n
+    assert cache.buffer_k.shape[0] >= 40

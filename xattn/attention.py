@@ -7,7 +7,7 @@ a query row with no key to attend gets all-zero weights (and a zero output), nev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -180,38 +180,66 @@ class MultiHeadAttention(nn.Module):
 class LayerCache:
     """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed.
 
-    Self-attention K/V live in a buffer that doubles when full, so a step writes in place instead
-    of copying everything decoded so far.
+    Self-attention K/V live time-major in a buffer of `capacity` positions that doubles when full,
+    so a step writes in place instead of copying everything decoded so far, and the filled part
+    `buffer[:length]` is one contiguous block. Reordering rows (`select`, once per beam step)
+    copies only that block, into a spare buffer of the same size, and the two swap.
     """
     cross_k: Tensor                 # (B / group, H, S, Dh)
     cross_v: Tensor
-    buffer_k: Tensor | None = None  # (B, H, capacity, Dh)
+    buffer_k: Tensor | None = None  # (capacity, B, H, Dh), a view of storage_k[0]
     buffer_v: Tensor | None = None
+    storage_k: list[Tensor] = field(default_factory=list)  # two flat buffers: the current one and the spare
+    storage_v: list[Tensor] = field(default_factory=list)
     length: int = 0                 # filled positions of the buffers
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's self-attention K/V (B, H, n, Dh); return all of them so far, (B, H, t, Dh)."""
         end = self.length + k.shape[2]
-        if self.buffer_k is None or end > self.buffer_k.shape[2]:
+        if self.buffer_k is None or end > self.buffer_k.shape[0]:
             capacity = max(16, 2 * end)
-            grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
-            grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
-            if self.buffer_k is not None:
-                grown_k[:, :, : self.length] = self.buffer_k[:, :, : self.length]
-                grown_v[:, :, : self.length] = self.buffer_v[:, :, : self.length]
-            self.buffer_k, self.buffer_v = grown_k, grown_v
-        self.buffer_k[:, :, self.length: end] = k
-        self.buffer_v[:, :, self.length: end] = v
+            self.buffer_k, self.storage_k = _grown(self.buffer_k, self.length, capacity, k)
+            self.buffer_v, self.storage_v = _grown(self.buffer_v, self.length, capacity, v)
+        self.buffer_k[self.length: end] = k.permute(2, 0, 1, 3)
+        self.buffer_v[self.length: end] = v.permute(2, 0, 1, 3)
         self.length = end
         return self.self_k, self.self_v
 
+    def select(self, index: Tensor) -> None:
+        """Keep (and reorder) the self-attention K/V of rows `index` (N,)."""
+        if self.buffer_k is not None:
+            self.buffer_k = _reordered(self.buffer_k, self.storage_k, self.length, index)
+            self.buffer_v = _reordered(self.buffer_v, self.storage_v, self.length, index)
+
     @property
     def self_k(self) -> Tensor | None:
-        return self.buffer_k[:, :, : self.length] if self.buffer_k is not None else None  # (B, H, t, Dh)
+        return self.buffer_k[: self.length].permute(1, 2, 0, 3) if self.buffer_k is not None else None  # (B, H, t, Dh)
 
     @property
     def self_v(self) -> Tensor | None:
-        return self.buffer_v[:, :, : self.length] if self.buffer_v is not None else None
+        return self.buffer_v[: self.length].permute(1, 2, 0, 3) if self.buffer_v is not None else None
+
+
+def _grown(buffer: Tensor | None, length: int, capacity: int, new: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """A (capacity, B, H, Dh) buffer for rows like `new` (B, H, n, Dh), holding buffer[:length]; its storages."""
+    B, H, _, Dh = new.shape
+    storage = [new.new_empty(capacity * B * H * Dh), new.new_empty(capacity * B * H * Dh)]
+    grown = storage[0].view(capacity, B, H, Dh)
+    if buffer is not None:
+        grown[:length] = buffer[:length]
+    return grown, storage
+
+
+def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor) -> Tensor:
+    """buffer[:, index] written into the spare storage, which becomes the current one (swapped in place)."""
+    capacity, _, H, Dh = buffer.shape
+    size = capacity * index.shape[0] * H * Dh
+    if storage[1].numel() < size:
+        storage[1] = buffer.new_empty(size)
+    out = storage[1][:size].view(capacity, index.shape[0], H, Dh)
+    torch.index_select(buffer[:length], 1, index, out=out[:length])
+    storage.reverse()
+    return out
 
 
 @dataclass
@@ -242,13 +270,18 @@ class DecoderCache:
             if not same_sources:
                 layer.cross_k = layer.cross_k.index_select(0, sources)
                 layer.cross_v = layer.cross_v.index_select(0, sources)
-            if layer.buffer_k is not None:
-                layer.buffer_k = layer.buffer_k.index_select(0, index)
-                layer.buffer_v = layer.buffer_v.index_select(0, index)
+            layer.select(index)
 
     def expand(self, copies: int, grouped: bool) -> None:
-        """Give each source `copies` consecutive rows: as one group (beam search) or as independent rows."""
+        """Give each row `copies` consecutive copies: as one group (beam search) or as independent rows.
+
+        Self-attention K/V already decoded are copied either way; a group shares its cross-attention K/V.
+        """
         if grouped:
+            assert self.group == 1, "a cache is grouped once"
+            index = torch.arange(self.src_mask.shape[0], device=self.src_mask.device).repeat_interleave(copies)
+            for layer in self.layers:
+                layer.select(index)
             self.group = copies
             return
         self.select(torch.arange(self.src_mask.shape[0], device=self.src_mask.device).repeat_interleave(copies))

@@ -85,6 +85,36 @@ class Finished:
         return self.score[rows].min(dim=1).values
 
 
+CHUNK = 32  # vocabulary entries per chunk in best_extensions
+
+
+def best_extensions(lp: Tensor, log_prob: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """lp (N * K, V) next-token log-probs, log_prob (N, K) -> the n best extensions of each sentence
+    by summed log-probability: score, parent slot and token, each (N, n), best first.
+
+    Equal to a top-n over all K * V sums, in fewer passes over the vocabulary: every row is cut into
+    chunks of CHUNK entries, and only the n chunks with the largest maxima can hold a row's n best
+    entries (a chunk outside them has a maximum no larger than the n-th best), so one max per chunk
+    and a top-n over those few chunks replace a top-n over V. Ties may resolve to other indices.
+    """
+    R, V = lp.shape
+    N, K = log_prob.shape
+    main = V - V % CHUNK
+    if main < 4 * n * CHUNK:  # a small vocabulary: every entry is a candidate
+        candidates, ids = lp, torch.arange(V, device=lp.device).expand(R, V)
+    else:
+        chunks = lp[:, :main].view(R, main // CHUNK, CHUNK)
+        best = chunks.amax(dim=2).topk(n, dim=1).indices  # (R, n) chunks holding the row's n best
+        candidates = chunks.gather(1, best.unsqueeze(2).expand(-1, -1, CHUNK)).flatten(1)  # (R, n * CHUNK)
+        ids = (best.unsqueeze(2) * CHUNK + torch.arange(CHUNK, device=lp.device)).flatten(1)
+        if main < V:  # the last, shorter chunk always takes part
+            candidates = torch.cat([candidates, lp[:, main:]], dim=1)
+            ids = torch.cat([ids, torch.arange(main, V, device=lp.device).expand(R, -1)], dim=1)
+    M = candidates.shape[1]
+    score, index = (log_prob.view(R, 1) + candidates).view(N, K * M).topk(n, dim=1)  # (N, n)
+    return score, index // M, ids.reshape(N, K * M).gather(1, index)
+
+
 def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
     """coverage (N, C, S), src_mask (N, S) -> (N, C): beta * sum over source tokens of log(min(mass, 1))."""
     mass = coverage.clamp(min=1e-10, max=1.0).log() * src_mask.unsqueeze(1)
@@ -119,26 +149,30 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
     step = make_step(model, need_attention or beta > 0)
-    cache = prepare_cache(model, src, K, grouped=True)
+    cache = prepare_cache(model, src)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
-    last = torch.full((src.shape[0] * K, 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (N * K, 1)
+    last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     for t in range(T):
         N = beam.sentence.shape[0]
         raw, attn = step(last, cache)
+        if t == 0:  # now give each sentence its K rows
+            cache.expand(K, grouped=True)
+            raw = raw.repeat_interleave(K, dim=0)
+            attn = attn.repeat_interleave(K, dim=0) if attn is not None else None
         rows = beam.sentence.repeat_interleave(K)  # (N * K,)
         state = StepState(t, beam.tokens[:, :, :t].reshape(N * K, t), max_len[rows],
                           prefix[rows] if prefix is not None else None)
-        lp = apply_all(rules, raw, state).view(N, K, -1)  # (N, K, V)
+        lp = apply_all(rules, raw, state)  # (N * K, V)
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
         cover = attn[:, :, -1].mean(dim=2) if beta > 0 else None  # (N, K, S)
-        score, index = (beam.log_prob.unsqueeze(2) + lp).view(N, -1).topk(2 * K, dim=1)  # (N, 2K)
-        parent, token = index // lp.shape[2], index % lp.shape[2]
+        score, parent, token = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
         ended = token.eq(eos) & score.isfinite()
         ended[:, K:] = False  # an EOS finishes a hypothesis only when it ranks among the K best
-        done_beam = beam.extend(parent, token, score, t, attn, cover)
-        cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(score)
-        finished.add(done_beam, torch.where(ended, score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp)
+        if ended.any():
+            done_beam = beam.extend(parent, token, score, t, attn, cover)
+            cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(score)
+            finished.add(done_beam, torch.where(ended, score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp)
         order = token.eq(eos).long() * (2 * K) + torch.arange(2 * K, device=device)  # EOS last
         pick = order.topk(K, dim=1, largest=False).indices  # (N, K) best non-EOS first
         beam = beam.extend(parent.gather(1, pick), token.gather(1, pick), score.gather(1, pick), t, attn, cover)

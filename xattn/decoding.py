@@ -46,19 +46,19 @@ def make_step(model: Transformer, need_weights: bool = False) -> Step:
     """A `Step` over `model.decode`; with `need_weights` it also returns this step's cross-attention."""
     def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
         out = model.decode(tokens, None, cache=cache, need_weights=need_weights)
-        log_probs = out.logits[:, -1].float().log_softmax(dim=-1)  # (N, V)
+        logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
         if not need_weights:
             return log_probs, None
         return log_probs, torch.stack(out.cross_attn, dim=1)[:, :, :, -1].float()  # (N, L, H, S)
     return step
 
 
-def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, grouped: bool = False) -> DecoderCache:
-    """Encode src (B, S) and return a cache of B * copies rows, `copies` consecutive rows per sentence;
-    `grouped` (beam search) keeps one cross-attention K/V per sentence for its rows."""
+def prepare_cache(model: Transformer, src: Tensor, copies: int = 1) -> DecoderCache:
+    """Encode src (B, S) and return a cache of B * copies rows, `copies` consecutive rows per sentence."""
     cache = model.new_cache(model.encode(src))
     if copies > 1:
-        cache.expand(copies, grouped)
+        cache.expand(copies, grouped=False)
     return cache
 
 
