@@ -241,5 +241,20 @@ def test_packed_linear_layers_give_the_same_translations(translator):
         assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
-        reference = translator.model.decoder.layers[0].ffn.fc1(x)
-        torch.testing.assert_close(packed_model.decoder.layers[0].ffn.fc1(x), reference, atol=1e-5, rtol=1e-5)
+        reference = translator.model.decoder.layers[0].ffn(x)
+        torch.testing.assert_close(packed_model.decoder.layers[0].ffn(x), reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_packed_feed_forward_fuses_its_activation(activation):
+    from xattn.layers import FeedForward
+    from xattn.translator import PackedLinear, pack_linear_layers
+
+    torch.manual_seed(0)
+    ffn = FeedForward(16, 64, activation).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        reference = ffn(x)
+        pack_linear_layers(ffn)
+        assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
+        torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
