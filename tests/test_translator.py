@@ -258,3 +258,15 @@ def test_packed_feed_forward_fuses_its_activation(activation):
         pack_linear_layers(ffn)
         assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
         torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_decoder_step_gives_the_same_translations(translator):
+    """`compile=True` (xattn translate --compile) keeps plain linear layers for the compiler to lower."""
+    from xattn.translator import PackedLinear, accelerate
+
+    tok = WordTokenizer()
+    model = accelerate(eos_model(), torch.device("cpu"), None, compile=True)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    compiled = Translator(model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
+    cfg = xattn.DecodeConfig(beam_size=1)
+    assert texts_and_scores(compiled.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))

@@ -183,7 +183,8 @@ def accelerate(model: Transformer, device: torch.device, quantize: str | None, c
     """Inference speed-ups for a model loaded from a directory.
 
     On CPU, float32 linear layers run through oneDNN with weights packed once (`PackedLinear`).
-    `quantize="int8"`: dynamic int8 linear layers instead (CPU). `compile`: torch.compile the decoder step.
+    `quantize="int8"`: dynamic int8 linear layers instead (CPU). `compile`: torch.compile the decoder
+    step, with plain linear layers, which the compiler lowers itself (it cannot lower PackedLinear).
     """
     if quantize not in (None, "int8"):
         raise XattnError(f"quantize must be int8, got {quantize!r}")
@@ -193,7 +194,7 @@ def accelerate(model: Transformer, device: torch.device, quantize: str | None, c
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    elif device.type == "cpu":
+    elif device.type == "cpu" and not compile:
         pack_linear_layers(model)
     if compile:
         model.decode = torch.compile(model.decode, dynamic=True)

@@ -47,7 +47,8 @@ def add_decode_flags(p) -> None:
                    help="beam: search until no active hypothesis can beat the finished ones")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decoder step (slower than the default on CPU: see the README)")
 
 
 def decode_config(args, base):
