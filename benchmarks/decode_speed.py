@@ -3,14 +3,16 @@
 One run, one machine: the de->en Multi30k model of benchmarks/train_multi30k.py, exported to a
 MarianMTModel directory and to CTranslate2 (float32 and int8); Multi30k test_2016_flickr (1,000
 sentences); greedy and beam 5; batch translation, text in and text out (tokenization included).
-Each system runs `--repeats` times per setting; the median time gives sentences/s.
+Each system runs `--repeats` times per setting, the systems taking turns within each repetition so
+that the machine's slow spells hit them alike; the median time gives sentences/s. `--compile` adds
+xattn with a torch.compile'd decoder step.
 
 Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
 length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length normalisation), the same
 number of CPU threads. Batching: xattn its token budget (8000 source positions x beam); HF
 length-sorted batches of 64 sentences; CTranslate2 its token budget (8000 / beam), sorted internally.
 
-usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 3]
+usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 5] [--compile]
 """
 from __future__ import annotations
 
@@ -31,17 +33,8 @@ from xattn.interop.marian import export_marian
 from xattn.translator import Translator
 
 
-def timed(fn, repeats: int) -> tuple[float, list[str], list[float]]:
-    times, out = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out, times
-
-
-def xattn_system(model_dir: Path, quantize: str | None):
-    translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize)
+def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False):
+    translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize, compile=compile)
 
     def run(texts: list[str], beam: int) -> list[str]:
         return [t.text for t in translator.translate(texts, DecodeConfig(beam_size=beam, n_best=1))]
@@ -90,7 +83,8 @@ def ct2_system(ct2_dir: Path, threads: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="runs/bench/multi30k-de-en")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="also time xattn with torch.compile")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
@@ -103,17 +97,25 @@ def main() -> None:
         systems = {"xattn": xattn_system(Path(args.model), None), "xattn_int8": xattn_system(Path(args.model), "int8"),
                    "hf_generate": hf_system(hf_dir), "ct2": ct2_system(ct2_dir, threads),
                    "ct2_int8": ct2_system(ct2_int8_dir, threads)}
+        if args.compile:
+            systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
         figures, outputs = {}, {}
         for beam in (1, 5):
             mode = "greedy" if beam == 1 else "beam5"
-            for name, run in systems.items():
-                run(texts[:50], beam)  # warm up
-                seconds, hyps, times = timed(lambda: run(texts, beam), args.repeats)
-                scores = evaluate(hyps, refs)
-                outputs[(name, mode)] = hyps
+            for run in systems.values():
+                run(texts[:50], beam)  # warm up (and compile)
+            times: dict[str, list[float]] = {name: [] for name in systems}
+            for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every system
+                for name, run in systems.items():
+                    start = time.perf_counter()
+                    outputs[(name, mode)] = run(texts, beam)
+                    times[name].append(time.perf_counter() - start)
+            for name in systems:
+                seconds = statistics.median(times[name])
+                scores = evaluate(outputs[(name, mode)], refs)
                 figures.setdefault(mode, {})[name] = {
                     "sentences_per_s": round(len(texts) / seconds, 1), "median_s": round(seconds, 2),
-                    "times_s": [round(t, 2) for t in times], "bleu": round(scores["bleu"].score, 2),
+                    "times_s": [round(t, 2) for t in times[name]], "bleu": round(scores["bleu"].score, 2),
                     "bleu_lc": round(scores["bleu_lc"].score, 2)}
                 print(mode, name, figures[mode][name], flush=True)
     for mode, row in figures.items():
