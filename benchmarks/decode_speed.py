@@ -5,7 +5,7 @@ MarianMTModel directory and to CTranslate2 (float32 and int8); Multi30k test_201
 sentences); greedy and beam 5; batch translation, text in and text out (tokenization included).
 Each system runs `--repeats` times per setting, the systems taking turns within each repetition so
 that the machine's slow spells hit them alike; the median time gives sentences/s. `--compile` adds
-xattn with a torch.compile'd decoder step.
+xattn with a torch.compile'd decoder step and writes results/decode_speed_compile.json instead.
 
 Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
 length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length normalisation), the same
@@ -127,7 +127,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
     figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
     figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats, "model": args.model}
-    print("->", write_result("decode_speed", figures))
+    print("->", write_result("decode_speed_compile" if args.compile else "decode_speed", figures))
 
 
 if __name__ == "__main__":
