@@ -4,7 +4,9 @@ One run, one machine: the de->en Multi30k model of benchmarks/train_multi30k.py,
 MarianMTModel directory and to CTranslate2 (float32 and int8); Multi30k test_2016_flickr (1,000
 sentences); greedy and beam 5; batch translation, text in and text out (tokenization included).
 Each system runs `--repeats` times per setting, the systems taking turns within each repetition so
-that the machine's slow spells hit them alike; the median time gives sentences/s. `--compile` adds
+that the machine's slow spells hit them alike; the median time gives sentences/s. A CTranslate2
+translator exists only during its own turns (loaded and warmed up untimed), because its idle
+threads slowed the PyTorch systems. `--compile` adds
 xattn with a torch.compile'd decoder step and writes results/decode_speed_compile.json instead.
 
 Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
@@ -17,6 +19,7 @@ usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -63,21 +66,35 @@ def hf_system(hf_dir: Path):
     return run
 
 
-def ct2_system(ct2_dir: Path, threads: int):
-    import ctranslate2
-    import sentencepiece as spm
+class CT2System:
+    """CTranslate2, loaded only for its own turns: while a ctranslate2.Translator exists, its idle
+    worker threads slowed PyTorch's decoding by about 20% on the 2-core machine (benchmarks/README.md)."""
 
-    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads, inter_threads=1)
-    source = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.spm"))
-    target = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
+    def __init__(self, ct2_dir: Path, threads: int):
+        import sentencepiece as spm
 
-    def run(texts: list[str], beam: int) -> list[str]:
-        pieces = [p + ["</s>"] for p in source.encode(texts, out_type=str)]
-        results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=8000 // beam, batch_type="tokens",
-                                             max_decoding_length=max(int(1.5 * len(p) + 10) for p in pieces),
-                                             length_penalty=1.0, suppress_sequences=[["<pad>"], ["<s>"]])
-        return [target.decode_pieces(r.hypotheses[0]) for r in results]
-    return run
+        self.dir, self.threads, self.translator = ct2_dir, threads, None
+        self.source = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.spm"))
+        self.target = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
+
+    def load(self, warm_up: list[str], beam: int) -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(str(self.dir), device="cpu", intra_threads=self.threads,
+                                                 inter_threads=1)
+        self(warm_up, beam)
+
+    def unload(self) -> None:
+        self.translator = None
+        gc.collect()
+
+    def __call__(self, texts: list[str], beam: int) -> list[str]:
+        pieces = [p + ["</s>"] for p in self.source.encode(texts, out_type=str)]
+        results = self.translator.translate_batch(
+            pieces, beam_size=beam, max_batch_size=8000 // beam, batch_type="tokens",
+            max_decoding_length=max(int(1.5 * len(p) + 10) for p in pieces), length_penalty=1.0,
+            suppress_sequences=[["<pad>"], ["<s>"]])
+        return [self.target.decode_pieces(r.hypotheses[0]) for r in results]
 
 
 def main() -> None:
@@ -95,21 +112,26 @@ def main() -> None:
         export_ct2(args.model, ct2_dir)
         export_ct2(args.model, ct2_int8_dir, quantization="int8")
         systems = {"xattn": xattn_system(Path(args.model), None), "xattn_int8": xattn_system(Path(args.model), "int8"),
-                   "hf_generate": hf_system(hf_dir), "ct2": ct2_system(ct2_dir, threads),
-                   "ct2_int8": ct2_system(ct2_int8_dir, threads)}
+                   "hf_generate": hf_system(hf_dir), "ct2": CT2System(ct2_dir, threads),
+                   "ct2_int8": CT2System(ct2_int8_dir, threads)}
         if args.compile:
             systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
         figures, outputs = {}, {}
         for beam in (1, 5):
             mode = "greedy" if beam == 1 else "beam5"
             for run in systems.values():
-                run(texts[:50], beam)  # warm up (and compile)
+                if not isinstance(run, CT2System):
+                    run(texts[:50], beam)  # warm up (and compile)
             times: dict[str, list[float]] = {name: [] for name in systems}
             for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every system
                 for name, run in systems.items():
+                    if isinstance(run, CT2System):
+                        run.load(texts[:50], beam)  # untimed, with a warm-up
                     start = time.perf_counter()
                     outputs[(name, mode)] = run(texts, beam)
                     times[name].append(time.perf_counter() - start)
+                    if isinstance(run, CT2System):
+                        run.unload()
             for name in systems:
                 seconds = statistics.median(times[name])
                 scores = evaluate(outputs[(name, mode)], refs)
