@@ -16,7 +16,8 @@ from common import ROOT, data_dir, write_result
 from xattn.config import DecodeConfig, load_config
 from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
-from xattn.training import train, resolve_device
+from xattn.devices import resolve_device
+from xattn.training import train
 from xattn.translator import Translator
 
 

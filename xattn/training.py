@@ -25,6 +25,7 @@ from xattn.checkpoint import load_weights, save_model_dir, save_weights
 from xattn.config import DecodeConfig, RunConfig, TrainConfig
 from xattn.corpus import Corpus, prepare_corpus
 from xattn.data import Batch, TokenBatchSampler
+from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import atomic_write, atomic_write_text
@@ -52,35 +53,6 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     """Linear warmup to `peak` over `warmup` steps, then peak * sqrt(warmup / step) (Vaswani et al. 2017)."""
     step = max(step, 1)
     return peak * min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
-
-
-def amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `choice` on `device` (None: full float32)."""
-    if choice == "none":
-        return None
-    if choice == "fp16":
-        if device.type != "cuda":
-            raise XattnError("train.amp=fp16 needs a CUDA device; use bf16 or none on CPU")
-        return torch.float16
-    if choice == "bf16" or device.type == "cpu":
-        return torch.bfloat16 if choice == "bf16" or _cpu_has_fast_bf16() else None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice.startswith("cuda") and not torch.cuda.is_available():
-        raise XattnError(f"train.device={choice}: no CUDA device is available")
-    return torch.device(choice)
 
 
 @dataclass

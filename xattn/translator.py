@@ -17,6 +17,7 @@ from torch import Tensor
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
+from xattn.devices import resolve_device
 from xattn.layers import FeedForward
 from xattn.model import Transformer
 
@@ -33,10 +34,6 @@ class Translation:
     cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
     self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
     alternatives: list[Translation] = field(default_factory=list)  # n-best or samples, best first
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
@@ -88,7 +85,7 @@ class Translator:
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair, device: str | torch.device | None = None,
                  config: RunConfig | None = None):
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = torch.device(device) if device is not None else resolve_device("auto")
         self.model = model.to(self.device).eval()
         self.tokenizers = tokenizers
         self.config = config
@@ -107,7 +104,7 @@ class Translator:
         """
         from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
 
-        device = torch.device(device) if device is not None else default_device()
+        device = torch.device(device) if device is not None else resolve_device("auto")
         loaded = load_model_dir(path, device)
         return cls(accelerate(loaded.model, device, quantize, compile), loaded.tokenizers, device, loaded.config)
 
