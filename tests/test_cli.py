@@ -42,7 +42,7 @@ def test_translate_stdin_and_files(quickstart_dir, tmp_path):
     out = tmp_path / "out.txt"
     assert _run("translate", str(quickstart_dir), "-i", str(src), "-o", str(out), "--beam", "2").returncode == 0
     assert out.read_text().splitlines() == lines
-    nbest = _run("translate", str(quickstart_dir), "--n-best", "3", stdin="sieben\n").stdout.splitlines()
+    nbest = _run("translate", str(quickstart_dir), "--n-best", "3", "--beam", "3", stdin="sieben\n").stdout.splitlines()
     assert len(nbest) == 3 and all(line.startswith("0 ||| ") for line in nbest)
     int8 = _run("translate", str(quickstart_dir), "--beam", "2", "--quantize", "int8", stdin="dreiundzwanzig\nsieben\n")
     assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 2

@@ -1,21 +1,100 @@
 """Typed configuration: frozen dataclasses built once from YAML plus `section.key=value` overrides.
 
 A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`.
-Unknown keys are errors that name the key and the nearest valid one.
+Every value is checked once, when its dataclass is built (from YAML, overrides or Python): its type,
+then its range (each class's CHECKS table), then the rules that tie fields together. A bad value is
+a ConfigError naming `section.key`; an unknown key names the nearest valid one.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import yaml
 
 from xattn.errors import XattnError
+
+
+class ConfigError(XattnError):
+    """A config value of the wrong type or out of range; `key` is "section.name"."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key, self.problem = key, problem
+
+
+Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
+
+
+def within(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Check:
+    """A finite number in the interval from `lo` to `hi` (open or closed at each end; None: unbounded)."""
+    if hi is None:
+        want = f"{'>' if lo_open else '>='} {lo:g}"
+    else:
+        want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def check(value: float) -> str | None:
+        ok = math.isfinite(value) and (lo is None or (value > lo if lo_open else value >= lo)) \
+            and (hi is None or (value < hi if hi_open else value <= hi))
+        return None if ok else f"must be {want}, got {value!r}"
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    return lambda value: None if value in choices else f"{value!r} is not one of {', '.join(choices)}"
+
+
+def device_name(value: str) -> str | None:
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+        return None
+    return f"{value!r} is not a device: use auto, cpu, cuda, cuda:N or mps"
+
+
+POSITIVE, NON_NEGATIVE, FRACTION = within(1), within(0), within(0, 1, hi_open=True)
+
+
+def validate(config: Any, section: str) -> None:
+    """Check each field's type and its entry in the class's CHECKS table; raise ConfigError on the first miss."""
+    for name, hint in _hints(type(config)).items():
+        key, value = f"{section}.{name}", getattr(config, name)
+        problem = _type_problem(value, hint)
+        if problem is None and value is not None and name in config.CHECKS:
+            values = value if isinstance(value, tuple) else (value,)
+            problem = next((p for p in map(config.CHECKS[name], values) if p), None)
+        if problem:
+            raise ConfigError(key, problem)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, tuple) or len(value) != len(args):
+            return f"expected {len(args)} values, got {value!r}"
+        return next((p for v, a in zip(value, args) if (p := _type_problem(v, a))), None)
+    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}[hint]
+    if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
+        return f"expected {hint.__name__}, got {value!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -41,20 +120,25 @@ class ModelConfig:
     bos_id: int = 1
     eos_id: int = 2
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(
+        src_vocab_size=POSITIVE, tgt_vocab_size=POSITIVE, d_model=POSITIVE, n_heads=POSITIVE,
+        n_encoder_layers=NON_NEGATIVE, n_decoder_layers=POSITIVE, d_ff=POSITIVE, max_positions=POSITIVE,
+        dropout=FRACTION, attention_dropout=FRACTION, activation_dropout=FRACTION,
+        activation=one_of("relu", "gelu", "swish"), norm=one_of("post", "pre"),
+        positions=one_of("sinusoidal", "learned"), score=one_of("dot", "scaled_dot", "general", "additive"),
+        pad_id=NON_NEGATIVE, bos_id=NON_NEGATIVE, eos_id=NON_NEGATIVE)
+
     def __post_init__(self) -> None:
-        _check_choice("model.activation", self.activation, ("relu", "gelu", "swish"))
-        _check_choice("model.norm", self.norm, ("post", "pre"))
-        _check_choice("model.positions", self.positions, ("sinusoidal", "learned"))
-        _check_choice("model.score", self.score, ("dot", "scaled_dot", "general", "additive"))
+        validate(self, "model")
         if self.d_model % self.n_heads:
-            raise XattnError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+            raise ConfigError("model.n_heads", f"model.d_model ({self.d_model}) must be divisible by "
+                              f"model.n_heads ({self.n_heads})")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise XattnError("model.share_embeddings needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff"):
-            if getattr(self, name) <= 0:
-                raise XattnError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise XattnError(f"model.dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError("model.share_embeddings", "needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            if getattr(self, name) >= min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ConfigError(f"model.{name}", f"{getattr(self, name)} is outside the vocabulary "
+                                  f"({min(self.src_vocab_size, self.tgt_vocab_size)} ids)")
 
 
 @dataclass(frozen=True)
@@ -75,11 +159,27 @@ class DataConfig:
     max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
     max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(
+        dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
+        max_len=POSITIVE, max_ratio=within(1))
+    LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
+                                                      "numbers": ("en", "de", "fr", "cs", "digits")}
+    LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "valid_src",
+                                            "valid_tgt", "valid_tsv")
+    """Keys that say where the data is, not what it is: a resumed run may move its files."""
+
     def __post_init__(self) -> None:
+        validate(self, "data")
         if self.dataset is not None:
-            _check_choice("data.dataset", self.dataset, ("multi30k", "numbers"))
+            for key in ("src_lang", "tgt_lang"):
+                problem = one_of(*self.LANGUAGES[self.dataset])(getattr(self, key))
+                if problem:
+                    raise ConfigError(f"data.{key}", f"{problem} (the languages of {self.dataset})")
         elif not (self.train_tsv or (self.train_src and self.train_tgt)):
-            raise XattnError("data: set data.dataset, or data.train_src + data.train_tgt, or data.train_tsv")
+            raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, or data.train_tsv")
+        for prefix in ("train", "valid"):
+            if bool(getattr(self, f"{prefix}_src")) != bool(getattr(self, f"{prefix}_tgt")):
+                raise ConfigError(f"data.{prefix}_src", f"data.{prefix}_src and data.{prefix}_tgt go together")
 
 
 @dataclass(frozen=True)
@@ -102,13 +202,18 @@ class TrainConfig:
     average_last: int = 0               # average the weights of the last N checkpoints at the end (0: off)
     log_every: int = 100
     seed: int = 1
-    device: str = "auto"                # auto | cpu | cuda | cuda:N
+    device: str = "auto"                # auto | cpu | cuda | cuda:N | mps
     threads: int = 0                    # torch CPU threads (0: torch default)
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(
+        max_tokens=POSITIVE, accumulate=POSITIVE, lr=within(0, lo_open=True), warmup=NON_NEGATIVE,
+        betas=FRACTION, weight_decay=NON_NEGATIVE, label_smoothing=FRACTION, clip_norm=NON_NEGATIVE,
+        max_steps=POSITIVE, max_epochs=POSITIVE, max_minutes=NON_NEGATIVE, amp=one_of("auto", "none", "bf16", "fp16"),
+        eval_every=POSITIVE, eval_bleu_sentences=NON_NEGATIVE, patience=NON_NEGATIVE, average_last=NON_NEGATIVE,
+        log_every=POSITIVE, seed=within(0, 2**32 - 1), device=device_name, threads=within(0, 1024))
+
     def __post_init__(self) -> None:
-        _check_choice("train.amp", self.amp, ("auto", "none", "bf16", "fp16"))
-        if self.max_tokens <= 0 or self.accumulate <= 0 or self.lr <= 0:
-            raise XattnError("train.max_tokens, train.accumulate and train.lr must be positive")
+        validate(self, "train")
 
 
 @dataclass(frozen=True)
@@ -130,22 +235,20 @@ class DecodeConfig:
     early_stopping: bool = True         # beam: a sentence ends once beam_size hypotheses have finished
     max_tokens: int = 8000              # token budget of one translation batch
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(
+        beam_size=within(1, 1024), temperature=within(0, lo_open=True), top_k=NON_NEGATIVE,
+        top_p=within(0, 1, lo_open=True), num_samples=within(1, 1024), seed=within(0, 2**63 - 1),
+        length_penalty=NON_NEGATIVE, coverage_penalty=NON_NEGATIVE, n_best=POSITIVE, min_len=NON_NEGATIVE,
+        max_len_a=within(0, 1000), max_len_b=within(0, 100_000), no_repeat_ngram_size=NON_NEGATIVE,
+        max_tokens=POSITIVE)
+
     def __post_init__(self) -> None:
-        checks = [
-            (self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}"),
-            (1 <= self.n_best <= self.beam_size, f"decode.n_best must be in [1, beam_size={self.beam_size}], got {self.n_best}"),
-            (self.temperature > 0, f"decode.temperature must be > 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"decode.top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= 0, f"decode.top_k must be >= 0, got {self.top_k}"),
-            (self.num_samples >= 1, f"decode.num_samples must be >= 1, got {self.num_samples}"),
-            (self.length_penalty >= 0, f"decode.length_penalty must be >= 0, got {self.length_penalty}"),
-            (self.coverage_penalty >= 0, f"decode.coverage_penalty must be >= 0, got {self.coverage_penalty}"),
-            (self.min_len >= 0 and self.no_repeat_ngram_size >= 0, "decode.min_len and decode.no_repeat_ngram_size must be >= 0"),
-            (self.max_tokens > 0, f"decode.max_tokens must be positive, got {self.max_tokens}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise XattnError(message)
+        validate(self, "decode")
+        if self.n_best > self.beam_size:
+            raise ConfigError("decode.n_best", f"{self.n_best} is above decode.beam_size ({self.beam_size}); "
+                              "raise the beam to at least n_best")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise ConfigError("decode.max_len_b", "decode.max_len_a and max_len_b are both 0: nothing could be generated")
 
     @property
     def hypotheses(self) -> int:
@@ -168,29 +271,26 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise XattnError(f"{key}: {value!r} is not one of {', '.join(choices)}")
-
-
 def _nearest(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Convert a YAML or command-line value to the field's declared type."""
-    if hint is Any:
-        return value
+    """Convert a YAML or command-line value to the field's declared type (ranges are checked by `validate`)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
             return None
-        return _coerce(value, args[0], where)
+        return _coerce(value, next(a for a in typing.get_args(hint) if a is not type(None)), where)
+    if value is None:
+        raise ConfigError(where, f"expected {getattr(hint, '__name__', hint)}, got null")
     if origin is tuple:
         items = value if isinstance(value, (list, tuple)) else str(value).strip("()[]").split(",")
-        return tuple(_coerce(v, a, where) for v, a in zip(items, typing.get_args(hint)))
+        args = typing.get_args(hint)
+        if len(items) != len(args):
+            raise ConfigError(where, f"expected {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, where) for v, a in zip(items, args))
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -198,23 +298,29 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return True
         if str(value).lower() in ("false", "no", "0"):
             return False
-        raise XattnError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(where, f"expected true or false, got {value!r}")
+    if isinstance(value, (bool, list, dict)) or (hint is str and not isinstance(value, (str, int, float))):
+        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}")
     try:
-        if hint is int and isinstance(value, str):
-            return int(float(value)) if "e" in value.lower() else int(value)
+        if hint is int and isinstance(value, str) and "e" in value.lower():
+            number = float(value)
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if hint is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
         return hint(value)
-    except (TypeError, ValueError):
-        raise XattnError(f"{where}: expected {hint.__name__}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}") from None
 
 
 def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> Any:
     """Build dataclass `cls` from `values`, on top of `base` (an instance) if given."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints = _hints(cls)
     kwargs = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
-        if key not in names:
-            raise XattnError(f"unknown config key {section}.{key}{_nearest(key, names)}")
+        if key not in hints:
+            raise XattnError(f"unknown config key {section}.{key}{_nearest(str(key), list(hints))}")
         kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
     return cls(**kwargs)
 
@@ -236,36 +342,55 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def read_yaml(path: Path) -> Any:
+    """The YAML document in `path`; a missing file, non-UTF-8 bytes or bad YAML is a one-line XattnError."""
+    if not path.is_file():
+        raise XattnError(f"{path}: config file not found")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise XattnError(f"{path}: line {line}: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}: line {mark.line + 1}" if mark else str(path)
+        raise XattnError(f"{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: RunConfig | None = None) -> RunConfig:
     """Read a YAML run config (sections model/data/train/decode), then apply `section.key=value` overrides."""
-    raw: dict[str, Any] = {}
+    raw: Any = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise XattnError(f"{path}: config file not found")
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}: line {mark.line + 1}" if mark else str(path)
-            raise XattnError(f"{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        raw = read_yaml(Path(path)) or {}
         if not isinstance(raw, dict):
             raise XattnError(f"{path}: expected a mapping with sections {', '.join(SECTIONS)}")
-    base = base or RunConfig()
-    merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}
-    for name in raw:
+    for name, values in raw.items():
         if name not in SECTIONS:
-            raise XattnError(f"unknown config section {name!r}{_nearest(name, list(SECTIONS))}")
-    for name, values in parse_overrides(overrides or []).items():
+            raise XattnError(f"{path}: unknown config section {name!r}{_nearest(str(name), list(SECTIONS))}")
+        if values is not None and not isinstance(values, dict):
+            raise XattnError(f"{path}: section {name!r} must be a mapping of keys to values, got {values!r}")
+    merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}
+    given = parse_overrides(overrides or [])
+    for name, values in given.items():
         merged[name].update(values)
-    parts = {name: build(cls, merged[name], name, getattr(base, name)) for name, cls in SECTIONS.items()}
+    base = base or RunConfig()
+    parts = {}
+    for name, cls in SECTIONS.items():
+        try:
+            parts[name] = build(cls, merged[name], name, getattr(base, name))
+        except ConfigError as e:  # name the file unless the value came from an override
+            if path is None or e.key.partition(".")[2] in given.get(name, {}):
+                raise
+            raise XattnError(f"{path}: {e}") from None
     return RunConfig(**parts)
 
 
-def save_config(cfg: RunConfig, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write `cfg` (plus `extra` top-level keys, e.g. tokenizer files) as YAML, atomically."""
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write `cfg` as YAML, atomically."""
     from xattn.io import atomic_write_text
 
-    body = cfg.to_dict() | (extra or {})
-    atomic_write_text(Path(path), yaml.safe_dump(body, sort_keys=False))
+    atomic_write_text(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -5,7 +5,6 @@ Shapes: B batch, S source length (tokens + eos), T target length (tokens + 1).
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xattn.io import read_lines as read_text_lines
 from xattn.errors import XattnError
 from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
@@ -20,28 +20,8 @@ Pair = tuple[str, str]
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a plain or `.gz` UTF-8 text file (a leading BOM is dropped), trailing whitespace stripped."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError as e:
-        raise XattnError(f"{path}: no such file") from e
-    except (OSError, EOFError) as e:
-        raise XattnError(f"{path}: cannot read ({e})") from e
-    raw = raw.removeprefix(b"\xef\xbb\xbf")
-    lines = raw.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return [_decode(line, path, n) for n, line in enumerate(lines, start=1)]
-
-
-def _decode(line: bytes, path: Path, line_number: int) -> str:
-    try:
-        return line.decode("utf-8").rstrip()
-    except UnicodeDecodeError as e:
-        raise XattnError(f"{path}: line {line_number}: invalid UTF-8") from e
+    """Lines of a plain or `.gz` UTF-8 corpus file (see `xattn.io.read_lines`), trailing whitespace stripped."""
+    return [line.rstrip() for line in read_text_lines(path)]
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:

@@ -30,10 +30,21 @@ def _cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_device(choice: str) -> torch.device:
-    """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"; a one-line error for CUDA without a GPU."""
+def resolve_device(choice: str, key: str = "train.device") -> torch.device:
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; `key` names the setting in errors."""
+    from xattn.config import device_name
+
+    problem = device_name(str(choice))
+    if problem:
+        raise XattnError(f"{key}: {problem}")
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice.startswith("cuda") and not torch.cuda.is_available():
-        raise XattnError(f"train.device={choice}: no CUDA device is available")
+    if choice.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise XattnError(f"{key}={choice}: no CUDA device is available here; use cpu")
+        index = torch.device(choice).index or 0
+        if index >= torch.cuda.device_count():
+            raise XattnError(f"{key}={choice}: there are {torch.cuda.device_count()} CUDA devices")
+    if choice == "mps" and not torch.backends.mps.is_available():
+        raise XattnError(f"{key}=mps: no Apple GPU (MPS) is available here; use cpu")
     return torch.device(choice)

@@ -1,20 +1,29 @@
-"""Atomic file writes: write a temporary file in the target's folder, then rename it over the target.
-
-A reader (or a resumed run after a crash) sees either the old file or the new one, never half of one.
+"""Files in and out. Atomic writes: a temporary file in the target's folder, then a rename over the
+target, so a reader (or a run resumed after a crash) sees the old file or the new one, never half of one.
+Text in: one rule for every file and stream, `read_lines`.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+from xattn.errors import XattnError
+
+TEMP_SUFFIX = ".tmp"
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp_path)` and move the result to `path` in one rename."""
     path = Path(path)
+    if path.is_dir():
+        raise XattnError(f"{path}: is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
@@ -23,6 +32,11 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def is_temporary(path: Path) -> bool:
+    """True for a file `atomic_write` left behind when its process died before the rename."""
+    return path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)
 
 
 def _umask() -> int:
@@ -37,3 +51,59 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ text in
+
+def read_lines(path: str | Path | None) -> list[str]:
+    """The lines of a UTF-8 text file (plain or `.gz`), or of stdin for None or "-".
+
+    A line ends at "\\n" and nowhere else; a "\\r" right before it is dropped, as is a leading BOM.
+    Form feeds, U+2028 and the other characters that `str.splitlines` also breaks at stay inside
+    their line, so N lines in give N lines out. A file whose lines end in "\\r" alone is an error.
+    """
+    if path in (None, "-"):
+        return split_lines(sys.stdin.buffer.read(), "stdin")
+    path = Path(path)
+    if path.is_dir():
+        raise XattnError(f"{path}: is a directory, not a text file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise XattnError(f"{path}: no such file") from None
+    except (OSError, EOFError) as e:
+        raise XattnError(f"{path}: cannot read ({e})") from None
+    return split_lines(raw, str(path))
+
+
+def split_lines(raw: bytes, where: str) -> list[str]:
+    """UTF-8 bytes -> lines, by the rule of `read_lines`; `where` names the source in errors."""
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    if b"\n" not in raw and b"\r" in raw.rstrip(b"\r"):
+        raise XattnError(f"{where}: lines end in a carriage return alone (\\r, old Mac style); "
+                         "convert them to \\n, e.g. tr '\\r' '\\n'")
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            out.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            raise XattnError(f"{where}: line {number}: invalid UTF-8") from None
+    return out
+
+
+def one_line(text: str) -> str:
+    """`text` with any "\\n" or "\\r" replaced by a space, so that it prints as exactly one line."""
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")

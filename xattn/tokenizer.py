@@ -94,15 +94,18 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """One sentence -> token ids (L,), no bos/eos."""
-        if self._ids is not None:
-            return self._to_ids(self._sp.encode(text, out_type=str))
-        return self._sp.encode(text, out_type=int)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """N sentences -> N lists of token ids, no bos/eos."""
-        if self._ids is not None:
-            return [self._to_ids(pieces) for pieces in self._sp.encode(list(texts), out_type=str)]
-        return self._sp.encode(list(texts), out_type=int)
+        """N sentences -> N lists of token ids, no bos/eos; text that is not a valid string is an XattnError."""
+        texts = list(texts)
+        try:
+            if self._ids is not None:
+                return [self._to_ids(pieces) for pieces in self._sp.encode(texts, out_type=str)]
+            return self._sp.encode(texts, out_type=int)
+        except (RuntimeError, TypeError):
+            _check_texts(texts)
+            raise
 
     def _to_ids(self, pieces: list[str]) -> list[int]:
         unk = self.unk_id
@@ -123,6 +126,17 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def _check_texts(texts: Sequence[object]) -> None:
+    """Raise an XattnError naming the first text that is not a string of valid Unicode."""
+    for number, text in enumerate(texts, start=1):
+        if not isinstance(text, str):
+            raise XattnError(f"text {number}: expected a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise XattnError(f"text {number}: not valid Unicode ({e.reason} at character {e.start + 1})") from None
 
 
 def read_vocab(path: Path) -> dict[str, int]:

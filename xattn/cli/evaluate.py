@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
-from xattn.cli.common import add_verb, read_input_lines, write_output_lines
+from xattn.cli.common import add_verb, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config
 from xattn.errors import XattnError
+from xattn.io import read_lines
 
 
 def register(sub) -> None:
@@ -27,7 +28,7 @@ def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise XattnError("--src and --ref go together")
-        src, ref = read_input_lines(args.src), read_input_lines(args.ref)
+        src, ref = read_lines(args.src), read_lines(args.ref)
         if len(src) != len(ref):
             raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.ref} has {len(ref)}")
         return src, ref
@@ -40,9 +41,10 @@ def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
 
 def run(args) -> int:
     from xattn.evaluation import evaluate
+    from xattn.devices import resolve_device
     from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=args.device, quantize=args.quantize, compile=args.compile)
+    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"), quantize=args.quantize, compile=args.compile)
     src, refs = test_pairs(args, translator.config.data)
     cfg = decode_config(args, translator.decode_config)
     hyps = [t.text for t in translator.translate(src, cfg)]

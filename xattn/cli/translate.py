@@ -1,8 +1,9 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-from xattn.cli.common import add_verb, read_input_lines, write_output_lines
+from xattn.cli.common import add_verb, write_output_lines
 from xattn.errors import XattnError
+from xattn.io import read_lines
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
 DECODE_FLAGS = {
@@ -52,8 +53,8 @@ def add_decode_flags(p) -> None:
 
 
 def decode_config(args, base):
-    """The model directory's DecodeConfig with the command line's choices on top."""
-    from xattn.config import DecodeConfig, build
+    """The model directory's DecodeConfig with the command line's choices on top; errors name the flags."""
+    from xattn.config import ConfigError, DecodeConfig, build
 
     changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
@@ -63,20 +64,28 @@ def decode_config(args, base):
         raise XattnError(f"{', '.join(sorted(SAMPLING_ONLY & set(changes)))} apply to sampling only; add --sample")
     if args.no_early_stopping:
         changes["early_stopping"] = False
-    if changes.get("n_best", 1) > changes.get("beam_size", base.beam_size):
-        changes["beam_size"] = changes["n_best"]
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
-        changes["n_best"] = 1
-    return build(DecodeConfig, changes, "decode", base)
+        changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
+    try:
+        return build(DecodeConfig, changes, "decode", base)
+    except ConfigError as e:
+        flags = {f"decode.{field}": flag for flag, (field, _, _) in DECODE_FLAGS.items()}
+        if e.key not in flags or e.key.removeprefix("decode.") not in changes:
+            raise
+        problem = e.problem
+        for key, flag in flags.items():
+            problem = problem.replace(key, flag)
+        raise XattnError(f"{flags[e.key]}: {problem}") from None
 
 
 def run(args) -> int:
+    from xattn.devices import resolve_device
     from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=args.device, quantize=args.quantize, compile=args.compile)
+    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"), quantize=args.quantize, compile=args.compile)
     cfg = decode_config(args, translator.decode_config)
-    texts = read_input_lines(args.input)
-    prefixes = read_input_lines(args.prefix) if args.prefix else None
+    texts = read_lines(args.input)
+    prefixes = read_lines(args.prefix) if args.prefix else None
     if prefixes is not None and len(prefixes) != len(texts):
         raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {len(texts)}")
     results = translator.translate(texts, cfg, prefixes=prefixes)
