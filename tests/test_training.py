@@ -48,9 +48,11 @@ def test_inverse_sqrt_schedule():
 def test_training_writes_a_model_directory(tmp_path):
     progress = train(_cfg("train.max_steps=6"), tmp_path, quiet=True)
     assert progress.step == 6
-    for name in ("config.yaml", "model.safetensors", "spm.model", "log.jsonl", "train_state/state.pt",
-                 "train_state/last.safetensors"):
+    for name in ("config.yaml", "model.safetensors", "spm.model", "log.jsonl", "train_state/manifest.json"):
         assert (tmp_path / name).is_file(), name
+    manifest = json.loads((tmp_path / "train_state/manifest.json").read_text())
+    assert manifest["step"] == 6 and sorted(p.name for p in (tmp_path / "train_state").iterdir()) == \
+        sorted(["manifest.json", *manifest["files"]])
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "valid_bleu" in r] == [3, 6]
     assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] >= 0 for r in records if "loss" in r)
@@ -80,7 +82,7 @@ def test_interrupt_saves_state_and_resume_picks_up(tmp_path):
 
 def test_resume_refuses_a_different_model(tmp_path):
     train(_cfg("train.max_steps=2"), tmp_path, quiet=True)
-    with pytest.raises(XattnError, match="different model config"):
+    with pytest.raises(XattnError, match=r"other model, data or tokenizer settings \(model.d_ff: 32 -> 64\)"):
         Trainer(_cfg("train.max_steps=4", "model.d_ff=64"), tmp_path, quiet=True)
 
 
@@ -88,7 +90,9 @@ def test_checkpoint_averaging(tmp_path):
     train(_cfg("train.max_steps=9", "train.average_last=3"), tmp_path, quiet=True)
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert any(r.get("averaged") == 3 for r in records)
-    assert len(list((tmp_path / "train_state").glob("ckpt-*.safetensors"))) == 3
+    manifest = json.loads((tmp_path / "train_state/manifest.json").read_text())
+    assert [step for step, _ in manifest["averaging"]] == [3, 6, 9]
+    assert all((tmp_path / "train_state" / name).is_file() for _, name in manifest["averaging"])
 
 
 def test_unknown_config_key_names_the_nearest(tmp_path):

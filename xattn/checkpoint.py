@@ -1,25 +1,73 @@
 """The model directory: config.yaml, model.safetensors, tokenizer model file(s), train_state/, log.jsonl.
 
 Weights are stored under their public parameter names; a tied parameter is stored once, under the
-first name PyTorch reports. Loading checks that exactly the expected names arrived.
+first name PyTorch reports. Each weights file carries in its safetensors metadata a fingerprint of
+what it was saved with: the config's model section, the SHA-256 of every tokenizer file, and a
+SHA-256 of the tensors themselves. Loading checks the fingerprint, that every tensor is finite, that
+the tokenizers' vocabularies fit the embeddings, and that exactly the expected names and shapes
+arrived; any mismatch is a one-line XattnError that names the file, key or tensor. Choices made
+later by analysis tools live in files of their own, so storing them never makes a model unloadable.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from xattn.config import RunConfig, load_config, save_config
+from xattn.config import ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
-from xattn.io import atomic_write
+from xattn.io import atomic_write, sha256_file
 from xattn.model import Transformer
-from xattn.tokenizer import TokenizerPair, load_tokenizers
+from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, TokenizerPair, load_tokenizers, vocab_file
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
+FORMAT = "xattn.weights/1"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a weights file was saved with; stored as strings in its safetensors metadata."""
+    model: dict            # the ModelConfig, as a dict
+    tokenizers: dict       # tokenizer file name -> SHA-256
+    tensors: str           # SHA-256 of the tensors (`tensors_digest`)
+
+    def metadata(self) -> dict[str, str]:
+        return {"format": FORMAT, "model": json.dumps(self.model, sort_keys=True),
+                "tokenizers": json.dumps(self.tokenizers, sort_keys=True), "tensors": self.tensors}
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, str] | None, path: Path) -> Fingerprint | None:
+        """None for a file saved before fingerprints existed."""
+        if not meta or meta.get("format") != FORMAT:
+            return None
+        try:
+            return cls(json.loads(meta["model"]), json.loads(meta["tokenizers"]), meta["tensors"])
+        except (KeyError, json.JSONDecodeError):
+            raise XattnError(f"{path}: its fingerprint (safetensors metadata) is damaged") from None
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of `tensors`, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def tokenizer_hashes(directory: Path) -> dict[str, str]:
+    """SHA-256 of each tokenizer file in `directory` (models and their id tables), by file name."""
+    names = [JOINT_MODEL, SRC_MODEL, TGT_MODEL]
+    files = [directory / n for n in names] + [vocab_file(directory / n) for n in names]
+    return {f.name: sha256_file(f) for f in files if f.is_file()}
 
 
 def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
@@ -30,31 +78,85 @@ def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
             if name in model.state_dict()}
 
 
-def save_weights(model: Transformer, path: Path) -> None:
-    atomic_write(path, lambda tmp: save_file(weights_of(model), str(tmp)))
+def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str]) -> None:
+    """Write the weights with their fingerprint; `tokenizers` from `tokenizer_hashes`."""
+    tensors = weights_of(model)
+    fingerprint = Fingerprint(dataclasses.asdict(model.cfg), tokenizers, tensors_digest(tensors))
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=fingerprint.metadata()))
 
 
-def load_weights(model: Transformer, path: Path) -> None:
-    """Load `path` into `model`; every expected name must be present, and nothing else."""
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Fingerprint | None]:
+    """The tensors of a weights file and its fingerprint; a damaged tensor or checksum is an XattnError."""
     try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
         tensors = load_file(str(path))
-    except (SafetensorError, OSError) as e:
+    except (SafetensorError, OSError, ValueError) as e:
         raise XattnError(f"{path}: cannot read weights ({e})") from None
-    expected = set(weights_of(model))
-    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise XattnError(f"{path}: tensor {name} holds NaN or infinite values")
+    fingerprint = Fingerprint.from_metadata(meta, path)
+    if fingerprint is not None and tensors_digest(tensors) != fingerprint.tensors:
+        raise XattnError(f"{path}: the tensors do not match their checksum (the file is damaged)")
+    return tensors, fingerprint
+
+
+def check_fingerprint(fingerprint: Fingerprint | None, cfg: ModelConfig, tokenizers: dict[str, str] | None,
+                      path: Path, config_name: str = CONFIG) -> None:
+    """The model config and tokenizer files must be the ones `path` was saved with."""
+    if fingerprint is None:
+        return
+    now = dataclasses.asdict(cfg)
+    changed = [k for k in sorted(set(now) | set(fingerprint.model)) if now.get(k) != fingerprint.model.get(k)]
+    if changed:
+        k = changed[0]
+        raise XattnError(f"{config_name}: model.{k} is {now.get(k)!r}, but {path.name} was saved with "
+                         f"{fingerprint.model.get(k)!r}; restore it (the weights only fit the config they were trained with)")
+    if tokenizers is not None and tokenizers != fingerprint.tokenizers:
+        name = next(n for n in sorted(set(tokenizers) | set(fingerprint.tokenizers))
+                    if tokenizers.get(n) != fingerprint.tokenizers.get(n))
+        state = "is missing" if name not in tokenizers else "is not the tokenizer" if name in fingerprint.tokenizers \
+            else "was not there"
+        raise XattnError(f"{path.parent / name}: {state} when {path.name} was saved; restore the original tokenizer")
+
+
+def load_weights(model: Transformer, path: Path, tokenizers: dict[str, str] | None = None) -> None:
+    """Load `path` into `model` after `read_weights` and `check_fingerprint`."""
+    tensors, fingerprint = read_weights(path)
+    check_fingerprint(fingerprint, model.cfg, tokenizers, path)
+    apply_weights(model, tensors, path)
+
+
+def apply_weights(model: Transformer, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Copy `tensors` (read from `path`) into `model`; names and shapes must fit exactly."""
+    expected = weights_of(model)
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise XattnError(f"{path}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, t in tensors.items():
+        if t.shape != expected[name].shape:
+            raise XattnError(f"{path}: tensor {name} has shape {tuple(t.shape)}, but the model config "
+                             f"({CONFIG}) gives {tuple(expected[name].shape)}")
     result = model.load_state_dict(tensors, strict=False)
-    aliases = set(model.state_dict()) - expected
+    aliases = set(model.state_dict()) - set(expected)
     if set(result.missing_keys) - aliases or result.unexpected_keys:
         raise XattnError(f"{path}: weights did not load cleanly: {result}")
 
 
+def check_vocabularies(cfg: ModelConfig, tokenizers: TokenizerPair) -> None:
+    """Each tokenizer must have exactly as many ids as its embedding has rows."""
+    for side, tok, size in (("src", tokenizers.src, cfg.src_vocab_size), ("tgt", tokenizers.tgt, cfg.tgt_vocab_size)):
+        if tok.vocab_size != size:
+            raise XattnError(f"{tok.path}: has {tok.vocab_size} ids, but the {side} embedding has {size} rows "
+                             f"(model.{side}_vocab_size); the tokenizer and the weights do not belong together")
+
+
 def save_model_dir(out_dir: Path, model: Transformer, cfg: RunConfig, weights_name: str = WEIGHTS) -> None:
-    """Write config.yaml and the weights into `out_dir` (the tokenizer files are written by training)."""
+    """Write config.yaml and the weights into `out_dir`, whose tokenizer files must already be there."""
     out_dir = Path(out_dir)
     save_config(cfg, out_dir / CONFIG)
-    save_weights(model, out_dir / weights_name)
+    save_weights(model, out_dir / weights_name, tokenizer_hashes(out_dir))
 
 
 @dataclass
@@ -65,13 +167,19 @@ class LoadedModel:
 
 
 def load_model_dir(path: str | Path, device: str | torch.device = "cpu", weights_name: str = WEIGHTS) -> LoadedModel:
-    """Read a model directory into an eval-mode Transformer on `device`, its config and tokenizers."""
+    """Read a model directory into an eval-mode Transformer on `device`, its config and tokenizers, checked."""
     path = Path(path)
+    if not path.is_dir():
+        raise XattnError(f"{path}: {'is a file, ' if path.exists() else ''}not a model directory")
     if not (path / CONFIG).is_file():
         raise XattnError(f"{path}: not a model directory (no {CONFIG})")
     if not (path / weights_name).is_file():
         raise XattnError(f"{path}: no {weights_name} (has training written a checkpoint yet?)")
     cfg = load_config(path / CONFIG)
+    tokenizers = load_tokenizers(path)
+    tensors, fingerprint = read_weights(path / weights_name)
+    check_fingerprint(fingerprint, cfg.model, tokenizer_hashes(path), path / weights_name, str(path / CONFIG))
+    check_vocabularies(cfg.model, tokenizers)
     model = Transformer(cfg.model)
-    load_weights(model, path / weights_name)
-    return LoadedModel(model.to(device).eval(), cfg, load_tokenizers(path))
+    apply_weights(model, tensors, path / weights_name)
+    return LoadedModel(model.to(device).eval(), cfg, tokenizers)

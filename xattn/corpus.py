@@ -5,6 +5,7 @@ so a resumed run (or another DDP rank) tokenizes exactly as the first one did.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class Corpus:
     valid: TokenizedCorpus
     valid_pairs: list[Pair]             # raw text, for BLEU
     stats: FilterStats                  # what cleaning dropped from the training pairs
+    fingerprint: str                    # SHA-256 of the training and validation text as read
 
 
 def read_split(cfg: DataConfig, split: str) -> list[Pair]:
@@ -39,23 +41,42 @@ def read_split(cfg: DataConfig, split: str) -> list[Pair]:
     raise XattnError(f"data: no {prefix} set; give data.{prefix}_src + data.{prefix}_tgt or data.{prefix}_tsv")
 
 
-def has_tokenizers(out_dir: Path) -> bool:
-    return any((out_dir / name).is_file() for name in ("spm.model", "spm.src.model"))
+def describe_split(cfg: DataConfig, split: str) -> str:
+    """Where a split comes from, for messages: the files, or the named dataset."""
+    if cfg.dataset is not None:
+        return f"{cfg.dataset} {cfg.src_lang}-{cfg.tgt_lang} {split}"
+    prefix = "train" if split == "train" else "valid"
+    tsv, src, tgt = (getattr(cfg, f"{prefix}_{k}") for k in ("tsv", "src", "tgt"))
+    return tsv or f"{src} + {tgt}"
 
 
-def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None) -> Corpus:
-    """Read, clean and tokenize; train the tokenizers into `out_dir` unless it has them already."""
+def text_fingerprint(*splits: list[Pair]) -> str:
+    digest = hashlib.sha256()
+    for pairs in splits:
+        for src, tgt in pairs:
+            digest.update(f"{src}\t{tgt}\n".encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True) -> Corpus:
+    """Read, clean and tokenize; with `new_tokenizers`, train the tokenizers into `out_dir` first
+    (rank 0), otherwise load the ones there."""
     ctx = ctx or Context()
-    train_pairs, empties = clean_pairs(read_split(cfg, "train"))
-    valid_pairs = [p for p in read_split(cfg, "val") if p[0].strip() and p[1].strip()]
-    if not train_pairs:
-        raise XattnError("data: the training set is empty")
-    if not valid_pairs:
-        raise XattnError("data: the validation set is empty")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.rank == 0 and not has_tokenizers(out_dir):
-        train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
-                         cfg.vocab_size, cfg.joint_vocab)
+    train_raw, valid_raw = read_split(cfg, "train"), read_split(cfg, "val")
+    train_pairs, empties = clean_pairs(train_raw)
+    valid_pairs = [p for p in valid_raw if p[0].strip() and p[1].strip()]
+    for pairs, split in ((train_pairs, "train"), (valid_pairs, "val")):
+        if not pairs:
+            raise XattnError(f"{describe_split(cfg, split)}: the {'training' if split == 'train' else 'validation'} "
+                             "set is empty (no pair with text on both sides)")
+    if new_tokenizers and ctx.rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
+                             cfg.vocab_size, cfg.joint_vocab)
+        except XattnError as e:
+            raise XattnError(f"{describe_split(cfg, 'train')}: cannot train the tokenizer on this text ({e})") from None
     ctx.barrier()
     tokenizers = load_tokenizers(out_dir)
     if tokenizers.joint != cfg.joint_vocab:
@@ -66,6 +87,7 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None) -
                                      tgt_length=lambda t: len(tokenizers.tgt.encode(t)))
     stats.empty = empties.empty
     if not train_pairs:
-        raise XattnError("data: no training pairs left after the data.max_len / data.max_ratio filter")
+        raise XattnError(f"{describe_split(cfg, 'train')}: no training pairs left after the data.max_len / "
+                         "data.max_ratio filter")
     return Corpus(tokenizers, tokenize_pairs(train_pairs, tokenizers), tokenize_pairs(valid_pairs, tokenizers),
-                  valid_pairs, stats)
+                  valid_pairs, stats, text_fingerprint(train_raw, valid_raw))

@@ -13,7 +13,7 @@ import math
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +21,30 @@ import torch
 from tqdm import tqdm
 
 from xattn import distributed as dist
-from xattn.checkpoint import load_weights, save_model_dir, save_weights
-from xattn.config import DecodeConfig, RunConfig, TrainConfig
+from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
+from xattn.config import DataConfig, DecodeConfig, RunConfig, TrainConfig, save_config
 from xattn.corpus import Corpus, prepare_corpus
 from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
-from xattn.io import atomic_write, atomic_write_text
+from xattn.io import is_temporary
 from xattn.model import Transformer
+from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences
 
 STATE_DIR = "train_state"
 LOG = "log.jsonl"
+
+
+def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], processes: int) -> dict:
+    """What a resumed run must share with the run whose checkpoint it continues: the model, the data
+    (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
+    tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
+    identity = {"model": dataclasses.asdict(cfg.model), "data": data | {"text_sha256": text_sha256},
+                "tokenizers": tokenizers,
+                "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
+    return json.loads(json.dumps(identity))  # as the manifest stores it
 
 
 def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,10 +76,10 @@ class Progress:
     best_score: float = -math.inf
     best_step: int = 0
     bad_evals: int = 0
-    checkpoints: list[int] = field(default_factory=list)   # steps with a kept checkpoint (averaging)
     target_tokens: int = 0
     seconds: float = 0.0
     stop_reason: str | None = None      # why the last fit() ended
+    finished: bool = False              # the end of training (averaging included) is done
 
 
 class Trainer:
@@ -75,11 +87,18 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, quiet: bool = False):
         self.out_dir, self.quiet = Path(out_dir), quiet
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise XattnError(f"{self.out_dir}: exists and is not a directory; train into a new or a model directory")
         self.ctx = dist.setup(cfg.train.device)
         self.device = self.ctx.device if self.ctx.world > 1 else resolve_device(cfg.train.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        self.corpus: Corpus = prepare_corpus(cfg.data, self.out_dir, self.ctx)
+        self.state_dir = TrainStateDir(self.out_dir / STATE_DIR)
+        manifest = self.state_dir.read()
+        if manifest is None and (self.out_dir / WEIGHTS).is_file():
+            raise XattnError(f"{self.out_dir}: holds a model but no training state to resume "
+                             f"({STATE_DIR}/{MANIFEST}); train into a new directory")
+        self.corpus: Corpus = prepare_corpus(cfg.data, self.out_dir, self.ctx, new_tokenizers=manifest is None)
         stats = self.corpus.stats
         self._print(f"corpus: {len(self.corpus.train)} training pairs (dropped: {stats.empty} empty, "
                     f"{stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over length ratio "
@@ -87,6 +106,11 @@ class Trainer:
         tok = self.corpus.tokenizers
         model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
         self.cfg = dataclasses.replace(cfg, model=model_cfg)
+        self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir), self.ctx.world)
+        if manifest is not None and (diffs := differences(manifest.run, self.identity)):
+            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings "
+                             f"({'; '.join(diffs[:3])}); rerun with the same settings to resume (budgets such as "
+                             "train.max_steps may change), or train into another directory")
         tc: TrainConfig = self.cfg.train
         torch.manual_seed(tc.seed)
         self.model = Transformer(model_cfg).to(self.device)
@@ -102,36 +126,26 @@ class Trainer:
         first = self.sampler.batches(0)
         self._print(f"batches: {len(first)} per epoch of at most {tc.max_tokens} tokens, "
                     f"{100 * self.sampler.padding_fraction(first):.1f}% padding")
-        self._maybe_resume()
+        if manifest is None:
+            self._start()
+        else:
+            self._resume(manifest)
 
-    # ------------------------------------------------------------------------------------ resume
+    # ---------------------------------------------------------------------------- start and resume
 
-    def _state_dir(self) -> Path:
-        return self.out_dir / STATE_DIR
+    def _start(self) -> None:
+        """A new run (rank 0 writes): config.yaml, an empty log, and the checkpoint of step 0."""
+        if self.ctx.rank == 0:
+            self._remove_leftovers()
+            (self.out_dir / LOG).unlink(missing_ok=True)
+            save_config(self.cfg, self.out_dir / CONFIG)
+            self._save_state()
+        self.ctx.barrier()
 
-    def _save_state(self) -> None:
-        """Write last weights, optimizer, RNG and progress atomically (rank 0 only)."""
-        state_dir = self._state_dir()
-        save_weights(self.model, state_dir / "last.safetensors")
-        state = {
-            "progress": dataclasses.asdict(self.progress),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            "config": self.cfg.to_dict(),
-        }
-        atomic_write(state_dir / "state.pt", lambda tmp: torch.save(state, tmp))
-
-    def _maybe_resume(self) -> None:
-        path = self._state_dir() / "state.pt"
-        if not path.is_file():
-            return
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state["config"]["model"] != self.cfg.to_dict()["model"]:
-            raise XattnError(f"{self.out_dir}: holds a run with a different model config; "
-                             "use another output directory or delete it")
-        load_weights(self.model, self._state_dir() / "last.safetensors")
+    def _resume(self, manifest: Manifest) -> None:
+        """Continue from the last complete checkpoint; config.yaml takes this run's budgets."""
+        state = self.state_dir.load_state()
+        load_weights(self.model, self.state_dir.dir / manifest.weights, self.identity["tokenizers"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
@@ -141,7 +155,37 @@ class Trainer:
         np.random.set_state(rng["numpy"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.ctx.rank == 0:
+            self._remove_leftovers()
+            log = self.out_dir / LOG
+            if log.is_file() and log.stat().st_size > manifest.log_bytes:
+                with log.open("r+b") as f:
+                    f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
+            save_config(self.cfg, self.out_dir / CONFIG)
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
+
+    def _remove_leftovers(self) -> None:
+        """Remove what a killed process left half-written: temporary files, an incomplete checkpoint."""
+        stale = [f for f in self.out_dir.iterdir() if f.is_file() and is_temporary(f)]
+        for f in stale:
+            f.unlink(missing_ok=True)
+        removed = [f.name for f in stale] + [f"{STATE_DIR}/{n}" for n in self.state_dir.remove_unlisted()]
+        if removed:
+            self._print(f"{self.out_dir}: removed {len(removed)} half-written file(s) of an interrupted run "
+                        f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
+
+    def _save_state(self, keep_for_averaging: int = 0) -> None:
+        """Write a checkpoint of the last weights, optimizer, RNG and progress (rank 0 only)."""
+        state = {
+            "progress": dataclasses.asdict(self.progress),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        }
+        log = self.out_dir / LOG
+        self.state_dir.write(self.progress.step, lambda path: save_weights(self.model, path, self.identity["tokenizers"]),
+                             state, log.stat().st_size if log.is_file() else 0, self.identity, keep_for_averaging)
 
     # ------------------------------------------------------------------------------------- steps
 
@@ -208,11 +252,12 @@ class Trainer:
         window = _Window()
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
-        if stop_reason is not None:
+        if stop_reason is not None and p.finished:
             self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
             bar.close()
             p.stop_reason = stop_reason
             return p
+        p.finished = p.finished and stop_reason is not None
         try:
             while stop_reason is None:
                 batches = self.ctx.shard(self.sampler.batches(p.epoch))
@@ -250,6 +295,8 @@ class Trainer:
             return "max_minutes"
         if p.epoch >= tc.max_epochs:
             return "max_epochs"
+        if tc.patience and p.bad_evals >= tc.patience:
+            return "early_stopping"
         return None
 
     def _after_step(self) -> str | None:
@@ -280,24 +327,18 @@ class Trainer:
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
-                if tc.average_last:
-                    self._keep_for_averaging()
-            self._save_state()
+            self._save_state(keep_for_averaging=tc.average_last if evaluate else 0)
         self.ctx.barrier()
         return patience_over
 
-    def _keep_for_averaging(self) -> None:
-        p, keep = self.progress, self.cfg.train.average_last
-        save_weights(self.model, self._state_dir() / f"ckpt-{p.step}.safetensors")
-        p.checkpoints = [s for s in p.checkpoints if s != p.step] + [p.step]
-        for old in p.checkpoints[:-keep]:
-            (self._state_dir() / f"ckpt-{old}.safetensors").unlink(missing_ok=True)
-        p.checkpoints = p.checkpoints[-keep:]
-
     def _finish(self, reason: str | None) -> None:
+        """Average the kept checkpoints (unless interrupted) and mark training finished in the checkpoint."""
         p = self.progress
-        if self.ctx.rank == 0 and reason != "interrupted" and len(p.checkpoints) > 1:
-            self._average_checkpoints()
+        if self.ctx.rank == 0 and reason != "interrupted":
+            if len(self.state_dir.manifest.averaging) > 1:
+                self._average_checkpoints()
+            p.finished = True
+            self._save_state()
         if reason == "interrupted":
             self._print(f"interrupted at step {p.step}; run the same command again to resume")
         else:
@@ -306,11 +347,9 @@ class Trainer:
 
     def _average_checkpoints(self) -> None:
         """Average the kept checkpoints; keep the average as model.safetensors if it validates better."""
-        from safetensors.torch import load_file
-
         p = self.progress
-        files = [self._state_dir() / f"ckpt-{s}.safetensors" for s in p.checkpoints]
-        tensors = [load_file(str(f)) for f in files]
+        files = [self.state_dir.dir / name for _, name in self.state_dir.manifest.averaging]
+        tensors = [read_weights(f)[0] for f in files]
         averaged = {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0]}
         last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(averaged, strict=False)
@@ -323,7 +362,6 @@ class Trainer:
             p.best_score, p.best_step = scores["valid_bleu"], p.step
             save_model_dir(self.out_dir, self.model, self.cfg)
         self.model.load_state_dict(last)
-        self._save_state()
 
     # ----------------------------------------------------------------------------------- helpers
 

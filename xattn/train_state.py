@@ -1,0 +1,119 @@
+"""train_state/: what resuming a run needs, written so that a checkpoint becomes visible whole or not at all.
+
+A checkpoint is a set of files named by a serial number (weights-000007.safetensors, state-000007.pt)
+plus manifest.json, written last in one atomic rename. The manifest lists the checkpoint's files with
+their SHA-256, the step, the length of log.jsonl at that moment, the weights kept for averaging, and
+the run's identity, which a resume must match. The previous checkpoint's files stay until the new
+manifest is in place; then every file the manifest does not list is removed. A process killed at any
+moment therefore leaves the last complete checkpoint, and the files of an incomplete one are removed,
+with a message, when the run starts again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from xattn.errors import XattnError
+from xattn.io import atomic_write, atomic_write_text, sha256_file
+
+MANIFEST = "manifest.json"
+FORMAT = "xattn.train_state/1"
+
+
+@dataclass
+class Manifest:
+    serial: int                         # 1, 2, ...: numbers the files of each checkpoint
+    step: int
+    weights: str                        # the last weights
+    state: str                          # optimizer, schedule, RNG states, progress
+    averaging: list[list]               # [step, weights file] kept for checkpoint averaging, oldest first
+    files: dict[str, str]               # every file of this checkpoint -> SHA-256
+    log_bytes: int                      # length of log.jsonl when the checkpoint was written
+    run: dict[str, Any]                 # the run's identity (see training.run_identity)
+    format: str = FORMAT
+
+
+class TrainStateDir:
+    """The train_state/ folder of a model directory."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.manifest: Manifest | None = None
+
+    def read(self) -> Manifest | None:
+        """The last complete checkpoint, its files verified; None if there is none."""
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            if self.dir.is_dir() and any(f.name.endswith((".pt", ".safetensors")) for f in self.dir.iterdir()):
+                raise XattnError(f"{self.dir}: has no {MANIFEST} (written by an older xattn, or damaged); "
+                                 "delete it to train from the start")
+            return None
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            manifest = Manifest(**raw)
+        except (OSError, ValueError, TypeError) as e:
+            raise XattnError(f"{path}: damaged ({e}); delete {self.dir} to train from the start") from None
+        if manifest.format != FORMAT:
+            raise XattnError(f"{path}: format {manifest.format!r}, expected {FORMAT!r}")
+        for name, digest in manifest.files.items():
+            file = self.dir / name
+            if not file.is_file() or sha256_file(file) != digest:
+                problem = "is missing" if not file.is_file() else "does not match its checksum in " + MANIFEST
+                raise XattnError(f"{file}: {problem} (the checkpoint is damaged); delete {self.dir} to train from the start")
+        self.manifest = manifest
+        return manifest
+
+    def load_state(self) -> dict[str, Any]:
+        assert self.manifest is not None
+        return torch.load(self.dir / self.manifest.state, map_location="cpu", weights_only=False)
+
+    def write(self, step: int, write_weights: Callable[[Path], None], state: dict[str, Any], log_bytes: int,
+              run: dict[str, Any], keep_for_averaging: int = 0) -> Manifest:
+        """Write a new checkpoint: its files, then the manifest, then remove what no manifest lists.
+
+        With `keep_for_averaging` = N, these weights join the N most recent ones kept for averaging.
+        """
+        previous = self.manifest
+        serial = previous.serial + 1 if previous else 1
+        weights, state_file = f"weights-{serial:06d}.safetensors", f"state-{serial:06d}.pt"
+        write_weights(self.dir / weights)
+        atomic_write(self.dir / state_file, lambda tmp: torch.save(state, tmp))
+        averaging = [list(a) for a in previous.averaging] if previous else []
+        if keep_for_averaging:
+            averaging = ([a for a in averaging if a[0] != step] + [[step, weights]])[-keep_for_averaging:]
+        known = previous.files if previous else {}
+        names = {weights, state_file, *(name for _, name in averaging)}
+        files = {name: known.get(name) or sha256_file(self.dir / name) for name in sorted(names)}
+        manifest = Manifest(serial, step, weights, state_file, averaging, files, log_bytes, run)
+        atomic_write_text(self.dir / MANIFEST, json.dumps(dataclasses.asdict(manifest), indent=1) + "\n")
+        self.manifest = manifest
+        self.remove_unlisted()
+        return manifest
+
+    def remove_unlisted(self) -> list[str]:
+        """Delete every file the manifest does not list (an incomplete checkpoint, stale temporary files)."""
+        if not self.dir.is_dir():
+            return []
+        keep = {MANIFEST, *(self.manifest.files if self.manifest else ())}
+        removed = [f for f in self.dir.iterdir() if f.is_file() and f.name not in keep]
+        for f in removed:
+            f.unlink(missing_ok=True)
+        return sorted(f.name for f in removed)
+
+
+def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
+    """Keys whose values differ between two nested dicts, as "key: saved -> now"."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        return [d for k in sorted(set(saved) | set(now), key=str)
+                for d in differences(saved.get(k), now.get(k), f"{prefix}{k}.")]
+    return [] if saved == now else [f"{prefix.rstrip('.')}: {_short(saved)} -> {_short(now)}"]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 20 else text[:12] + "..."
