@@ -16,6 +16,23 @@ def tiny_config(**overrides) -> xattn.ModelConfig:
     return xattn.ModelConfig(**(base | overrides))
 
 
+def tiny_model_dir(path: Path, **overrides) -> tuple[xattn.Transformer, object]:
+    """A model directory at `path`: a word-level joint tokenizer (needs SentencePiece) and a seeded
+    1+1-layer model; returns the model and the tokenizer pair."""
+    from xattn.checkpoint import save_model_dir
+    from xattn.tokenizer import train_tokenizers
+
+    lines = [" ".join(f"word{(i * 7 + j) % 23}" for j in range(1 + i % 5)) for i in range(200)]
+    pair = train_tokenizers(lines, lines, path, vocab_size=40, joint=True, model_type="word")
+    vocab = pair.src.vocab_size
+    cfg = tiny_config(**(dict(src_vocab_size=vocab, tgt_vocab_size=vocab, n_encoder_layers=1, n_decoder_layers=1)
+                         | overrides))
+    torch.manual_seed(0)
+    model = xattn.Transformer(cfg)
+    save_model_dir(path, model, xattn.RunConfig(model=cfg))
+    return model, pair
+
+
 @pytest.fixture
 def tiny_model():
     torch.manual_seed(0)

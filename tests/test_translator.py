@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import xattn
+from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from xattn.decoding import Hypothesis
 from xattn.translator import Translation, Translator, load, teacher_forced_attention, token_batches
@@ -161,17 +162,7 @@ def test_translation_is_a_plain_dataclass():
 
 def test_load_model_directory(tmp_path):
     pytest.importorskip("sentencepiece")
-    tokenizer = pytest.importorskip("xattn.tokenizer")
-    from xattn.checkpoint import save_model_dir
-
-    lines = [" ".join(f"word{(i * 7 + j) % 23}" for j in range(1 + i % 5)) for i in range(200)]
-    pair = tokenizer.train_tokenizers(lines, lines, tmp_path, vocab_size=40, joint=True, model_type="word")
-    vocab = pair.src.vocab_size
-    model_cfg = xattn.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1,
-                                  n_decoder_layers=1, d_ff=32, dropout=0.0)
-    torch.manual_seed(0)
-    model = xattn.Transformer(model_cfg)
-    save_model_dir(tmp_path, model, xattn.RunConfig(model=model_cfg))
+    model, pair = tiny_model_dir(tmp_path)
     translator = load(tmp_path, device="cpu")
     assert isinstance(translator, Translator) and translator.device == torch.device("cpu")
     cfg = xattn.DecodeConfig(beam_size=2)
@@ -227,46 +218,3 @@ def test_prefixes_are_continued(translator):
             assert r.text == f.text
     with pytest.raises(xattn.XattnError, match="prefixes"):
         translator.translate(TEXTS, prefixes=["w7"])
-
-
-def test_packed_linear_layers_give_the_same_translations(translator):
-    from xattn.translator import pack_linear_layers
-
-    tok = WordTokenizer()
-    packed_model = eos_model()
-    pack_linear_layers(packed_model)
-    assert not any(type(m) is torch.nn.Linear for m in packed_model.modules())
-    packed = Translator(packed_model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
-    for cfg in (xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3)):
-        assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))
-    x = torch.randn(2, 3, 16)
-    with torch.no_grad():
-        reference = translator.model.decoder.layers[0].ffn(x)
-        torch.testing.assert_close(packed_model.decoder.layers[0].ffn(x), reference, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
-def test_packed_feed_forward_fuses_its_activation(activation):
-    from xattn.layers import FeedForward
-    from xattn.translator import PackedLinear, pack_linear_layers
-
-    torch.manual_seed(0)
-    ffn = FeedForward(16, 64, activation).eval()
-    x = torch.randn(2, 5, 16)
-    with torch.no_grad():
-        reference = ffn(x)
-        pack_linear_layers(ffn)
-        assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
-        torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
-
-
-def test_compiled_decoder_step_gives_the_same_translations(translator):
-    """`compile=True` (xattn translate --compile) keeps plain linear layers for the compiler to lower."""
-    from xattn.translator import PackedLinear, accelerate
-
-    tok = WordTokenizer()
-    model = accelerate(eos_model(), torch.device("cpu"), None, compile=True)
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    compiled = Translator(model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
-    cfg = xattn.DecodeConfig(beam_size=1)
-    assert texts_and_scores(compiled.translate(TEXTS, cfg)) == texts_and_scores(translator.translate(TEXTS, cfg))

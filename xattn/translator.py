@@ -4,21 +4,19 @@ Shapes: B sentences in a batch, R hypotheses, S source length, T target position
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
 from xattn.devices import resolve_device
-from xattn.layers import FeedForward
+from xattn.inference import InferenceModel, Speedups
 from xattn.model import Transformer
 
 if TYPE_CHECKING:
@@ -81,14 +79,19 @@ def teacher_forced_attention(model: Transformer, src: Tensor, hyps: Sequence[Hyp
 
 
 class Translator:
-    """A model and its tokenizers on one device; `translate` turns sentences into Translations."""
+    """A model and its tokenizers on one device; `translate` turns sentences into Translations.
+
+    `model` stays the plain Transformer. With `speedups` (xattn.inference), decoding runs on a copy
+    rewritten for speed, made again whenever `model`'s weights change; without, on `model` itself.
+    """
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair, device: str | torch.device | None = None,
-                 config: RunConfig | None = None):
+                 config: RunConfig | None = None, speedups: Speedups | None = None):
         self.device = torch.device(device) if device is not None else resolve_device("auto")
         self.model = model.to(self.device).eval()
         self.tokenizers = tokenizers
         self.config = config
+        self.inference = InferenceModel(self.model, speedups, self.device)
 
     @property
     def decode_config(self) -> DecodeConfig:
@@ -100,13 +103,15 @@ class Translator:
                  compile: bool = False) -> Translator:
         """Load a model directory (config.yaml, model.safetensors, tokenizer files).
 
-        `quantize="int8"`: dynamic int8 linear layers (CPU only). `compile`: torch.compile the decoder step.
+        Decoding runs on a copy with packed float32 linear layers (CPU); `quantize="int8"`: dynamic int8
+        linear layers instead (CPU only); `compile`: torch.compile the decoder step. `model` stays plain.
         """
         from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
 
+        speedups = Speedups(quantize=quantize, compile=compile)
         device = torch.device(device) if device is not None else resolve_device("auto")
         loaded = load_model_dir(path, device)
-        return cls(accelerate(loaded.model, device, quantize, compile), loaded.tokenizers, device, loaded.config)
+        return cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
 
     def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
@@ -128,26 +133,27 @@ class Translator:
         ids = [self.tokenizers.src.encode(text) + [eos] for text in texts]
         forced = [self.tokenizers.tgt.encode(p) for p in prefixes] if prefixes is not None else None
         options = Options(return_attention, attention_from, return_self_attention)
+        model = self.inference.current()
         results: list[Translation | None] = [None] * len(texts)
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
-            translations = self._translate_batch([ids[i] for i in batch], cfg, options, batch_prefix)
+            translations = self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix)
             for i, translation in zip(batch, translations):
                 results[i] = translation
         return results  # type: ignore[return-value]
 
-    def _translate_batch(self, ids: list[list[int]], cfg: DecodeConfig, options: Options,
+    def _translate_batch(self, model: Transformer, ids: list[list[int]], cfg: DecodeConfig, options: Options,
                          prefix: list[list[int]] | None) -> list[Translation]:
         pad = self.model.cfg.pad_id
         src = pad_batch(ids, pad, self.device)  # (B, S)
         forced = pad_batch([p or [pad] for p in prefix], pad, self.device) if prefix is not None else None  # (B, P)
         in_search = options.cross and options.source == "search"
-        nbest = search(self.model, src, cfg, forced, need_attention=in_search)
+        nbest = search(model, src, cfg, forced, need_attention=in_search)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
         if (options.cross and not in_search) or options.self_:
-            tf_cross, tf_self = teacher_forced_attention(self.model, src, flat, rows)
+            tf_cross, tf_self = teacher_forced_attention(model, src, flat, rows)
             cross = tf_cross if options.cross and not in_search else cross
             selfw = tf_self if options.self_ else selfw
         if in_search:
@@ -174,75 +180,6 @@ class Options:
     cross: bool          # return cross-attention
     source: str          # "search" or "rescore"
     self_: bool          # return decoder self-attention
-
-
-def accelerate(model: Transformer, device: torch.device, quantize: str | None, compile: bool) -> Transformer:
-    """Inference speed-ups for a model loaded from a directory.
-
-    On CPU, float32 linear layers run through oneDNN with weights packed once (`PackedLinear`).
-    `quantize="int8"`: dynamic int8 linear layers instead (CPU). `compile`: torch.compile the decoder
-    step, with plain linear layers, which the compiler lowers itself (it cannot lower PackedLinear).
-    """
-    if quantize not in (None, "int8"):
-        raise XattnError(f"quantize must be int8, got {quantize!r}")
-    if quantize == "int8":
-        if device.type != "cpu":
-            raise XattnError("int8 quantization runs on CPU only; use --device cpu")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    elif device.type == "cpu" and not compile:
-        pack_linear_layers(model)
-    if compile:
-        model.decode = torch.compile(model.decode, dynamic=True)
-    return model
-
-
-class PackedLinear(torch.nn.Module):
-    """An inference-only float32 linear layer whose weight oneDNN packed once for this CPU, optionally
-    with the activation that follows it fused in (`activation`: "relu", "gelu" or "swish")."""
-
-    def __init__(self, linear: torch.nn.Linear, activation: str = "none"):
-        super().__init__()
-        self.out_features = linear.out_features
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.bias = linear.bias.detach() if linear.bias is not None else None
-        self.activation = activation
-        self.algorithm = "none" if activation == "gelu" else ""  # gelu: the exact (erf) form, as F.gelu
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.weight, self.bias,
-                                               self.activation, [], self.algorithm)
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu", F.silu: "swish"}
-
-
-def pack_linear_layers(model: torch.nn.Module) -> None:
-    """Replace every float32 nn.Linear by a PackedLinear (inference on CPU only), fusing each FFN's
-    activation into its first layer.
-
-    The default GEMM is about 2-2.6x slower than oneDNN's packed one on this project's AMD CPU for
-    the decoder's shapes, and the separate activation pass over the (rows, d_ff) hidden layer took
-    10% of greedy decoding (benchmarks/README.md); results agree to float32 rounding. Does nothing
-    where PyTorch was built without oneDNN.
-    """
-    if not torch.backends.mkldnn.is_available():
-        return
-    for ffn in model.modules():
-        if isinstance(ffn, FeedForward) and type(ffn.fc1) is torch.nn.Linear and ffn.activation in FUSED_ACTIVATIONS \
-                and ffn.fc1.weight.dtype == torch.float32:
-            ffn.fc1 = PackedLinear(ffn.fc1, FUSED_ACTIVATIONS[ffn.activation])
-            ffn.activation = identity
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, name, PackedLinear(child))
-
-
-def identity(x: Tensor) -> Tensor:
-    return x
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:

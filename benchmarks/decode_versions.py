@@ -1,0 +1,131 @@
+"""Decoding speed of the working tree against an earlier revision, on the same model and sentences.
+
+Two versions of the xattn package cannot live in one process, so the revision is checked out into a
+temporary git worktree (removed at the end) and every timing runs in a fresh worker process whose
+PYTHONPATH is one version's source root. A worker loads `Translator.from_dir(model, device="cpu")`
+(with `quantize="int8"` for the int8 modes), translates the first 50 sentences untimed, then times
+the translation of all of them and prints the seconds and a hash of the output texts. Within each of
+`--repeats` repetitions the two versions take turns on every mode, the first turn alternating
+between repetitions, so that slow spells of the machine hit both alike; figures are the medians.
+
+Sentences: the first `--sentences` of Multi30k test_2016_flickr (de), the same file for both versions.
+Threads: whatever the environment gives (OMP_NUM_THREADS), the same for both.
+
+usage: python benchmarks/decode_versions.py [--model runs/bench/multi30k-de-en] [--against 3cdbd37]
+                                            [--repeats 5] [--sentences 1000] [--modes greedy beam5 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, data_dir, write_result
+
+MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8")}
+"""mode -> (beam size, quantize)."""
+
+
+def worker(model: str, texts_file: str, mode: str) -> None:
+    """Time one translation of the sentences in `texts_file` with the xattn found on sys.path; print JSON."""
+    import torch
+    import xattn
+    from xattn.config import DecodeConfig
+    from xattn.translator import Translator
+
+    beam, quantize = MODES[mode]
+    texts = Path(texts_file).read_text(encoding="utf-8").splitlines()
+    translator = Translator.from_dir(model, device="cpu", quantize=quantize)
+    cfg = DecodeConfig(beam_size=beam, n_best=1)
+    translator.translate(texts[:50], cfg)
+    start = time.perf_counter()
+    out = [t.text for t in translator.translate(texts, cfg)]
+    seconds = time.perf_counter() - start
+    digest = hashlib.sha256("\n".join(out).encode("utf-8")).hexdigest()[:16]
+    print(json.dumps({"seconds": seconds, "hash": digest, "sentences": len(texts),
+                      "threads": torch.get_num_threads(), "xattn": xattn.__file__}))
+
+
+def run_worker(source_root: Path, model: str, texts_file: Path, mode: str) -> dict:
+    """One timed turn in a fresh process that imports xattn from `source_root` only."""
+    env = dict(os.environ, PYTHONPATH=str(source_root))
+    cmd = [sys.executable, __file__, "--worker", "--model", model, "--texts", str(texts_file), "--modes", mode]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"worker for {source_root} ({mode}) failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(result["xattn"]).resolve().is_relative_to(source_root.resolve()):
+        raise RuntimeError(f"worker imported {result['xattn']}, not the xattn of {source_root}")
+    return result
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def summary(turns: list[dict]) -> dict:
+    seconds = statistics.median(t["seconds"] for t in turns)
+    return {"median_s": round(seconds, 3), "sentences_per_s": round(turns[0]["sentences"] / seconds, 1),
+            "times_s": [round(t["seconds"], 3) for t in turns]}
+
+
+def compare(versions: dict[str, Path], args, texts_file: Path) -> dict:
+    """Interleaved turns of every version on every mode; medians, new/old speed ratio, identical outputs."""
+    turns = {(name, mode): [] for name in versions for mode in args.modes}
+    for repeat in range(args.repeats):
+        order = list(versions) if repeat % 2 == 0 else list(reversed(versions))
+        for mode in args.modes:
+            for name in order:
+                turns[(name, mode)].append(run_worker(versions[name], args.model, texts_file, mode))
+                print(f"repeat {repeat + 1} {mode} {name}: {turns[(name, mode)][-1]['seconds']:.2f} s", flush=True)
+    figures = {}
+    for mode in args.modes:
+        old, new = summary(turns[("old", mode)]), summary(turns[("new", mode)])
+        hashes = {t["hash"] for name in versions for t in turns[(name, mode)]}
+        figures[mode] = {"old": old, "new": new, "identical_outputs": len(hashes) == 1,
+                         "speed_new_over_old": round(new["sentences_per_s"] / old["sentences_per_s"], 3)}
+        print(mode, json.dumps(figures[mode]), flush=True)
+    figures["threads"] = turns[("new", args.modes[0])][0]["threads"]
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="runs/bench/multi30k-de-en")
+    parser.add_argument("--against", default="3cdbd37", help="the git revision to compare with")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--texts", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.model, args.texts, args.modes[0])
+    from xattn.datasets import multi30k
+
+    args.model = str(Path(args.model).resolve())
+    texts = [s for s, _ in multi30k("de", "en", "test_2016_flickr", data_dir())][: args.sentences]
+    against = git("rev-parse", "--short", args.against)
+    with tempfile.TemporaryDirectory() as tmp:
+        old_root = Path(tmp, f"xattn-{against}")
+        git("worktree", "add", "--detach", str(old_root), against)
+        try:
+            texts_file = Path(tmp, "texts.txt")
+            texts_file.write_text("\n".join(texts) + "\n", encoding="utf-8")
+            figures = compare({"old": old_root, "new": ROOT}, args, texts_file)
+        finally:
+            git("worktree", "remove", "--force", str(old_root))
+    figures["settings"] = {"against": against, "new": "working tree", "sentences": len(texts),
+                           "repeats": args.repeats, "model": args.model, "modes": args.modes}
+    print("->", write_result("decode_speed_versions", figures))
+
+
+if __name__ == "__main__":
+    main()

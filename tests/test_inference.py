@@ -1,0 +1,187 @@
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import xattn
+from tests.conftest import tiny_model_dir
+from tests.test_decoding import eos_model
+from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
+from xattn.inference import PackedLinear, Speedups, pack_linear_layers
+from xattn.layers import FeedForward
+from xattn.translator import Translator
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+GREEDY_AND_BEAM = [xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3, n_best=2)]
+
+_sub = lambda prefix, mods: [f"{prefix}.{m}.{p}" for m in mods for p in ("weight", "bias")]  # noqa: E731
+_ATTN = ["q_proj", "k_proj", "v_proj", "out_proj"]
+PINNED = (["src_embed.weight", "tgt_embed.weight"]
+          + _sub("encoder.layers.0.self_attn", _ATTN) + _sub("encoder.layers.0", ["self_attn_norm", "ffn.fc1", "ffn.fc2", "ffn_norm"])
+          + _sub("decoder.layers.0.self_attn", _ATTN) + _sub("decoder.layers.0", ["self_attn_norm"])
+          + _sub("decoder.layers.0.cross_attn", _ATTN) + _sub("decoder.layers.0", ["cross_attn_norm", "ffn.fc1", "ffn.fc2", "ffn_norm"])
+          + ["generator.weight", "generator.bias"])
+"""The state_dict names of a 1+1-layer model, in order (46)."""
+ALIASES = {"tgt_embed.weight": "src_embed.weight", "generator.weight": "src_embed.weight"}
+"""Names that shared embeddings and a tied output share with the first; the file stores the first."""
+
+
+def word_translator(model: xattn.Transformer, speedups: Speedups | None = Speedups()) -> Translator:
+    tok = WordTokenizer()
+    return Translator(model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu", speedups=speedups)
+
+
+def linear_types(model: torch.nn.Module) -> set[type]:
+    return {type(m) for m in model.modules() if type(m).__name__.endswith("Linear")}
+
+
+@pytest.fixture
+def tied_dir(tmp_path):
+    pytest.importorskip("sentencepiece")
+    tiny_model_dir(tmp_path, share_embeddings=True, tie_output=True)
+    return tmp_path
+
+
+@needs_onednn
+def test_loaded_model_is_the_plain_model_with_public_names(tied_dir):
+    tr = xattn.load(tied_dir, device="cpu")
+    model, fresh = tr.model, xattn.Transformer(tr.model.cfg)
+    assert type(model) is xattn.Transformer and linear_types(model) == {torch.nn.Linear}
+    assert linear_types(tr.inference.current()) == {PackedLinear}
+    assert list(model.state_dict()) == list(fresh.state_dict()) == PINNED
+    assert model.parameter_groups() == fresh.parameter_groups()
+    saved = load_file(str(tied_dir / "model.safetensors"))
+    assert set(saved) == set(PINNED) - set(ALIASES)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, saved[ALIASES.get(name, name)]), name
+    assert model.generator.weight is model.tgt_embed.weight is model.src_embed.weight
+    assert all(p.requires_grad for p in model.parameters())
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    model.train()(src, tgt).logits.log_softmax(-1).mean().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()] == []
+
+
+def test_loaded_model_saves_the_same_files(tied_dir, tmp_path_factory):
+    from xattn.checkpoint import save_model_dir
+
+    tr = xattn.load(tied_dir, device="cpu")
+    tr.translate(["word3 word5"])
+    again = tmp_path_factory.mktemp("again")
+    save_model_dir(again, tr.model, tr.config)
+    for name in ("model.safetensors", "config.yaml"):
+        assert (again / name).read_bytes() == (tied_dir / name).read_bytes(), name
+
+
+def test_int8_decodes_on_a_quantized_copy(tied_dir):
+    tr = xattn.Translator.from_dir(tied_dir, device="cpu", quantize="int8")
+    assert linear_types(tr.model) == {torch.nn.Linear} and list(tr.model.state_dict()) == PINNED
+    assert linear_types(tr.inference.current()) == {torch.ao.nn.quantized.dynamic.Linear}
+    texts = ["word3 word5", "word7", "word1 word2 word9"]
+    assert [r.src_tokens[-1] for r in tr.translate(texts, xattn.DecodeConfig(beam_size=2))] == ["</s>"] * 3
+
+
+def test_speedup_errors():
+    with pytest.raises(xattn.XattnError, match="quantize must be int8, got 'int4'"):
+        Speedups(quantize="int4")
+    with pytest.raises(xattn.XattnError, match="int8 quantization runs on CPU only"):
+        Speedups(quantize="int8").need_copy(torch.device("cuda"))
+
+
+@needs_onednn
+@pytest.mark.parametrize("cfg", GREEDY_AND_BEAM, ids=["greedy", "beam"])
+def test_packed_copy_gives_the_same_translations(cfg):
+    packed, plain = word_translator(eos_model()), word_translator(eos_model(), speedups=None)
+    assert linear_types(packed.inference.current()) == {PackedLinear} and linear_types(packed.model) == {torch.nn.Linear}
+    assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(plain.translate(TEXTS, cfg))
+    attention = dict(return_attention=True, attention_from="rescore")
+    a, b = packed.translate(TEXTS, cfg, **attention), plain.translate(TEXTS, cfg, **attention)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.cross_attention, y.cross_attention, atol=1e-5)
+
+
+def test_in_memory_translator_decodes_on_the_model_itself():
+    model = eos_model()
+    tr = word_translator(model, speedups=None)
+    assert tr.model is model and tr.inference.current() is model
+
+
+@needs_onednn
+def test_pack_linear_layers_replaces_every_linear_layer():
+    model = eos_model()
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        reference = model.decoder.layers[0].ffn(x)
+        pack_linear_layers(model)
+        assert linear_types(model) == {PackedLinear}
+        torch.testing.assert_close(model.decoder.layers[0].ffn(x), reference, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_packed_feed_forward_fuses_its_activation(activation):
+    torch.manual_seed(0)
+    ffn = FeedForward(16, 64, activation).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        reference = ffn(x)
+        pack_linear_layers(ffn)
+        assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
+        torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_decoder_step_gives_the_same_translations():
+    """`compile=True` (xattn translate --compile) keeps plain linear layers for the compiler to lower."""
+    compiled, plain = word_translator(eos_model(), Speedups(compile=True)), word_translator(eos_model(), None)
+    assert linear_types(compiled.inference.current()) == {torch.nn.Linear}
+    cfg = xattn.DecodeConfig(beam_size=1)
+    assert texts_and_scores(compiled.translate(TEXTS, cfg)) == texts_and_scores(plain.translate(TEXTS, cfg))
+
+
+# ------------------------------------------------------------------------------------------- staleness
+
+def _halve_in_place(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+
+
+def _load_other_weights(model):
+    model.load_state_dict(eos_model(seed=1).state_dict())
+
+
+def _assign_new_parameter(model):
+    model.generator.weight = torch.nn.Parameter(eos_model(seed=1).generator.weight.detach().clone())
+
+
+def _assign_new_data(model):
+    model.decoder.layers[0].ffn.fc2.weight.data = torch.randn_like(model.decoder.layers[0].ffn.fc2.weight)
+
+
+def _optimizer_step(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])).logits[..., 2].sum().backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("change", [_halve_in_place, _load_other_weights, _assign_new_parameter, _assign_new_data,
+                                    _optimizer_step], ids=lambda f: f.__name__.strip("_"))
+def test_decoding_follows_changed_weights(change):
+    tr = word_translator(eos_model())
+    cfg = xattn.DecodeConfig(beam_size=2)
+    before = texts_and_scores(tr.translate(TEXTS, cfg))
+    torch.manual_seed(1)
+    change(tr.model)
+    after = texts_and_scores(tr.translate(TEXTS, cfg))
+    assert after == texts_and_scores(word_translator(copy.deepcopy(tr.model)).translate(TEXTS, cfg))
+    assert after != before
+
+
+def test_unchanged_weights_keep_the_decoding_copy():
+    tr = word_translator(eos_model())
+    fast = tr.inference.current()
+    tr.translate(TEXTS, xattn.DecodeConfig(beam_size=2), return_attention=True)
+    tr.model.train().eval()
+    assert tr.inference.current() is fast

@@ -1,0 +1,141 @@
+"""Inference-only speed-ups, applied to a copy of the model that only decoding sees.
+
+`Translator.model` stays the plain `Transformer` (public parameter names, full state_dict, trainable);
+`InferenceModel` hands decoding a copy of it with packed float32 linear layers (CPU), dynamic int8
+linear layers, or a torch.compile'd decoder step, and makes that copy again whenever the plain
+model's weights have changed since.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xattn.errors import XattnError
+from xattn.layers import FeedForward
+from xattn.model import Transformer
+
+
+@dataclass(frozen=True)
+class Speedups:
+    """What the decoding copy gets. `pack`: float32 linear layers packed by oneDNN (CPU, not with
+    `compile`); `quantize="int8"`: dynamic int8 linear layers (CPU); `compile`: torch.compile the
+    decoder step, with plain linear layers, which the compiler lowers itself (it cannot lower PackedLinear)."""
+
+    pack: bool = True
+    quantize: str | None = None
+    compile: bool = False
+
+    def __post_init__(self):
+        if self.quantize not in (None, "int8"):
+            raise XattnError(f"quantize must be int8, got {self.quantize!r}")
+
+    def need_copy(self, device: torch.device) -> bool:
+        """Whether decoding on `device` needs a rewritten copy at all (int8 off the CPU is an error)."""
+        if self.quantize == "int8" and device.type != "cpu":
+            raise XattnError("int8 quantization runs on CPU only; use --device cpu")
+        packs = self.pack and device.type == "cpu" and torch.backends.mkldnn.is_available()
+        return self.quantize is not None or self.compile or packs
+
+
+def prepare(model: Transformer, speedups: Speedups) -> Transformer:
+    """An eval-mode copy of `model` rewritten for decoding; it shares every parameter it does not rewrite."""
+    fast = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
+    if speedups.quantize == "int8":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.ao.quantization.quantize_dynamic(fast, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    elif speedups.pack and not speedups.compile:
+        pack_linear_layers(fast)
+    if speedups.compile:
+        fast.decode = torch.compile(fast.decode, dynamic=True)
+    return fast
+
+
+Stamp = list[tuple[Tensor, int, int]]
+"""(tensor, version counter, data pointer) of each parameter and persistent buffer."""
+
+
+def weight_stamp(model: torch.nn.Module) -> Stamp:
+    """What changes when the weights do: in-place writes (optimizer steps, load_state_dict, no_grad
+    edits) bump the version counter, `.data =` and `.to()` move the data, a new Parameter is another tensor.
+    Writes through `p.data` in place are the exception: autograd does not see them either."""
+    return [(t, -1 if t.is_inference() else t._version, t.data_ptr())
+            for t in model.state_dict(keep_vars=True).values()]
+
+
+def same_stamp(a: Stamp, b: Stamp) -> bool:
+    return len(a) == len(b) and all(x is y and vx == vy and px == py for (x, vx, px), (y, vy, py) in zip(a, b))
+
+
+class InferenceModel:
+    """What decoding runs on: `source` itself, or (with speedups that apply on `device`) a rewritten
+    copy of it, made again before use whenever `source`'s weights have changed since it was made."""
+
+    def __init__(self, source: Transformer, speedups: Speedups | None, device: torch.device):
+        self.source, self.speedups = source, speedups
+        self.rewrites = speedups is not None and speedups.need_copy(device)
+        self._copy: Transformer | None = None
+        self._stamp: Stamp = []
+        if self.rewrites:
+            self.current()
+
+    def current(self) -> Transformer:
+        """The model to decode with now."""
+        if not self.rewrites:
+            return self.source
+        stamp = weight_stamp(self.source)
+        if self._copy is None or not same_stamp(stamp, self._stamp):
+            self._copy, self._stamp = prepare(self.source, self.speedups), stamp
+        return self._copy
+
+
+class PackedLinear(torch.nn.Module):
+    """An inference-only float32 linear layer whose weight oneDNN packed once for this CPU, optionally
+    with the activation that follows it fused in (`activation`: "relu", "gelu" or "swish")."""
+
+    def __init__(self, linear: torch.nn.Linear, activation: str = "none"):
+        super().__init__()
+        self.out_features = linear.out_features
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+        self.activation = activation
+        self.algorithm = "none" if activation == "gelu" else ""  # gelu: the exact (erf) form, as F.gelu
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.weight, self.bias,
+                                               self.activation, [], self.algorithm)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu", F.silu: "swish"}
+
+
+def pack_linear_layers(model: torch.nn.Module) -> None:
+    """Replace every float32 nn.Linear by a PackedLinear (inference on CPU only), fusing each FFN's
+    activation into its first layer. Rewrites `model` in place: use it on a copy (`prepare`).
+
+    The default GEMM is about 2-2.6x slower than oneDNN's packed one on this project's AMD CPU for
+    the decoder's shapes, and the separate activation pass over the (rows, d_ff) hidden layer took
+    10% of greedy decoding (benchmarks/README.md); results agree to float32 rounding. Does nothing
+    where PyTorch was built without oneDNN.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return
+    for ffn in model.modules():
+        if isinstance(ffn, FeedForward) and type(ffn.fc1) is torch.nn.Linear and ffn.activation in FUSED_ACTIVATIONS \
+                and ffn.fc1.weight.dtype == torch.float32:
+            ffn.fc1 = PackedLinear(ffn.fc1, FUSED_ACTIVATIONS[ffn.activation])
+            ffn.activation = identity
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
+                setattr(module, name, PackedLinear(child))
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
