@@ -125,6 +125,8 @@ class Translator:
         tracked along the search (`attention_from="search"`) or recomputed by one teacher-forced
         pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree.
         """
+        if isinstance(texts, str):
+            raise XattnError("translate() takes a list of sentences, got one string; pass [text]")
         if attention_from not in ("search", "rescore"):
             raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
         if prefixes is not None and len(prefixes) != len(texts):
