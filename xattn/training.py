@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from xattn import distributed as dist
 from xattn.checkpoint import load_weights, save_model_dir, save_weights
@@ -30,6 +29,7 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import atomic_write, atomic_write_text
 from xattn.model import Transformer
+from xattn.progress import StepStatus, echo, open_display
 
 STATE_DIR = "train_state"
 LOG = "log.jsonl"
@@ -202,17 +202,15 @@ class Trainer:
     def fit(self) -> Progress:
         """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt."""
         tc, p = self.cfg.train, self.progress
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        bar = tqdm(total=tc.max_steps, initial=p.step, disable=self.quiet or self.ctx.rank != 0,
-                   dynamic_ncols=True, desc="train")
         window = _Window()
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
         if stop_reason is not None:
             self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
-            bar.close()
             p.stop_reason = stop_reason
             return p
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
             while stop_reason is None:
                 batches = self.ctx.shard(self.sampler.batches(p.epoch))
@@ -223,10 +221,10 @@ class Trainer:
                     p.target_tokens += n_tokens * self.ctx.world
                     p.seconds = time.time() - start
                     window.add(nll, n_tokens * self.ctx.world)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{window.loss:.3f}", tok_s=f"{window.rate:.0f}")
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    display.update(StepStatus(p.step, p.epoch, window.loss, lr, window.rate, p.seconds))
                     if p.step % tc.log_every == 0:
-                        self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": self.optimizer.param_groups[0]["lr"],
+                        self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": lr,
                                    "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)})
                     stop_reason = self._after_step()
                 if p.batch >= len(batches):
@@ -235,7 +233,7 @@ class Trainer:
                         stop_reason = "max_epochs"
                         self._checkpoint(evaluate=True)
         finally:
-            bar.close()
+            display.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         p.stop_reason = stop_reason
@@ -341,11 +339,11 @@ class Trainer:
 
     def _print(self, message: str) -> None:
         if self.ctx.rank == 0 and not self.quiet:
-            tqdm.write(message)
+            echo(message)
 
 
 class _Window:
-    """Running loss and tokens/s over the last few steps, for the progress bar."""
+    """Running loss and tokens/s over the last few steps, for the progress display."""
 
     def __init__(self, size: int = 50):
         self.items: list[tuple[float, int, float]] = []
