@@ -140,10 +140,9 @@ class BarDisplay:
 def open_display(tc: TrainConfig, step: int, seconds: float, enabled: bool = True,
                  stream: TextIO | None = None) -> Display:
     """The display for a run resuming at (`step`, `seconds`): a bar if `stream` (default stderr) is a terminal."""
-    stream = stream or sys.stderr
-    budget = Budget.of(tc)
     if not enabled:
         return NoDisplay()
+    stream, budget = stream or sys.stderr, Budget.of(tc)
     if stream.isatty():
         return BarDisplay(budget, step, seconds, stream)
     return LineDisplay(budget, tc.log_every, stream)
