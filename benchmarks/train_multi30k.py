@@ -11,9 +11,9 @@ import argparse
 import time
 from pathlib import Path
 
-from common import ROOT, data_dir, write_result
+from common import data_dir, write_result
 
-from xattn.config import DecodeConfig, load_config
+from xattn.config import DecodeConfig, load_config, resolve_config
 from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
 from xattn.devices import resolve_device
@@ -22,7 +22,7 @@ from xattn.translator import Translator
 
 
 def run_pair(pair: str, minutes: float, out_root: Path, overrides: list[str]) -> dict:
-    cfg = load_config(ROOT / "configs" / f"multi30k-{pair}.yaml",
+    cfg = load_config(resolve_config(f"multi30k-{pair}"),
                       [f"data.data_dir={data_dir()}", f"train.max_minutes={minutes}", *overrides])
     out = out_root / f"multi30k-{pair}"
     progress = train(cfg, out)

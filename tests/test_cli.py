@@ -77,9 +77,10 @@ def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["translate", "/nonexistent/model"], "not a model directory"),
     (["train", "/nonexistent.yaml"], "config file not found"),
-    (["train", "configs/numbers-de-en.yaml", "train.max_step=3"], "did you mean 'max_steps'"),
-    (["train", "configs/numbers-de-en.yaml", "model.d_model=100", "model.n_heads=3"], "divisible"),
-    (["train", "configs/numbers-de-en.yaml", "lr=3"], "expected section.key=value"),
+    (["train", "numbers-de-en", "train.max_step=3"], "did you mean 'max_steps'"),
+    (["train", "numbers-de-en", "model.d_model=100", "model.n_heads=3"], "divisible"),
+    (["train", "numbers-de-en", "lr=3"], "expected section.key=value"),
+    (["train", "numbers-de-em"], "presets: multi30k-de-en, multi30k-en-de, numbers-de-en"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
@@ -90,7 +91,7 @@ def test_user_mistakes_are_one_line_and_exit_2(args, message, capsys):
 def test_bad_corpus_file_names_file_and_line(tmp_path, capsys):
     (tmp_path / "a.de").write_text("eins\nzwei\n")
     (tmp_path / "a.en").write_text("one\n")
-    args = ["train", "configs/numbers-de-en.yaml", "data.dataset=null", f"data.train_src={tmp_path}/a.de",
+    args = ["train", "numbers-de-en", "data.dataset=null", f"data.train_src={tmp_path}/a.de",
             f"data.train_tgt={tmp_path}/a.en", "--out", str(tmp_path / "m")]
     assert main(args) == 2
     assert "a.de has 2 lines" in capsys.readouterr().err

@@ -9,92 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import yaml
 
+from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, device_name, hints, one_of, validate, \
+    within
 from xattn.errors import XattnError
-
-
-class ConfigError(XattnError):
-    """A config value of the wrong type or out of range; `key` is "section.name"."""
-
-    def __init__(self, key: str, problem: str):
-        super().__init__(f"{key}: {problem}")
-        self.key, self.problem = key, problem
-
-
-Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
-
-
-def within(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Check:
-    """A finite number in the interval from `lo` to `hi` (open or closed at each end; None: unbounded)."""
-    if hi is None:
-        want = f"{'>' if lo_open else '>='} {lo:g}"
-    else:
-        want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-
-    def check(value: float) -> str | None:
-        ok = math.isfinite(value) and (lo is None or (value > lo if lo_open else value >= lo)) \
-            and (hi is None or (value < hi if hi_open else value <= hi))
-        return None if ok else f"must be {want}, got {value!r}"
-    return check
-
-
-def one_of(*choices: str) -> Check:
-    return lambda value: None if value in choices else f"{value!r} is not one of {', '.join(choices)}"
-
-
-def device_name(value: str) -> str | None:
-    if re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
-        return None
-    return f"{value!r} is not a device: use auto, cpu, cuda, cuda:N or mps"
-
-
-POSITIVE, NON_NEGATIVE, FRACTION = within(1), within(0), within(0, 1, hi_open=True)
-
-
-def validate(config: Any, section: str) -> None:
-    """Check each field's type and its entry in the class's CHECKS table; raise ConfigError on the first miss."""
-    for name, hint in _hints(type(config)).items():
-        key, value = f"{section}.{name}", getattr(config, name)
-        problem = _type_problem(value, hint)
-        if problem is None and value is not None and name in config.CHECKS:
-            values = value if isinstance(value, tuple) else (value,)
-            problem = next((p for p in map(config.CHECKS[name], values) if p), None)
-        if problem:
-            raise ConfigError(key, problem)
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _type_problem(value: Any, hint: Any) -> str | None:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(hint):
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        origin = typing.get_origin(hint)
-    if origin is tuple:
-        args = typing.get_args(hint)
-        if not isinstance(value, tuple) or len(value) != len(args):
-            return f"expected {len(args)} values, got {value!r}"
-        return next((p for v, a in zip(value, args) if (p := _type_problem(v, a))), None)
-    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}[hint]
-    if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
-        return f"expected {hint.__name__}, got {value!r}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -316,12 +241,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> Any:
     """Build dataclass `cls` from `values`, on top of `base` (an instance) if given."""
-    hints = _hints(cls)
+    fields = hints(cls)
     kwargs = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
-        if key not in hints:
-            raise XattnError(f"unknown config key {section}.{key}{_nearest(str(key), list(hints))}")
-        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+        if key not in fields:
+            raise XattnError(f"unknown config key {section}.{key}{_nearest(str(key), list(fields))}")
+        kwargs[key] = _coerce(value, fields[key], f"{section}.{key}")
     return cls(**kwargs)
 
 
@@ -358,6 +283,26 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}: line {mark.line + 1}" if mark else str(path)
         raise XattnError(f"{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def presets() -> list[str]:
+    """Names of the run configs shipped inside the package (xattn/configs/NAME.yaml)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def resolve_config(arg: str | Path) -> Path:
+    """A run config: `arg` itself if it is a file, else the packaged preset it names (`numbers-de-en[.yaml]`)."""
+    path = Path(arg)
+    if path.is_file():
+        return path
+    preset = PRESET_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
+    if len(path.parts) == 1 and preset.is_file():
+        return preset
+    raise XattnError(f"{arg}: config file not found, and no preset of that name "
+                     f"(presets: {', '.join(presets())})")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

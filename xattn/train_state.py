@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.io import atomic_write, atomic_write_text, sha256_file
 
@@ -117,3 +118,14 @@ def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 20 else text[:12] + "..."
+
+
+def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], processes: int) -> dict:
+    """What a resumed run must share with the run whose checkpoint it continues: the model, the data
+    (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
+    tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
+    identity = {"model": dataclasses.asdict(cfg.model), "data": data | {"text_sha256": text_sha256},
+                "tokenizers": tokenizers,
+                "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
+    return json.loads(json.dumps(identity))  # as the manifest stores it

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from xattn import distributed as dist
 from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
-from xattn.config import DataConfig, DecodeConfig, RunConfig, TrainConfig, save_config
+from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
 from xattn.corpus import Corpus, prepare_corpus
 from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
@@ -30,21 +29,11 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import is_temporary
 from xattn.model import Transformer
-from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences
+from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences, run_identity
+from xattn.progress import RunningRate, StepStatus, echo, open_display
 
 STATE_DIR = "train_state"
 LOG = "log.jsonl"
-
-
-def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], processes: int) -> dict:
-    """What a resumed run must share with the run whose checkpoint it continues: the model, the data
-    (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
-    tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
-    identity = {"model": dataclasses.asdict(cfg.model), "data": data | {"text_sha256": text_sha256},
-                "tokenizers": tokenizers,
-                "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
-    return json.loads(json.dumps(identity))  # as the manifest stores it
 
 
 def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,18 +235,16 @@ class Trainer:
     def fit(self) -> Progress:
         """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt."""
         tc, p = self.cfg.train, self.progress
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        bar = tqdm(total=tc.max_steps, initial=p.step, disable=self.quiet or self.ctx.rank != 0,
-                   dynamic_ncols=True, desc="train")
-        window = _Window()
+        window = RunningRate()
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
         if stop_reason is not None and p.finished:
             self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
-            bar.close()
             p.stop_reason = stop_reason
             return p
         p.finished = p.finished and stop_reason is not None
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
             while stop_reason is None:
                 batches = self.ctx.shard(self.sampler.batches(p.epoch))
@@ -268,10 +255,10 @@ class Trainer:
                     p.target_tokens += n_tokens * self.ctx.world
                     p.seconds = time.time() - start
                     window.add(nll, n_tokens * self.ctx.world)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{window.loss:.3f}", tok_s=f"{window.rate:.0f}")
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    display.update(StepStatus(p.step, p.epoch, window.loss, lr, window.rate, p.seconds))
                     if p.step % tc.log_every == 0:
-                        self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": self.optimizer.param_groups[0]["lr"],
+                        self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": lr,
                                    "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)})
                     stop_reason = self._after_step()
                 if p.batch >= len(batches):
@@ -280,7 +267,7 @@ class Trainer:
                         stop_reason = "max_epochs"
                         self._checkpoint(evaluate=True)
         finally:
-            bar.close()
+            display.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         p.stop_reason = stop_reason
@@ -379,28 +366,7 @@ class Trainer:
 
     def _print(self, message: str) -> None:
         if self.ctx.rank == 0 and not self.quiet:
-            tqdm.write(message)
-
-
-class _Window:
-    """Running loss and tokens/s over the last few steps, for the progress bar."""
-
-    def __init__(self, size: int = 50):
-        self.items: list[tuple[float, int, float]] = []
-        self.size = size
-
-    def add(self, nll: float, tokens: int) -> None:
-        self.items = (self.items + [(nll, tokens, time.time())])[-self.size:]
-
-    @property
-    def loss(self) -> float:
-        return sum(n for n, _, _ in self.items) / len(self.items)
-
-    @property
-    def rate(self) -> float:
-        if len(self.items) < 2:
-            return 0.0
-        return sum(t for _, t, _ in self.items[1:]) / max(self.items[-1][2] - self.items[0][2], 1e-9)
+            echo(message)
 
 
 def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False) -> Progress:

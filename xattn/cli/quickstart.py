@@ -4,10 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from xattn.cli.common import add_verb
-from xattn.errors import XattnError
 
-PRESETS = {"numbers": "numbers-de-en.yaml", "multi30k": "multi30k-de-en.yaml"}
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --dataset -> preset in xattn/configs/
 
 
 def register(sub) -> None:
@@ -25,19 +23,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from xattn.analysis.plots import plot_attention
-    from xattn.config import load_config
+    from xattn.config import load_config, resolve_config
     from xattn.datasets import load_pairs
     from xattn.evaluation import evaluate
     from xattn.training import train
     from xattn.translator import Translator
 
-    preset = CONFIG_DIR / PRESETS[args.dataset]
-    if not preset.is_file():
-        raise XattnError(f"{preset}: preset not found (run from a source checkout: pip install -e .)")
     overrides = list(args.overrides)
     overrides += [f"train.max_minutes={args.minutes}"] if args.minutes is not None else []
     overrides += [f"data.data_dir={args.data_dir}"] if args.data_dir else []
-    cfg = load_config(preset, overrides)
+    cfg = load_config(resolve_config(PRESETS[args.dataset]), overrides)
     out = Path(args.out or f"runs/quickstart-{args.dataset}")
     print(f"== training {cfg.data.src_lang}->{cfg.data.tgt_lang} on {cfg.data.dataset} into {out} "
           f"(budget {cfg.train.max_minutes:g} min)")

@@ -1,0 +1,34 @@
+import pytest
+
+from xattn.config import PRESET_DIR, load_config, presets, resolve_config
+from xattn.errors import XattnError
+
+
+def test_presets_ship_in_the_package_and_load():
+    assert presets() == ["multi30k-de-en", "multi30k-en-de", "numbers-de-en"]
+    assert PRESET_DIR.parent.name == "xattn"
+    for name in presets():
+        cfg = load_config(resolve_config(name))
+        assert f"{cfg.data.src_lang}-{cfg.data.tgt_lang}" == name.split("-", 1)[1]
+
+
+def test_a_preset_is_found_by_name_with_or_without_yaml():
+    assert resolve_config("numbers-de-en") == PRESET_DIR / "numbers-de-en.yaml"
+    assert resolve_config("numbers-de-en.yaml") == PRESET_DIR / "numbers-de-en.yaml"
+
+
+def test_an_existing_file_wins_over_a_preset_of_the_same_name(tmp_path, monkeypatch):
+    own = tmp_path / "numbers-de-en.yaml"
+    own.write_text("train:\n  max_steps: 7\n")
+    assert resolve_config(own) == own
+    monkeypatch.chdir(tmp_path)
+    assert load_config(resolve_config("numbers-de-en.yaml")).train.max_steps == 7
+
+
+@pytest.mark.parametrize("arg", ["no-such-preset", "configs/numbers-de-en.yaml", "/nonexistent.yaml"])
+def test_neither_file_nor_preset_is_one_line_listing_the_presets(arg):
+    with pytest.raises(XattnError) as e:
+        resolve_config(arg)
+    message = str(e.value)
+    assert message.startswith(f"{arg}: config file not found") and "\n" not in message
+    assert all(name in message for name in presets())

@@ -1,0 +1,77 @@
+import io
+import re
+
+import pytest
+from test_training import TINY
+
+from xattn.config import TrainConfig, load_config
+from xattn.progress import BarDisplay, Budget, LineDisplay, NoDisplay, StepStatus, clock, line, open_display
+from xattn.training import train
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _status(step: int, seconds: float) -> StepStatus:
+    return StepStatus(step=step, epoch=3, loss=2.3454, lr=5e-4, tokens_per_s=4012.4, seconds=seconds)
+
+
+def test_clock():
+    assert [clock(s) for s in (0, 9.6, 62, 3599, 3725)] == ["0:00", "0:10", "1:02", "59:59", "1:02:05"]
+
+
+def test_a_line_under_a_time_budget_counts_down_the_budget():
+    budget = Budget.of(TrainConfig(max_steps=100000, max_minutes=2.0))
+    assert line(_status(200, 62.0), budget) == \
+        "step 200  epoch 3  loss 2.345  lr 5.0e-04  4012 tok/s  1:02 elapsed, 0:58 left of the 2:00 budget"
+    assert line(_status(900, 125.0), budget).endswith("2:05 elapsed, 0:00 left of the 2:00 budget")
+
+
+def test_a_line_under_a_step_limit_estimates_the_time_left_from_the_pace():
+    budget = Budget.of(TrainConfig(max_steps=1000, max_minutes=0.0))
+    assert line(_status(200, 62.0), budget).startswith("step 200/1000  epoch 3")
+    assert line(_status(200, 62.0), budget).endswith("1:02 elapsed, about 4:08 left")  # 800 steps at 0.31 s
+    assert line(_status(0, 0.0), budget).endswith("0:00 elapsed")
+
+
+@pytest.mark.parametrize("minutes, total, position", [(2.0, 120.0, 62.0), (0.0, 5000.0, 200.0)])
+def test_on_a_terminal_the_bar_runs_against_the_binding_budget(minutes, total, position):
+    tc = TrainConfig(max_steps=5000, max_minutes=minutes)
+    display = open_display(tc, step=100, seconds=30.0, stream=Terminal())
+    assert isinstance(display, BarDisplay) and display.bar.total == total
+    display.update(_status(200, 62.0))
+    assert display.bar.n == pytest.approx(position)
+    display.close()
+
+
+def test_elsewhere_one_line_per_logged_step_and_no_carriage_return():
+    stream = io.StringIO()
+    display = open_display(TrainConfig(max_steps=50, log_every=5), step=0, seconds=0.0, stream=stream)
+    assert isinstance(display, LineDisplay)
+    for step in range(1, 24):
+        display.update(_status(step, step * 0.5))
+    display.close()
+    lines = stream.getvalue().splitlines()
+    assert [text.split()[1] for text in lines] == ["5/50", "10/50", "15/50", "20/50"]
+    assert "\r" not in stream.getvalue()
+
+
+def test_quiet_shows_nothing_even_on_a_terminal():
+    stream = Terminal()
+    display = open_display(TrainConfig(log_every=1), step=0, seconds=0.0, enabled=False, stream=stream)
+    assert isinstance(display, NoDisplay)
+    display.update(_status(1, 1.0))
+    display.close()
+    assert stream.getvalue() == ""
+
+
+def test_training_into_a_log_prints_one_line_per_logged_step(tmp_path, capsys):
+    train(load_config(None, TINY + ["train.max_steps=6", "train.log_every=2"]), tmp_path)
+    out, err = capsys.readouterr()
+    assert "\r" not in err
+    steps = [re.fullmatch(r"step (\d+)/6  epoch \d+  loss [\d.]+  lr \S+  \d+ tok/s  \d+:\d\d elapsed.*", text)
+             for text in err.splitlines()]
+    assert all(steps) and [int(m.group(1)) for m in steps] == [2, 4, 6], err
+    assert "done (max_steps) at step 6" in out
