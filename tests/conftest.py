@@ -33,6 +33,24 @@ def tiny_model_dir(path: Path, **overrides) -> tuple[xattn.Transformer, object]:
     return model, pair
 
 
+NUMBERS_TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+                "model.d_ff=32", "model.share_embeddings=true", "model.tie_output=true", "data.dataset=numbers",
+                "data.numbers_size=300", "data.vocab_size=120", "train.max_tokens=400", "train.amp=none",
+                "train.eval_every=3", "train.eval_bleu_sentences=8", "train.threads=1", "decode.beam_size=2"]
+"""Overrides of the numbers-de-en preset for a model that trains in seconds."""
+
+
+@pytest.fixture(scope="session")
+def numbers_model(tmp_path_factory) -> Path:
+    """A model directory trained for 3 steps on the numbers task (do not change it; copy it)."""
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    out = tmp_path_factory.mktemp("numbers") / "model"
+    train(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["train.max_steps=3"]), out, quiet=True)
+    return out
+
+
 @pytest.fixture
 def tiny_model():
     torch.manual_seed(0)

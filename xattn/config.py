@@ -188,6 +188,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def __post_init__(self) -> None:
+        if self.model.positions == "learned" and self.model.max_positions < self.data.max_len + 1:
+            raise ConfigError("model.max_positions", f"{self.model.max_positions} learned positions cannot hold "
+                              f"training sentences of data.max_len={self.data.max_len} tokens plus EOS")
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)}
 

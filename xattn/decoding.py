@@ -169,6 +169,8 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
     if src.shape[0] == 0:
         return []
     max_len = max_lengths(src, cfg, model.cfg.pad_id, prefix)
+    if model.cfg.positions == "learned":  # BOS + max_len tokens must fit the position table
+        max_len = max_len.clamp(max=model.cfg.max_positions - 1)
     rules = constraints(cfg, model.cfg)
     if cfg.sampling:
         generator = torch.Generator(device=src.device)

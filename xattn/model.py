@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from xattn.attention import DecoderCache, LayerCache, MultiHeadAttention, build_score, causal_mask, padding_mask
 from xattn.config import ModelConfig
+from xattn.errors import XattnError
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
 
 
@@ -60,7 +61,8 @@ class LearnedPositions(nn.Embedding):
 
     def forward(self, offset: int, length: int) -> Tensor:  # type: ignore[override]
         if offset + length > self.num_embeddings:
-            raise ValueError(f"position {offset + length} beyond max_positions={self.num_embeddings}")
+            raise XattnError(f"a sequence of {offset + length} positions is longer than model.max_positions="
+                             f"{self.num_embeddings} (learned positions); shorten the input or raise model.max_positions")
         return self.weight[offset: offset + length]  # (T, D)
 
 

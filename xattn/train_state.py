@@ -110,8 +110,8 @@ class TrainStateDir:
 def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
     """Keys whose values differ between two nested dicts, as "key: saved -> now"."""
     if isinstance(saved, dict) and isinstance(now, dict):
-        return [d for k in sorted(set(saved) | set(now), key=str)
-                for d in differences(saved.get(k), now.get(k), f"{prefix}{k}.")]
+        keys = list(now) + [k for k in saved if k not in now]  # in the order of the identity: causes first
+        return [d for k in keys for d in differences(saved.get(k), now.get(k), f"{prefix}{k}.")]
     return [] if saved == now else [f"{prefix.rstrip('.')}: {_short(saved)} -> {_short(now)}"]
 
 
@@ -125,7 +125,7 @@ def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], p
     (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
     tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
     data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
-    identity = {"model": dataclasses.asdict(cfg.model), "data": data | {"text_sha256": text_sha256},
-                "tokenizers": tokenizers,
+    identity = {"tokenizers": tokenizers, "data": data | {"text_sha256": text_sha256},
+                "model": dataclasses.asdict(cfg.model),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
     return json.loads(json.dumps(identity))  # as the manifest stores it

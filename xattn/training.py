@@ -82,6 +82,7 @@ class Trainer:
         self.device = self.ctx.device if self.ctx.world > 1 else resolve_device(cfg.train.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        self.amp = amp_dtype(cfg.train.amp, self.device)
         self.state_dir = TrainStateDir(self.out_dir / STATE_DIR)
         manifest = self.state_dir.read()
         if manifest is None and (self.out_dir / WEIGHTS).is_file():
@@ -106,7 +107,6 @@ class Trainer:
         self.ddp_model = self.ctx.wrap(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tc.betas,
                                            weight_decay=tc.weight_decay)
-        self.amp = amp_dtype(tc.amp, self.device)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
         self.sampler = TokenBatchSampler(self.corpus.train.src_lengths(), self.corpus.train.tgt_lengths(),
                                          tc.max_tokens, shuffle=True, seed=tc.seed)

@@ -132,8 +132,8 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(texts):
             raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         eos = self.model.cfg.eos_id
-        ids = [self.tokenizers.src.encode(text) + [eos] for text in texts]
-        forced = [self.tokenizers.tgt.encode(p) for p in prefixes] if prefixes is not None else None
+        ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
+        forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
         options = Options(return_attention, attention_from, return_self_attention)
         model = self.inference.current()
         results: list[Translation | None] = [None] * len(texts)

@@ -11,9 +11,16 @@ VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line ("xattn VERB: error: ... (see --help)") and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xattn", description="Encoder-decoder Transformers built around cross-attention.")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    parser = Parser(prog="xattn", description="Encoder-decoder Transformers built around cross-attention.")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=Parser)
     for verb in VERBS:
         importlib.import_module(f"xattn.cli.{MODULES.get(verb, verb)}").register(sub)
     return parser
@@ -24,13 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except XattnError as e:
-        print(f"xattn {args.verb}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(args.verb, str(e))
+    except BrokenPipeError:  # the reader went away (`| head`)
+        return 0
+    except OSError as e:
+        if e.filename is None:  # not about a file the user named: a bug to show in full
+            raise
+        return _fail(args.verb, f"{e.filename}: {e.strerror or e}")
     except KeyboardInterrupt:
         print(f"xattn {args.verb}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+
+
+def _fail(verb: str, message: str) -> int:
+    print(f"xattn {verb}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

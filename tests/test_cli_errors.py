@@ -1,0 +1,301 @@
+"""Bad input through the CLI's entry point: every case exits 2 with one line on stderr, no traceback,
+and leaves every file that was already there as it was. Cases run in-process through `main`;
+a few run through a real subprocess to check the installed entry point does the same."""
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from xattn.cli.main import main
+from tests.conftest import NUMBERS_TINY
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory, numbers_model) -> Path:
+    """A workspace: a trained model directory `model`, corpus files, and damaged copies made per case."""
+    root = tmp_path_factory.mktemp("errors")
+    shutil.copytree(numbers_model, root / "model")
+    files = {"src.txt": b"eins\nzwei\n", "ref.txt": b"one\n", "good.txt": b"eins\nzwei\n",
+             "bad-utf8.txt": b"eins\nvier\xffzig\n", "cr-only.de": b"eins\rzwei\rdrei\r", "cr-only.en": b"one\rtwo\rthree\r",
+             "a.de": b"eins\nzwei\n", "a.en": b"one\n", "empty.de": b"\n\n", "empty.en": b" \n\n",
+             "latin1.yaml": "model:\n  d_model: 16 # größe\n".encode("latin-1"), "scalar.yaml": b"model: 5\n",
+             "list.yaml": b"- model\n", "bad.yaml": b"model: {d_model: [\n", "unknown.yaml": b"modle:\n  d_model: 16\n",
+             "file-not-dir": b"I am a file\n"}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    with gzip.open(root / "corrupt.de.gz", "wb") as f:
+        f.write(b"eins\nzwei\n")
+    (root / "corrupt.de.gz").write_bytes((root / "corrupt.de.gz").read_bytes()[:-6])
+    return root
+
+
+def damaged(space: Path, name: str, change) -> str:
+    """A copy of the trained model directory with `change(dir)` applied."""
+    target = space / f"model-{name}"
+    if not target.exists():
+        shutil.copytree(space / "model", target)
+        change(target)
+    return str(target)
+
+
+def edit_model_config(key, value):
+    def change(d: Path):
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["model"][key] = value
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return change
+
+
+def poison_weights(d: Path):
+    path = str(d / "model.safetensors")
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    tensors["decoder.layers.0.cross_attn.q_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, path, metadata=meta)
+
+
+def other_tokenizer(d: Path):
+    from xattn.tokenizer import train_sentencepiece
+    train_sentencepiece([f"zahl{i} wort{i % 7}" for i in range(300)], d / "spm.model", vocab_size=60)
+
+
+def truncate(name: str):
+    return lambda d: (d / name).write_bytes((d / name).read_bytes()[:100])
+
+
+def bad_manifest(d: Path):
+    manifest = d / "train_state" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["files"][record["weights"]] = "0" * 64
+    manifest.write_text(json.dumps(record))
+
+
+def remove(name: str):
+    return lambda d: shutil.rmtree(d / name) if (d / name).is_dir() else (d / name).unlink()
+
+
+M = "{model}"  # the trained model directory
+TRAIN = ["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=2"]
+
+CASES = {
+    # decoding flags
+    "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
+    "beam negative": (["translate", M, "--beam", "-3"], "--beam"),
+    "n-best above beam": (["translate", M, "--n-best", "5", "--beam", "2"], "--n-best: 5 is above --beam (2)"),
+    "n-best above the model's beam": (["translate", M, "--n-best", "3"], "--n-best"),
+    "max-len-a negative": (["translate", M, "--max-len-a", "-1"], "--max-len-a"),
+    "max-len-b negative": (["translate", M, "--max-len-b", "-2"], "--max-len-b"),
+    "max length zero": (["translate", M, "--max-len-a", "0", "--max-len-b", "0"], "nothing could be generated"),
+    "temperature zero": (["translate", M, "--sample", "--temperature", "0"], "--temperature"),
+    "temperature nan": (["translate", M, "--sample", "--temperature", "nan"], "--temperature"),
+    "top-p above 1": (["translate", M, "--sample", "--top-p", "1.5"], "--top-p"),
+    "top-k without sample": (["translate", M, "--top-k", "5"], "add --sample"),
+    "num-samples zero": (["translate", M, "--sample", "--num-samples", "0"], "--num-samples"),
+    "seed negative": (["translate", M, "--sample", "--seed", "-1"], "--seed"),
+    "length penalty inf": (["translate", M, "--length-penalty", "inf"], "--length-penalty"),
+    "max-tokens zero": (["translate", M, "--max-tokens", "0"], "--max-tokens"),
+    "beam not a number": (["translate", M, "--beam", "abc"], "argument --beam: invalid int value"),
+    "unknown flag": (["translate", M, "--bem", "3"], "unrecognized arguments"),
+    "quantize int4": (["translate", M, "--quantize", "int4"], "--quantize"),
+    "device cuda": (["translate", M, "--device", "cuda"], "--device=cuda: no CUDA device"),
+    "device tpu": (["translate", M, "--device", "tpu"], "'tpu' is not a device"),
+    "evaluate device cuda:3": (["evaluate", M, "--device", "cuda:3"], "--device=cuda:3"),
+    # config values
+    "n_heads 0": ([*TRAIN, "model.n_heads=0"], "model.n_heads: must be >= 1"),
+    "d_model not divisible": ([*TRAIN, "model.d_model=30", "model.n_heads=4"], "divisible"),
+    "eval_every 0": ([*TRAIN, "train.eval_every=0"], "train.eval_every"),
+    "log_every 0": ([*TRAIN, "train.log_every=0"], "train.log_every"),
+    "lr nan": ([*TRAIN, "train.lr=nan"], "train.lr: must be > 0, got nan"),
+    "lr negative": ([*TRAIN, "train.lr=-1e-3"], "train.lr"),
+    "threads negative": ([*TRAIN, "train.threads=-1"], "train.threads"),
+    "device tpu (config)": ([*TRAIN, "train.device=tpu"], "train.device"),
+    "device cuda (config)": ([*TRAIN, "train.device=cuda"], "train.device=cuda: no CUDA device"),
+    "amp fp16 on cpu": ([*TRAIN, "train.device=cpu", "train.amp=fp16"], "train.amp=fp16 needs a CUDA device"),
+    "amp unknown": ([*TRAIN, "train.amp=fp8"], "train.amp"),
+    "max_steps negative": ([*TRAIN, "train.max_steps=-5"], "train.max_steps"),
+    "max_steps zero": ([*TRAIN, "train.max_steps=0"], "train.max_steps"),
+    "max_minutes negative": ([*TRAIN, "train.max_minutes=-1"], "train.max_minutes"),
+    "encoder layers negative": ([*TRAIN, "model.n_encoder_layers=-1"], "model.n_encoder_layers"),
+    "decoder layers zero": ([*TRAIN, "model.n_decoder_layers=0"], "model.n_decoder_layers"),
+    "label smoothing 2": ([*TRAIN, "train.label_smoothing=2"], "train.label_smoothing"),
+    "dropout 1": ([*TRAIN, "model.dropout=1"], "model.dropout"),
+    "betas one value": ([*TRAIN, "train.betas=0.9"], "train.betas"),
+    "betas out of range": ([*TRAIN, "train.betas=0.9,1.5"], "train.betas"),
+    "d_model fraction": ([*TRAIN, "model.d_model=1.5"], "model.d_model: expected int"),
+    "bool for int": ([*TRAIN, "model.d_model=true"], "model.d_model"),
+    "bool not bool": ([*TRAIN, "model.tie_output=maybe"], "model.tie_output"),
+    "language unknown": ([*TRAIN, "data.src_lang=xx"], "data.src_lang"),
+    "vocab_size tiny": ([*TRAIN, "data.vocab_size=3"], "data.vocab_size"),
+    "numbers_size 0": ([*TRAIN, "data.numbers_size=0"], "data.numbers_size"),
+    "max_ratio below 1": ([*TRAIN, "data.max_ratio=0.5"], "data.max_ratio"),
+    "pad outside vocab": ([*TRAIN, "model.pad_id=100000"], "model.pad_id"),
+    "learned positions too few": ([*TRAIN, "model.positions=learned", "model.max_positions=20"], "model.max_positions"),
+    "unknown key": ([*TRAIN, "train.max_step=3"], "did you mean 'max_steps'"),
+    "unknown section": ([*TRAIN, "trian.lr=3"], "unknown section"),
+    "override without section": ([*TRAIN, "lr=3"], "expected section.key=value"),
+    "decode n_best above beam (config)": ([*TRAIN, "decode.n_best=4"], "decode.n_best"),
+    "config section scalar": (["train", "{space}/scalar.yaml"], "section 'model' must be a mapping"),
+    "config a list": (["train", "{space}/list.yaml"], "expected a mapping"),
+    "config not UTF-8": (["train", "{space}/latin1.yaml"], "latin1.yaml: line 2: not UTF-8"),
+    "config bad YAML": (["train", "{space}/bad.yaml"], "invalid YAML"),
+    "config unknown section": (["train", "{space}/unknown.yaml"], "did you mean 'model'"),
+    "config missing": (["train", "{space}/nope.yaml"], "config file not found"),
+    "config is a directory": (["train", "{space}"], "config file not found"),
+    "preset misspelt": (["train", "numbers-de-fr"], "no preset of that name"),
+    # input files and streams
+    "stdin invalid UTF-8": (["translate", M], "stdin: line 2: invalid UTF-8", b"eins\nvier\xffzig\n"),
+    "input invalid UTF-8": (["translate", M, "-i", "{space}/bad-utf8.txt"], "bad-utf8.txt: line 2: invalid UTF-8"),
+    "input missing": (["translate", M, "-i", "{space}/nope.txt"], "nope.txt: no such file"),
+    "input a directory": (["translate", M, "-i", "{space}"], "is a directory"),
+    "input CR-only": (["translate", M, "-i", "{space}/cr-only.de"], "carriage return alone"),
+    "output a directory": (["translate", M, "-i", "{space}/good.txt", "-o", "{space}"], "is a directory"),
+    "prefix count differs": (["translate", M, "-i", "{space}/good.txt", "--prefix", "{space}/ref.txt"], "line counts differ"),
+    "evaluate counts differ": (["evaluate", M, "--src", "{space}/src.txt", "--ref", "{space}/ref.txt"], "line counts differ"),
+    "evaluate src alone": (["evaluate", M, "--src", "{space}/src.txt"], "--src and --ref go together"),
+    "evaluate split unknown": (["evaluate", M, "--split", "dev"], "unknown numbers split 'dev'"),
+    "corpus CR-only": ([*TRAIN, "data.dataset=null", "data.train_src={space}/cr-only.de", "data.train_tgt={space}/cr-only.en",
+                        "data.valid_src={space}/cr-only.de", "data.valid_tgt={space}/cr-only.en", "--out", "{space}/new-cr"],
+                       "cr-only.de: lines end in a carriage return alone"),
+    "corpus empty": ([*TRAIN, "data.dataset=null", "data.train_src={space}/empty.de", "data.train_tgt={space}/empty.en",
+                      "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de", "--out", "{space}/new-empty"],
+                     "empty.de + {space}/empty.en: the training set is empty"),
+    "corpus counts differ": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de", "data.train_tgt={space}/a.en",
+                              "--out", "{space}/new-counts"], "a.de has 2 lines"),
+    "corpus gzip truncated": ([*TRAIN, "data.dataset=null", "data.train_src={space}/corrupt.de.gz",
+                               "data.train_tgt={space}/a.de", "--out", "{space}/new-gz"], "corrupt.de.gz: cannot read"),
+    "corpus src without tgt": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de"], "data.train_src"),
+    # output directories
+    "train out is a file": ([*TRAIN, "--out", "{space}/file-not-dir"], "exists and is not a directory"),
+    "train out holds a model": ([*TRAIN, "--out", "{damaged:no-state}"], "holds a model but no training state"),
+    "train out other model": ([*TRAIN, "model.d_ff=64", "--out", M], "model.d_ff: 32 -> 64"),
+    "train out other data": ([*TRAIN, "data.numbers_size=400", "--out", M], "data.numbers_size: 300 -> 400"),
+    "train out other seed": ([*TRAIN, "train.seed=7", "--out", M], "train.seed: 1 -> 7"),
+    "train out other tokenizer": ([*TRAIN, "--out", "{damaged:tokenizer}"], "spm.model"),
+    "train out damaged checkpoint": ([*TRAIN, "--out", "{damaged:manifest}"], "does not match its checksum"),
+    "export out is a file": (["export", M, "{space}/file-not-dir"], "already exists and is not an empty directory"),
+    "import out is a file": (["import", M, "{space}/file-not-dir"], "{space}/file-not-dir"),
+    "import not a Marian dir": (["import", M, "{space}/new-import"], "config.json"),
+    "export no model": (["export", "{space}/nope", "{space}/new-export"], "not a model directory"),
+    # model directories
+    "model missing": (["translate", "{space}/nope"], "not a model directory"),
+    "model is a file": (["translate", "{space}/file-not-dir"], "is a file, not a model directory"),
+    "model NaN weights": (["translate", "{damaged:nan}"], "decoder.layers.0.cross_attn.q_proj.weight holds NaN"),
+    "model n_heads edited": (["translate", "{damaged:heads}"], "model.n_heads is 4, but model.safetensors was saved with 2"),
+    "model d_model edited": (["translate", "{damaged:dmodel}"], "model.d_model is 32"),
+    "model bad config value": (["translate", "{damaged:dropout}"], "config.yaml: model.dropout"),
+    "model other tokenizer": (["translate", "{damaged:tokenizer}"], "spm.model: is not the tokenizer"),
+    "model truncated weights": (["translate", "{damaged:truncated}"], "model.safetensors: cannot read weights"),
+    "model truncated tokenizer": (["translate", "{damaged:spm}"], "spm.model: not a SentencePiece model"),
+    "model config not UTF-8": (["translate", "{damaged:latin1}"], "not UTF-8"),
+    "model without weights": (["translate", "{damaged:no-weights}"], "no model.safetensors"),
+    "model without config": (["translate", "{damaged:no-config}"], "no config.yaml"),
+}
+
+DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmodel": edit_model_config("d_model", 32),
+          "dropout": edit_model_config("dropout", 2), "tokenizer": other_tokenizer,
+          "truncated": truncate("model.safetensors"), "spm": truncate("spm.model"), "manifest": bad_manifest,
+          "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),
+          "no-weights": remove("model.safetensors"), "no-config": remove("config.yaml"), "no-state": remove("train_state")}
+
+
+def expand(text: str, space: Path) -> str:
+    if text.startswith("{damaged:"):
+        name = text[len("{damaged:"):-1]
+        return damaged(space, name, DAMAGE[name])
+    return text.replace(M, str(space / "model")).replace("{space}", str(space))
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_main(argv: list[str], stdin: bytes, monkeypatch, capsys) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, space, monkeypatch, capsys):
+    args, message, *stdin = CASES[name]
+    argv = [expand(a, space) for a in args]
+    message = expand(message, space)
+    before = snapshot(space)
+    code, _, err = run_main(argv, stdin[0] if stdin else b"eins\n", monkeypatch, capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.endswith("\n") and "Traceback" not in err, err
+    assert message in err, err
+    after = snapshot(space)
+    assert {k: v for k, v in after.items() if k in before} == before, "a file that was there changed"
+    assert not [k for k in set(after) - set(before) if k.startswith("model")], "new files in a model directory"
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["translate", M], b"vier\xffzig\n", "stdin: line 1: invalid UTF-8"),
+    (["translate", "{damaged:nan}"], b"eins\n", "holds NaN"),
+    ([*TRAIN, "model.n_heads=0"], b"", "model.n_heads"),
+])
+def test_the_installed_entry_point_behaves_the_same(args, stdin, message, space):
+    argv = [expand(a, space) for a in args]
+    result = subprocess.run([sys.executable, "-m", "xattn", *argv], input=stdin, capture_output=True, timeout=120,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+    err = result.stderr.decode()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_lines_split_at_newline_only(space, monkeypatch, capsys):
+    lines = ["eins\x0czwei", "drei\u2028vier", "fünf\x85", "", "sechs\x1c\x1d\x1eneun\x0b", "sieben", "acht"]
+    data = ("\n".join(lines[:-2]) + "\nsieben\r\nacht").encode()  # CRLF on one line, no final newline
+    (space / "ff.txt").write_bytes(data)
+    from xattn.io import read_lines
+    assert read_lines(space / "ff.txt") == lines
+    code, out, _ = run_main(["translate", str(space / "model"), "--scores"], data, monkeypatch, capsys)
+    assert code == 0 and out.count("\n") == len(lines) and len(out.split("\n")) == len(lines) + 1
+    assert main(["translate", str(space / "model"), "-i", str(space / "ff.txt"), "-o", str(space / "ff.out")]) == 0
+    assert (space / "ff.out").read_text().count("\n") == len(lines)
+
+
+def test_python_api_refuses_text_that_is_not_a_list_of_valid_strings(space):
+    import xattn
+    translator = xattn.load(space / "model", device="cpu")
+    for texts, message in ((["ein\ud800s"], "text 1: not valid Unicode"), (["eins", None], "text 2: expected a string"),
+                           ("eins", "got one string")):
+        with pytest.raises(xattn.XattnError, match=message):
+            translator.translate(texts)
+
+
+def test_damaged_model_directories_stay_loadable_after_a_resume(space):
+    """A resume rewrites config.yaml (new budgets) and keeps model.safetensors loadable with it."""
+    out = space / "resumed"
+    shutil.copytree(space / "model", out)
+    assert main([*[expand(a, space) for a in TRAIN[:-1]], "train.max_steps=6", "--quiet", "--out", str(out)]) == 0
+    import xattn
+    assert xattn.load(out, device="cpu").config.train.max_steps == 6
+    assert torch.isfinite(torch.tensor(xattn.load(out, device="cpu").translate(["eins"])[0].score))
+
+
+def test_a_sequence_beyond_learned_positions_is_an_error_and_decoding_stays_within():
+    import xattn
+    from tests.conftest import tiny_config
+    model = xattn.Transformer(tiny_config(positions="learned", max_positions=8)).eval()
+    with pytest.raises(xattn.XattnError, match="longer than model.max_positions=8"):
+        model.encode(torch.randint(3, 40, (1, 9)))
+    from xattn.decoding import search
+    hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=50))
+    assert all(len(h.tokens) <= 7 for hyps_ in hyps for h in hyps_)
