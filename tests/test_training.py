@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -118,7 +119,10 @@ def test_ddp_two_cpu_processes_hold_identical_weights(tmp_path):
     worker.write_text(WORKER)
     out = tmp_path / "run"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    with socket.socket() as probe:  # a free port, so that two test runs on one machine do not collide
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            str(worker), str(out), *TINY, "train.max_steps=4", "train.device=cpu"]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
