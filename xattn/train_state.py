@@ -24,6 +24,7 @@ from xattn.io import atomic_write, atomic_write_text, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "xattn.train_state/1"
+LEGACY = ("state.pt", "last.safetensors")  # the unchecked layout of xattn before manifests
 
 
 @dataclass
@@ -49,10 +50,10 @@ class TrainStateDir:
     def read(self) -> Manifest | None:
         """The last complete checkpoint, its files verified; None if there is none."""
         path = self.dir / MANIFEST
-        if not path.is_file():
-            if self.dir.is_dir() and any(f.name.endswith((".pt", ".safetensors")) for f in self.dir.iterdir()):
-                raise XattnError(f"{self.dir}: has no {MANIFEST} (written by an older xattn, or damaged); "
-                                 "delete it to train from the start")
+        if not path.is_file():  # a new run, or one killed while writing its first checkpoint
+            if any((self.dir / name).is_file() for name in LEGACY):
+                raise XattnError(f"{self.dir}: written by an older xattn, without {MANIFEST}; it cannot be "
+                                 "checked, so it is not resumed: train into a new directory")
             return None
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
