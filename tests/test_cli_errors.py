@@ -153,6 +153,9 @@ CASES = {
     "config missing": (["train", "{space}/nope.yaml"], "config file not found"),
     "config is a directory": (["train", "{space}"], "config file not found"),
     "preset misspelt": (["train", "numbers-de-fr"], "no preset of that name"),
+    "quickstart no budget": (["quickstart", "--minutes", "0", "--out", "{space}/new-qs"], "--minutes: must be > 0"),
+    "quickstart minutes nan": (["quickstart", "--minutes", "nan", "--out", "{space}/new-qs"], "--minutes"),
+    "quickstart bad override": (["quickstart", "model.n_heads=0", "--out", "{space}/new-qs"], "model.n_heads"),
     # input files and streams
     "stdin invalid UTF-8": (["translate", M], "stdin: line 2: invalid UTF-8", b"eins\nvier\xffzig\n"),
     "input invalid UTF-8": (["translate", M, "-i", "{space}/bad-utf8.txt"], "bad-utf8.txt: line 2: invalid UTF-8"),
@@ -299,3 +302,10 @@ def test_a_sequence_beyond_learned_positions_is_an_error_and_decoding_stays_with
     from xattn.decoding import search
     hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=50))
     assert all(len(h.tokens) <= 7 for hyps_ in hyps for h in hyps_)
+
+
+def test_python_api_device_errors_are_xattn_errors(space):
+    import xattn
+    for device, message in (("tpu", "'tpu' is not a device"), ("cuda:7", "device=cuda:7")):
+        with pytest.raises(xattn.XattnError, match=message):
+            xattn.load(space / "model", device=device)

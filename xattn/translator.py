@@ -87,7 +87,7 @@ class Translator:
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair, device: str | torch.device | None = None,
                  config: RunConfig | None = None, speedups: Speedups | None = None):
-        self.device = torch.device(device) if device is not None else resolve_device("auto")
+        self.device = resolve_device(str(device) if device is not None else "auto", "device")
         self.model = model.to(self.device).eval()
         self.tokenizers = tokenizers
         self.config = config
@@ -109,7 +109,7 @@ class Translator:
         from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
 
         speedups = Speedups(quantize=quantize, compile=compile)
-        device = torch.device(device) if device is not None else resolve_device("auto")
+        device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
         return cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
 

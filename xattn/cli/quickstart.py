@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xattn.cli.common import add_verb
+from xattn.errors import XattnError
 
 PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --dataset -> preset in xattn/configs/
 
@@ -29,6 +30,10 @@ def run(args) -> int:
     from xattn.training import train
     from xattn.translator import Translator
 
+    if args.minutes is not None and not args.minutes > 0:
+        raise XattnError(f"--minutes: must be > 0, got {args.minutes:g} (a training budget in minutes)")
+    if args.examples < 0:
+        raise XattnError(f"--examples: must be >= 0, got {args.examples}")
     overrides = list(args.overrides)
     overrides += [f"train.max_minutes={args.minutes}"] if args.minutes is not None else []
     overrides += [f"data.data_dir={args.data_dir}"] if args.data_dir else []
