@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from xattn.config import ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
-from xattn.io import atomic_write, sha256_file
+from xattn.io import atomic_write_bytes, sha256_file
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, TokenizerPair, load_tokenizers, vocab_file
 
@@ -82,7 +82,9 @@ def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str]) -> 
     """Write the weights with their fingerprint; `tokenizers` from `tokenizer_hashes`."""
     tensors = weights_of(model)
     fingerprint = Fingerprint(dataclasses.asdict(model.cfg), tokenizers, tensors_digest(tensors))
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=fingerprint.metadata()))
+    # to bytes first: safetensors' own save_file writes through a temporary file of its own, which a
+    # killed process would leave behind under a name that xattn does not know
+    atomic_write_bytes(path, save(tensors, metadata=fingerprint.metadata()))
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Fingerprint | None]:
