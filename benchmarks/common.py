@@ -56,6 +56,18 @@ def write_result(name: str, figures: dict) -> Path:
     return path
 
 
+def model_fingerprint(model_dir: str | Path) -> dict:
+    """Which model a result was measured on: its weights' tensor SHA-256 and training record."""
+    from xattn.checkpoint import WEIGHTS, read_weights, tensors_digest
+
+    tensors, fingerprint = read_weights(Path(model_dir) / WEIGHTS)
+    log = Path(model_dir) / "log.jsonl"
+    evals = [json.loads(line) for line in log.read_text().splitlines() if "valid_bleu" in line] if log.is_file() else []
+    return {"dir": str(model_dir), "tensors_sha256": fingerprint.tensors if fingerprint else tensors_digest(tensors),
+            "trained_steps": max((e["step"] for e in evals), default=None),
+            "best_valid_bleu": max((e["valid_bleu"] for e in evals), default=None)}
+
+
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     times = []
     for _ in range(repeats):

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, data_dir, write_result
+from common import ROOT, data_dir, model_fingerprint, write_result
 
 MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8")}
 """mode -> (beam size, quantize)."""
@@ -123,7 +123,7 @@ def main() -> None:
         finally:
             git("worktree", "remove", "--force", str(old_root))
     figures["settings"] = {"against": against, "new": "working tree", "sentences": len(texts),
-                           "repeats": args.repeats, "model": args.model, "modes": args.modes}
+                           "repeats": args.repeats, "model": model_fingerprint(args.model), "modes": args.modes}
     print("->", write_result("decode_speed_versions", figures))
 
 
