@@ -51,6 +51,7 @@ def describe_split(cfg: DataConfig, split: str) -> str:
 
 
 def text_fingerprint(*splits: list[Pair]) -> str:
+    """SHA-256 of the pairs of each split, as read: whether a resumed run trains on the same text."""
     digest = hashlib.sha256()
     for pairs in splits:
         for src, tgt in pairs:

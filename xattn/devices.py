@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from xattn.checks import device_name
 from xattn.errors import XattnError
 
 
@@ -32,8 +33,6 @@ def _cpu_has_fast_bf16() -> bool:
 
 def resolve_device(choice: str, key: str = "train.device") -> torch.device:
     """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; `key` names the setting in errors."""
-    from xattn.config import device_name
-
     problem = device_name(str(choice))
     if problem:
         raise XattnError(f"{key}: {problem}")

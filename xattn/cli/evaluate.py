@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from xattn.cli.common import add_verb, write_output_lines
-from xattn.cli.translate import add_decode_flags, decode_config
+from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -41,10 +41,8 @@ def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
 
 def run(args) -> int:
     from xattn.evaluation import evaluate
-    from xattn.devices import resolve_device
-    from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"), quantize=args.quantize, compile=args.compile)
+    translator = load_translator(args)
     src, refs = test_pairs(args, translator.config.data)
     cfg = decode_config(args, translator.decode_config)
     hyps = [t.text for t in translator.translate(src, cfg)]

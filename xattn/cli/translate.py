@@ -78,11 +78,17 @@ def decode_config(args, base):
         raise XattnError(f"{flags[e.key]}: {problem}") from None
 
 
-def run(args) -> int:
+def load_translator(args):
+    """The model directory of `args.model` on `--device`, with `--quantize` and `--compile`."""
     from xattn.devices import resolve_device
     from xattn.translator import Translator
 
-    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"), quantize=args.quantize, compile=args.compile)
+    device = resolve_device(args.device or "auto", "--device")
+    return Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile)
+
+
+def run(args) -> int:
+    translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
     texts = read_lines(args.input)
     prefixes = read_lines(args.prefix) if args.prefix else None
