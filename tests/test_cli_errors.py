@@ -101,6 +101,15 @@ CASES = {
     "temperature nan": (["translate", M, "--sample", "--temperature", "nan"], "--temperature"),
     "top-p above 1": (["translate", M, "--sample", "--top-p", "1.5"], "--top-p"),
     "top-k without sample": (["translate", M, "--top-k", "5"], "add --sample"),
+    "beam with sample": (["translate", M, "--sample", "--beam", "2"], "beam_size apply to beam search, not to --sample"),
+    "n-best with sample": (["translate", M, "--sample", "--n-best", "2", "--num-samples", "2"], "n_best"),
+    "no-early-stopping with sample": (["translate", M, "--sample", "--no-early-stopping"], "early_stopping"),
+    "empty output path": (["translate", M, "-o", ""], "argument --output/-o: an empty path"),
+    "empty model path": (["translate", ""], "argument model: an empty path"),
+    "train out empty": ([*TRAIN, "--out", ""], "argument --out: an empty path"),
+    "override after an option, bad": (["train", "numbers-de-en", "--quiet", "model.n_heads=0", "--out", "{space}/new-o"],
+                                      "model.n_heads: must be >= 1"),
+    "flag after an option, unknown": (["train", "numbers-de-en", "--quiet", "--bogus"], "unrecognized arguments: --bogus"),
     "num-samples zero": (["translate", M, "--sample", "--num-samples", "0"], "--num-samples"),
     "seed negative": (["translate", M, "--sample", "--seed", "-1"], "--seed"),
     "length penalty inf": (["translate", M, "--length-penalty", "inf"], "--length-penalty"),
@@ -137,6 +146,9 @@ CASES = {
     "bool not bool": ([*TRAIN, "model.tie_output=maybe"], "model.tie_output"),
     "language unknown": ([*TRAIN, "data.src_lang=xx"], "data.src_lang"),
     "vocab_size tiny": ([*TRAIN, "data.vocab_size=3"], "data.vocab_size"),
+    "vocab_size below the characters": ([*TRAIN, "data.vocab_size=9", "--out", "{space}/new-vocab"],
+                                        "numbers de-en train: cannot train the tokenizer on this text (SentencePiece "
+                                        "training failed with vocab_size=9: the text needs at least 31 pieces"),
     "numbers_size 0": ([*TRAIN, "data.numbers_size=0"], "data.numbers_size"),
     "max_ratio below 1": ([*TRAIN, "data.max_ratio=0.5"], "data.max_ratio"),
     "pad outside vocab": ([*TRAIN, "model.pad_id=100000"], "model.pad_id"),
@@ -309,3 +321,13 @@ def test_python_api_device_errors_are_xattn_errors(space):
     for device, message in (("tpu", "'tpu' is not a device"), ("cuda:7", "device=cuda:7")):
         with pytest.raises(xattn.XattnError, match=message):
             xattn.load(space / "model", device=device)
+
+
+def test_overrides_may_follow_options(space, capsys):
+    out = space / "after-options"
+    argv = ["train", "numbers-de-en", "--quiet", "--out", str(out), *NUMBERS_TINY, "train.max_steps=1",
+            "data.numbers_size=200"]
+    assert main(argv) == 0, capsys.readouterr().err
+    import xattn
+    config = xattn.load(out, device="cpu").config
+    assert (config.train.max_steps, config.data.numbers_size, config.model.d_model) == (1, 200, 16)

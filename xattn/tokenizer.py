@@ -12,6 +12,7 @@ import io
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,8 +186,12 @@ def train_sentencepiece(
             num_threads=min(16, os.cpu_count() or 1),
             minloglevel=2,
         )
-    except RuntimeError as e:
-        raise XattnError(f"{model_path}: SentencePiece training failed: {e}") from e
+    except RuntimeError as e:  # "INTERNAL: src/x.cc(638) [check] What went wrong." -> "What went wrong."
+        reason = str(e).rpartition("] ")[2] or str(e)
+        if too_small := re.search(r"required_chars\. \d+ vs (\d+)", reason):
+            reason = f"the text needs at least {too_small[1]} pieces (its characters and the special ones); " \
+                     "raise data.vocab_size"
+        raise XattnError(f"SentencePiece training failed with vocab_size={vocab_size}: {reason}") from None
     model_path = Path(model_path)
     atomic_write_bytes(model_path, model.getvalue())
     vocab_file(model_path).unlink(missing_ok=True)  # a table left by an import would not fit the new model

@@ -15,6 +15,13 @@ def add_verb(sub, name: str, help: str, example: str, run) -> argparse.ArgumentP
     return parser
 
 
+def path_arg(value: str) -> str:
+    """argparse type of a file or folder argument: an empty one would silently mean the current folder."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return value
+
+
 def write_output_lines(path: str | None, lines: list[str]) -> None:
     """Write lines to `path` atomically, or to stdout."""
     text = "".join(f"{one_line(line)}\n" for line in lines)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from xattn.cli.common import add_verb, write_output_lines
+from xattn.cli.common import add_verb, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
 from xattn.io import read_lines
@@ -12,12 +12,12 @@ from xattn.io import read_lines
 def register(sub) -> None:
     p = add_verb(sub, "evaluate", "Score a model on a named split of its dataset or on given files.",
                  "xattn evaluate runs/multi30k-de-en --split test --beam 5", run)
-    p.add_argument("model", help="model directory")
+    p.add_argument("model", type=path_arg, help="model directory")
     p.add_argument("--split", default="test", help="split of the model's dataset: test (default), val")
-    p.add_argument("--src", help="source file (instead of --split)")
-    p.add_argument("--ref", help="reference file (with --src)")
-    p.add_argument("--data-dir", help="local Multi30k folder")
-    p.add_argument("--output", "-o", help="also write the translations to this file")
+    p.add_argument("--src", type=path_arg, help="source file (instead of --split)")
+    p.add_argument("--ref", type=path_arg, help="reference file (with --src)")
+    p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
+    p.add_argument("--output", "-o", type=path_arg, help="also write the translations to this file")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     add_decode_flags(p)
 

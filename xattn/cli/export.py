@@ -1,7 +1,7 @@
 """`xattn export MODEL OUT`: write a model directory as a Hugging Face Marian or a CTranslate2 model."""
 from __future__ import annotations
 
-from xattn.cli.common import add_verb
+from xattn.cli.common import add_verb, path_arg
 from xattn.errors import XattnError
 
 FORMATS = ("hf", "ct2")
@@ -12,8 +12,8 @@ def register(sub) -> None:
                  "(MarianMTModel + MarianTokenizer) or CTranslate2 (needs: pip install transformers [ctranslate2]).",
                  "xattn export runs/multi30k-de-en exported/hf --format hf\n"
                  "  xattn export runs/multi30k-de-en exported/ct2 --format ct2 --quantization int8", run)
-    p.add_argument("model", help="xattn model directory")
-    p.add_argument("out", help="new output directory (must not exist, or be empty)")
+    p.add_argument("model", type=path_arg, help="xattn model directory")
+    p.add_argument("out", type=path_arg, help="new output directory (must not exist, or be empty)")
     p.add_argument("--format", choices=FORMATS, default="hf",
                    help="hf: MarianMTModel + MarianTokenizer directory; ct2: CTranslate2 model (default: hf)")
     p.add_argument("--quantization", help="ct2 only: int8, int8_float32, int16, float16, bfloat16, ... "

@@ -27,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extras = build_parser().parse_known_args(argv)
+    if extras:  # argparse stops filling `overrides` at the first option; section.key=value may come after it
+        if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extras):
+            return _fail(args.verb, f"unrecognized arguments: {' '.join(extras)} (see xattn {args.verb} --help)")
+        args.overrides = [*args.overrides, *extras]
     try:
         return args.run(args) or 0
     except XattnError as e:

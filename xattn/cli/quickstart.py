@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.cli.common import add_verb
+from xattn.cli.common import add_verb, path_arg
 from xattn.errors import XattnError
 
 PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --dataset -> preset in xattn/configs/
@@ -15,9 +15,9 @@ def register(sub) -> None:
                  "xattn quickstart            # about 3 minutes on a 2-core CPU, no download\n"
                  "  xattn quickstart --dataset multi30k --data-dir ../shared/data/multi30k", run)
     p.add_argument("--dataset", choices=sorted(PRESETS), default="numbers")
-    p.add_argument("--out", help="model directory (default: runs/quickstart-DATASET)")
+    p.add_argument("--out", type=path_arg, help="model directory (default: runs/quickstart-DATASET)")
     p.add_argument("--minutes", type=float, help="training time budget (default: the preset's)")
-    p.add_argument("--data-dir", help="local Multi30k folder")
+    p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
     p.add_argument("--examples", type=int, default=5, help="held-out translations to print")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="override preset keys")
 

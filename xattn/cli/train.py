@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.cli.common import add_verb
+from xattn.cli.common import add_verb, path_arg
 from xattn.config import PRESET_DIR, load_config, presets, resolve_config
 
 
@@ -14,10 +14,10 @@ def register(sub) -> None:
                  "  xattn train my-config.yaml\n"
                  "  torchrun --nproc_per_node 2 -m xattn train multi30k-de-en train.device=cpu",
                  run)
-    p.add_argument("config", help="a preset name, or a YAML file with sections model, data, train, decode")
+    p.add_argument("config", type=path_arg, help="a preset name, or a YAML file with sections model, data, train, decode")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="override config keys")
-    p.add_argument("--out", help="model directory (default: runs/CONFIG-NAME)")
-    p.add_argument("--data-dir", help="local Multi30k folder (same as data.data_dir=...)")
+    p.add_argument("--out", type=path_arg, help="model directory (default: runs/CONFIG-NAME)")
+    p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder (same as data.data_dir=...)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, progress lines or messages")
 
 

@@ -1,7 +1,7 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-from xattn.cli.common import add_verb, write_output_lines
+from xattn.cli.common import add_verb, path_arg, write_output_lines
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -25,6 +25,7 @@ DECODE_FLAGS = {
 
 
 SAMPLING_ONLY = {"temperature", "top_k", "top_p", "num_samples", "seed"}
+BEAM_ONLY = {"beam_size", "n_best", "coverage_penalty", "early_stopping"}
 
 
 def register(sub) -> None:
@@ -32,10 +33,10 @@ def register(sub) -> None:
                  "echo 'Ein Hund rennt.' | xattn translate runs/multi30k-de-en --beam 5\n"
                  "  xattn translate runs/multi30k-de-en -i test.de --sample --top-p 0.9 --num-samples 3 --seed 1",
                  run)
-    p.add_argument("model", help="model directory")
-    p.add_argument("--input", "-i", help="input file (default: stdin)")
-    p.add_argument("--output", "-o", help="output file, written atomically (default: stdout)")
-    p.add_argument("--prefix", help="file with one target prefix per input line; translations continue it")
+    p.add_argument("model", type=path_arg, help="model directory")
+    p.add_argument("--input", "-i", type=path_arg, help="input file (default: stdin)")
+    p.add_argument("--output", "-o", type=path_arg, help="output file, written atomically (default: stdout)")
+    p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
     add_decode_flags(p)
 
@@ -64,6 +65,10 @@ def decode_config(args, base):
         raise XattnError(f"{', '.join(sorted(SAMPLING_ONLY & set(changes)))} apply to sampling only; add --sample")
     if args.no_early_stopping:
         changes["early_stopping"] = False
+    beam_only = BEAM_ONLY & set(changes)
+    if changes.get("sampling", base.sampling) and beam_only:
+        raise XattnError(f"{', '.join(sorted(beam_only))} apply to beam search, not to --sample "
+                         "(samples: --num-samples)")
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
