@@ -1,7 +1,8 @@
-"""Shared by the benchmark scripts: machine description, result files, timing."""
+"""Shared by the benchmark scripts: machine description, result files, timing, cached benchmark models."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -16,6 +17,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
+CACHE = Path(os.environ.get("XATTN_BENCH_CACHE", Path.home() / ".cache" / "xattn" / "bench"))
+"""Benchmark models, outside the repository: one directory per preset and config hash."""
+NOT_IN_KEY = {"train": ("threads", "device", "log_every")}
+"""Settings that do not change the model a run trains (with DataConfig.LOCATIONS)."""
 
 
 def data_dir() -> str:
@@ -66,6 +71,30 @@ def model_fingerprint(model_dir: str | Path) -> dict:
     return {"dir": str(model_dir), "tensors_sha256": fingerprint.tensors if fingerprint else tensors_digest(tensors),
             "trained_steps": max((e["step"] for e in evals), default=None),
             "best_valid_bleu": max((e["valid_bleu"] for e in evals), default=None)}
+
+
+def config_key(cfg) -> str:
+    """12 hex digits that change whenever a setting that shapes the trained model does."""
+    from xattn.config import DataConfig
+
+    body = cfg.to_dict()
+    body.pop("decode")
+    body["data"] = {k: v for k, v in body["data"].items() if k not in DataConfig.LOCATIONS}
+    body["train"] = {k: v for k, v in body["train"].items() if k not in NOT_IN_KEY["train"]}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_model(preset: str, overrides: list[str] = ()) -> Path:
+    """The model `xattn train PRESET overrides` trains, kept in CACHE/PRESET-KEY: reused when its run
+    finished there, resumed when it was cut short, trained when it is missing."""
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    cfg = load_config(resolve_config(preset), [f"data.data_dir={data_dir()}", *overrides])
+    out = CACHE / f"{preset}-{config_key(cfg)}"
+    if train(cfg, out).stop_reason == "interrupted":
+        raise SystemExit(f"training {out} was interrupted; run again to resume it")
+    return out
 
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:

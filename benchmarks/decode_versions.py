@@ -11,7 +11,7 @@ between repetitions, so that slow spells of the machine hit both alike; figures 
 Sentences: the first `--sentences` of Multi30k test_2016_flickr (de), the same file for both versions.
 Threads: whatever the environment gives (OMP_NUM_THREADS), the same for both.
 
-usage: python benchmarks/decode_versions.py [--model runs/bench/multi30k-de-en] [--against 3cdbd37]
+usage: python benchmarks/decode_versions.py [--model DIR] [--against 3cdbd37]
                                             [--repeats 5] [--sentences 1000] [--modes greedy beam5 ...]
 """
 from __future__ import annotations
@@ -27,8 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, data_dir, model_fingerprint, write_result
+from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 
+MODEL = ["train.max_minutes=20"]
+"""The default model: Multi30k de->en trained for 20 minutes (in the benchmark cache, see common.py)."""
 MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8")}
 """mode -> (beam size, quantize)."""
 
@@ -98,7 +100,8 @@ def compare(versions: dict[str, Path], args, texts_file: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="runs/bench/multi30k-de-en")
+    parser.add_argument("--model", help="model directory (default: the cached multi30k-de-en model of "
+                        f"`xattn train multi30k-de-en {' '.join(MODEL)}`, trained first if missing)")
     parser.add_argument("--against", default="3cdbd37", help="the git revision to compare with")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=1000)
@@ -110,7 +113,7 @@ def main() -> None:
         return worker(args.model, args.texts, args.modes[0])
     from xattn.datasets import multi30k
 
-    args.model = str(Path(args.model).resolve())
+    args.model = str(Path(args.model).resolve()) if args.model else str(cached_model("multi30k-de-en", MODEL))
     texts = [s for s, _ in multi30k("de", "en", "test_2016_flickr", data_dir())][: args.sentences]
     against = git("rev-parse", "--short", args.against)
     with tempfile.TemporaryDirectory() as tmp:
