@@ -75,21 +75,21 @@ def line(s: StepStatus, budget: Budget) -> str:
     """The plain progress line of one logged step."""
     left = budget.left(s.step, s.seconds)
     if budget.timed:
-        time = f"{clock(s.seconds)} elapsed, {clock(left)} left of the {clock(budget.seconds)} budget"
+        timing = f"{clock(s.seconds)} elapsed, {clock(left)} left of the {clock(budget.seconds)} budget"
     else:
-        time = f"{clock(s.seconds)} elapsed" + (f", about {clock(left)} left" if left is not None else "")
+        timing = f"{clock(s.seconds)} elapsed" + (f", about {clock(left)} left" if left is not None else "")
     return (f"{budget.steps(s.step)}  epoch {s.epoch}  loss {s.loss:.3f}  lr {s.lr:.1e}  "
-            f"{s.tokens_per_s:.0f} tok/s  {time}")
+            f"{s.tokens_per_s:.0f} tok/s  {timing}")
 
 
 def bar_text(s: StepStatus, budget: Budget) -> str:
     """What follows the bar: shorter than `line`, since the bar itself shows how much of the budget is used."""
     left = budget.left(s.step, s.seconds)
     if budget.timed:
-        time = f"{clock(left)} left of {clock(budget.seconds)}"
+        timing = f"{clock(left)} left of {clock(budget.seconds)}"
     else:
-        time = f"about {clock(left)} left" if left is not None else ""
-    return f"{budget.steps(s.step)}  loss {s.loss:.3f}  {s.tokens_per_s:.0f} tok/s  {time}".rstrip()
+        timing = f"about {clock(left)} left" if left is not None else ""
+    return f"{budget.steps(s.step)}  loss {s.loss:.3f}  {s.tokens_per_s:.0f} tok/s  {timing}".rstrip()
 
 
 class Display(Protocol):

@@ -242,7 +242,7 @@ class Trainer:
             self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
             p.stop_reason = stop_reason
             return p
-        p.finished = p.finished and stop_reason is not None
+        p.finished = False  # training goes on, or only its end (averaging) is left to redo
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
