@@ -5,8 +5,8 @@ predicts tgt_tokens[t]); R rows (queries) and C columns (keys) of a drawn map.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -91,3 +91,206 @@ class AttentionMaps:
             raise ValueError(f"weights {self.weights.shape} do not match {len(self.rows)} rows x {len(self.cols)} columns")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    def view(self, choice: HeadChoice) -> np.ndarray:
+        """(R, C): the chosen heads of the chosen layer, averaged."""
+        return choice.select(self.weights)
+
+
+# ---------------------------------------------------------------------------------------- pieces -> words
+
+SPECIALS = frozenset({EOS, BOS, "<pad>"})
+
+
+def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[list[str], list[int]]:
+    """SentencePiece pieces -> (words, word index of each piece; -1 for </s>, <s>).
+
+    A word is a whitespace token of the text the pieces spell ("\u2581" read as a space, an unknown piece as
+    `unk_surface`): for a hypothesis, the words of its printed text (its tokenizer decodes "<unk>" to " \u2047 ");
+    for a source, those of the line it was encoded from. A piece that spells no character (a lone "\u2581")
+    belongs to the word after it.
+    """
+    words: list[str] = []
+    word_of: list[int] = []
+    pending: list[int] = []  # pieces that spelled nothing yet
+    in_word = False
+    for piece in pieces:
+        if piece in SPECIALS:
+            word_of.append(-1)
+            in_word = False
+            continue
+        word_of.append(-2)
+        pending.append(len(word_of) - 1)
+        for ch in unk_surface if piece == UNK_PIECE else piece.replace(WORD_START, " "):
+            if ch.isspace():
+                in_word = False
+                continue
+            if not in_word:
+                words.append("")
+                in_word = True
+            words[-1] += ch
+            for k in pending:
+                word_of[k] = len(words) - 1
+            pending = []
+    for k in pending:  # spelled nothing and no word follows: the word before, if any
+        word_of[k] = len(words) - 1
+    return words, word_of
+
+
+def check_words(words: list[str], text_words: list[str], side: str, line: int | None = None) -> None:
+    """The tokenizer's words must be the whitespace tokens of the line, one for one."""
+    if len(words) != len(text_words):
+        where = f"line {line}: " if line is not None else ""
+        raise XattnError(f"{where}the {side} tokenizer splits this {side} into {len(words)} words, the text has "
+                         f"{len(text_words)} whitespace tokens (a character the tokenizer drops or treats as a space?)")
+
+
+def groups_of(word_of: Sequence[int], labels: Sequence[str], words: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """Pieces -> word groups in order of appearance; a piece of no word (</s>) is a group of its own.
+
+    Returns (membership (N_groups, N_pieces) float 0/1, group labels).
+    """
+    keys: list[tuple] = []
+    for k, w in enumerate(word_of):
+        key = ("word", w) if w >= 0 else ("piece", k)
+        if key not in keys:
+            keys.append(key)
+    member = np.zeros((len(keys), len(word_of)), dtype=np.float32)
+    for k, w in enumerate(word_of):
+        member[keys.index(("word", w) if w >= 0 else ("piece", k)), k] = 1.0
+    return member, [words[i] if kind == "word" else labels[i] for kind, i in keys]
+
+
+def merge_words(weights: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(L, H, R, C) piece weights -> (L, H, R_w, C_w) word weights: a row word averages its pieces' rows,
+    a column word sums its pieces' columns, so rows still sum to 1. rows (R_w, R), cols (C_w, C) 0/1 membership."""
+    average = rows / rows.sum(axis=1, keepdims=True)  # (R_w, R)
+    return np.einsum("wr,lhrc,vc->lhwv", average, weights, cols).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------- a sentence pair
+
+@dataclass
+class PairAttention:
+    """Every attention map of one sentence pair, at the piece level, with the words the pieces spell."""
+    src_tokens: list[str]                     # S: source pieces + </s>
+    tgt_tokens: list[str]                     # T: target pieces + </s>; position t predicts tgt_tokens[t]
+    cross: np.ndarray                         # (L, H, T, S)
+    decoder_self: np.ndarray | None = None    # (L, H, T, T): position t (input <s> or tgt_tokens[t-1]) over inputs
+    encoder_self: np.ndarray | None = None    # (L, H, S, S)
+    src_words: list[str] = field(default_factory=list)
+    tgt_words: list[str] = field(default_factory=list)
+    src_word_of: list[int] = field(default_factory=list)  # S: word index of each source piece, -1 for </s>
+    tgt_word_of: list[int] = field(default_factory=list)  # T: word index of each target piece, -1 for </s>
+
+    @classmethod
+    def build(cls, src_tokens: list[str], tgt_tokens: list[str], cross: np.ndarray, decoder_self=None,
+              encoder_self=None, src_text: str | None = None, tgt_text: str | None = None,
+              line: int | None = None) -> PairAttention:
+        """Words from the pieces; a given text's whitespace tokens become the labels (checked one for one)."""
+        src_words, src_word_of = piece_words(src_tokens)
+        # a hypothesis' words are those of its printed text, where the tokenizer spells <unk> as " \u2047 "
+        tgt_words, tgt_word_of = piece_words(tgt_tokens, UNK_SURFACE if tgt_text is not None else f" {UNK_SURFACE} ")
+        if src_text is not None:
+            check_words(src_words, src_text.split(), "source", line)
+            src_words = src_text.split()
+        if tgt_text is not None:
+            check_words(tgt_words, tgt_text.split(), "target", line)
+            tgt_words = tgt_text.split()
+        return cls(src_tokens, tgt_tokens, cross, decoder_self, encoder_self, src_words, tgt_words,
+                   src_word_of, tgt_word_of)
+
+    @classmethod
+    def from_translation(cls, translation: Translation, source: str | None = None,
+                         line: int | None = None) -> PairAttention:
+        """The attention a Translation carries (translate with return_attention=True; return_self_attention
+        for decoder-self). `source`: the translated line, whose whitespace tokens label the source words."""
+        if translation.cross_attention is None:
+            raise XattnError("this Translation carries no attention; translate with return_attention=True")
+        return cls.build(translation.src_tokens, translation.tgt_tokens, translation.cross_attention,
+                         translation.self_attention, None, source, line=line)
+
+    def maps(self, kind: str = "cross", words: bool = False, links: Sequence[tuple[int, int]] = ()) -> AttentionMaps:
+        """One kind of attention as AttentionMaps; `words`: pieces merged into words (rows average their
+        pieces, columns sum them). `links` (source word i, target word j) mark their cells (cross only)."""
+        weights = {"cross": self.cross, "decoder-self": self.decoder_self, "encoder-self": self.encoder_self}[kind]
+        if weights is None:
+            raise XattnError(f"no {kind} attention was computed for this pair")
+        inputs = [BOS, *self.tgt_tokens[:-1]]  # the decoder's input at each position
+        row_of, rows, col_of, cols = {
+            "cross": (self.tgt_word_of, self.tgt_tokens, self.src_word_of, self.src_tokens),
+            "decoder-self": ([-1, *self.tgt_word_of[:-1]], inputs, [-1, *self.tgt_word_of[:-1]], inputs),
+            "encoder-self": (self.src_word_of, self.src_tokens, self.src_word_of, self.src_tokens),
+        }[kind]
+        masked = np.triu(np.ones((len(rows), len(cols)), dtype=bool), k=1) if kind == "decoder-self" else None
+        word_links = list(links) if kind == "cross" else []
+        if not words:  # a word link marks every cell of its source pieces x target pieces
+            cells = [(s, t) for i, j in word_links for t, wt in enumerate(self.tgt_word_of) if wt == j
+                     for s, ws in enumerate(self.src_word_of) if ws == i]
+            return AttentionMaps(weights, list(rows), list(cols), kind, masked, cells)
+        row_words = self.tgt_words if kind != "encoder-self" else self.src_words
+        col_words = self.src_words if kind != "decoder-self" else self.tgt_words
+        row_member, row_labels = groups_of(row_of, rows, row_words)
+        col_member, col_labels = groups_of(col_of, cols, col_words)
+        if masked is not None:  # a word cell is masked when every piece cell under it is
+            masked = (row_member @ (~masked).astype(np.float32) @ col_member.T) == 0
+        return AttentionMaps(merge_words(weights, row_member, col_member), row_labels, col_labels, kind, masked,
+                             word_links, words=True)
+
+
+# ---------------------------------------------------------------------------------------- teacher forcing
+
+def teacher_forced(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                   kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
+                   progress: Callable[[int], None] | None = None) -> list[PairAttention]:
+    """The attention of given pairs: the model reads `targets[i]` as its translation of `sources[i]`.
+
+    Batched by length so that sentences * longest side <= max_tokens; `progress(n)` after each batch of n
+    pairs. Each side's whitespace tokens must be the words its tokenizer sees (errors name the line, 1-based).
+    """
+    out: list[PairAttention | None] = [None] * len(sources)
+    for i, pair in iter_teacher_forced(translator, sources, targets, kinds, max_tokens, progress):
+        out[i] = pair
+    return out  # type: ignore[return-value]
+
+
+def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                        kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
+                        progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
+    """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
+    from xattn.translator import pad_batch, token_batches
+
+    if len(sources) != len(targets):
+        raise XattnError(f"{len(sources)} source sentences but {len(targets)} target sentences")
+    if max_tokens < 1:
+        raise XattnError(f"max_tokens must be >= 1, got {max_tokens}")
+    tok, cfg = translator.tokenizers, translator.model.cfg
+    src_ids = [s + [cfg.eos_id] for s in tok.src.encode_batch(list(sources))]
+    tgt_ids = [t + [cfg.eos_id] for t in tok.tgt.encode_batch(list(targets))]
+    model, device = translator.inference.current(), translator.device
+    for batch in token_batches([max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)], max_tokens):
+        src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, device)  # (B, S)
+        tgt = pad_batch([[cfg.bos_id] + tgt_ids[i][:-1] for i in batch], cfg.pad_id, device)  # (B, T)
+        with torch.inference_mode():
+            enc = model.encode(src, need_weights="encoder-self" in kinds)
+            dec = model.decode(tgt, enc, need_weights=True)
+        cross = torch.stack(dec.cross_attn, dim=1).float().cpu().numpy()  # (B, L, H, T, S)
+        selfw = torch.stack(dec.self_attn, dim=1).float().cpu().numpy() if "decoder-self" in kinds else None
+        encw = torch.stack(enc.self_attn, dim=1).float().cpu().numpy() if "encoder-self" in kinds else None
+        for b, i in enumerate(batch):
+            S, T = len(src_ids[i]), len(tgt_ids[i])
+            yield i, PairAttention.build(
+                tok.src.pieces(src_ids[i]), tok.tgt.pieces(tgt_ids[i]), cross[b, :, :, :T, :S].copy(),
+                selfw[b, :, :, :T, :T].copy() if selfw is not None else None,
+                encw[b, :, :, :S, :S].copy() if encw is not None else None, sources[i], targets[i], line=i + 1)
+        if progress is not None:
+            progress(len(batch))
+
+
+def encoder_attention(translator: Translator, text: str) -> np.ndarray:
+    """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>)."""
+    cfg = translator.model.cfg
+    ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]
+    with torch.inference_mode():
+        enc = translator.inference.current().encode(torch.tensor([ids], device=translator.device), need_weights=True)
+    return torch.stack(enc.self_attn, dim=1)[0].float().cpu().numpy()

@@ -30,3 +30,30 @@ def write_output_lines(path: str | None, lines: list[str]) -> None:
         sys.stdout.flush()
     else:
         atomic_write_text(Path(path), text)
+
+
+def add_head_flags(p, what: str = "read") -> None:
+    """--layer N and --heads 0,3,5 | mean: one way to name layers and heads in every verb (0-based)."""
+    p.add_argument("--layer", type=int, help=f"decoder layer to {what}, 0-based")
+    p.add_argument("--heads", help="heads of that layer to average, 0-based, e.g. 0,3,5; or mean (all heads)")
+
+
+def add_alignment_flags(p) -> None:
+    """The flags that turn cross-attention into word links (xattn.analysis.alignment.AlignSettings)."""
+    add_head_flags(p)
+    p.add_argument("--method", choices=["shift", "naive"],
+                   help="shift: read a target word where it is the decoder input (Chen et al. 2020); naive: where "
+                        "it is predicted (default: the stored choice of `xattn heads align`, else shift)")
+    p.add_argument("--threshold", type=float,
+                   help="link every source word with at least this attention (default: the argmax per target word)")
+    p.add_argument("--eos", choices=["drop", "keep"], default="drop",
+                   help="drop: leave </s> out and renormalise (default); keep: a word looking most at </s> stays unaligned")
+    p.add_argument("--punct", choices=["free", "match"], default="free",
+                   help="match: punctuation links only to punctuation (a sink for other words); free: like any word")
+
+
+def alignment_settings(args, model_dir, n_layers: int):
+    from xattn.analysis.choice import settings_for
+
+    return settings_for(model_dir, n_layers, args.layer, args.heads, args.method, threshold=args.threshold,
+                        eos=args.eos, punct=args.punct)

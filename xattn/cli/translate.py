@@ -1,7 +1,7 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-from xattn.cli.common import add_verb, path_arg, write_output_lines
+from xattn.cli.common import add_alignment_flags, add_verb, alignment_settings, path_arg, write_output_lines
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -38,7 +38,12 @@ def register(sub) -> None:
     p.add_argument("--output", "-o", type=path_arg, help="output file, written atomically (default: stdout)")
     p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
+    p.add_argument("--alignment", action="store_true",
+                   help="print text ||| links (Pharaoh i-j, 0-based; i counts the input line's whitespace tokens, "
+                        "j the printed translation's), from the cross-attention; with --n-best: index ||| text ||| "
+                        "score ||| links")
     add_decode_flags(p)
+    add_alignment_flags(p)
 
 
 def add_decode_flags(p) -> None:
@@ -99,12 +104,35 @@ def run(args) -> int:
     prefixes = read_lines(args.prefix) if args.prefix else None
     if prefixes is not None and len(prefixes) != len(texts):
         raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {len(texts)}")
-    results = translator.translate(texts, cfg, prefixes=prefixes)
+    links = alignment_of(args, translator) if args.alignment else None
+    results = translator.translate(texts, cfg, prefixes=prefixes, return_attention=args.alignment,
+                                   attention_from="rescore")
     if any(r.alternatives for r in results):
-        lines = [f"{i} ||| {alt.text} ||| {alt.score:.4f}" for i, r in enumerate(results) for alt in r.alternatives]
-    elif args.scores:
-        lines = [f"{r.text} ||| {r.score:.4f}" for r in results]
+        lines = [f"{i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {links(alt, texts[i], i)}" if links else "")
+                 for i, r in enumerate(results) for alt in r.alternatives]
+    elif args.scores or links:
+        lines = [" ||| ".join([r.text] + ([f"{r.score:.4f}"] if args.scores else []) +
+                              ([links(r, texts[i], i)] if links else [])) for i, r in enumerate(results)]
     else:
         lines = [r.text for r in results]
     write_output_lines(args.output, lines)
     return 0
+
+
+def alignment_of(args, translator):
+    """(Translation, its input line, index) -> its Pharaoh links, with the settings of the flags."""
+    from xattn.analysis.alignment import attention_links, format_links
+    from xattn.analysis.maps import PairAttention
+
+    cfg = translator.model.cfg
+    settings = alignment_settings(args, args.model, cfg.n_decoder_layers)
+    settings.choice.check(cfg.n_decoder_layers, cfg.n_heads)
+    where = args.input or "stdin"
+
+    def links(translation, line: str, index: int) -> str:
+        try:
+            pair = PairAttention.from_translation(translation, line, line=index + 1)
+        except XattnError as e:
+            raise XattnError(f"{where}: {e}") from None
+        return format_links(attention_links(pair, settings))
+    return links

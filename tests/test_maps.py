@@ -1,0 +1,137 @@
+"""Attention maps of sentence pairs: pieces -> words, word merging, teacher forcing, shift vs naive."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import xattn
+from xattn.analysis.alignment import AlignSettings, attention_links, links_from_weights, word_attention
+from xattn.analysis.maps import (HeadChoice, PairAttention, UNK_SURFACE, merge_words, piece_words, teacher_forced)
+from xattn.errors import XattnError
+
+
+def test_piece_words_golden():
+    words, of = piece_words(["▁Ein", "▁Hund", "▁läuft", "▁", ".", "</s>"])
+    assert words == ["Ein", "Hund", "läuft", "."] and of == [0, 1, 2, 3, 3, -1]
+    # an unknown piece inside a source word stays in that word; in a hypothesis it prints as " ⁇ "
+    assert piece_words(["▁", "x", "<unk>", "y", "</s>"])[0] == [f"x{UNK_SURFACE}y"]
+    assert piece_words(["▁", "x", "<unk>", "y"], f" {UNK_SURFACE} ")[0] == ["x", UNK_SURFACE, "y"]
+    # a piece that spells nothing belongs to the word after it, or the word before at the end
+    assert piece_words(["▁a", "▁", "▁b", "▁"]) == (["a", "b"], [0, 1, 1, 1])
+    assert piece_words(["</s>"]) == ([], [-1])
+
+
+@pytest.fixture(scope="module")
+def translator(numbers_model):
+    return xattn.load(numbers_model, device="cpu")
+
+
+def test_hypothesis_words_are_the_printed_words(translator):
+    """For any ids a model can emit, the words of its pieces are the whitespace tokens of the decoded text."""
+    tok = translator.tokenizers.tgt
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.integers(3, tok.vocab_size - 1), max_size=12))
+    def check(ids):
+        assert piece_words(tok.pieces(ids), f" {UNK_SURFACE} ")[0] == tok.decode(ids).split()
+    check()
+
+
+def test_merge_words_keeps_row_sums():
+    rng = np.random.default_rng(0)
+    weights = rng.random((2, 3, 5, 7)).astype(np.float32)
+    weights /= weights.sum(-1, keepdims=True)
+    rows = np.array([[1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 1]], dtype=np.float32)
+    cols = np.array([[1, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1]],
+                    dtype=np.float32)
+    merged = merge_words(weights, rows, cols)
+    assert merged.shape == (2, 3, 3, 4)
+    np.testing.assert_allclose(merged.sum(-1), 1.0, atol=1e-6)
+    # a target word averages its pieces' rows; a source word sums its pieces' columns
+    np.testing.assert_allclose(merged[1, 2, 0, 1], weights[1, 2, :2, 1:4].sum(-1).mean(), rtol=1e-6)
+
+
+def diagonal_pair(n_src_words=3, n_tgt_words=3) -> PairAttention:
+    """Target piece t (row t predicts it) looks only at source piece t: a 'naive' diagonal alignment."""
+    src = [f"▁s{i}" for i in range(n_src_words)] + ["</s>"]
+    tgt = [f"▁t{j}" for j in range(n_tgt_words)] + ["</s>"]
+    cross = np.zeros((2, 2, len(tgt), len(src)), dtype=np.float32)
+    for t in range(len(tgt)):
+        cross[:, :, t, min(t, len(src) - 1)] = 1.0
+    return PairAttention.build(src, tgt, cross)
+
+
+def test_shift_reads_the_row_where_the_word_is_the_input():
+    pair = diagonal_pair()
+    naive = attention_links(pair, AlignSettings(HeadChoice(0), "naive"))
+    shift = attention_links(pair, AlignSettings(HeadChoice(0), "shift"))
+    assert naive == {(0, 0), (1, 1), (2, 2)}
+    # target word j is the decoder input at row j + 1, which looks at source piece j + 1 (the last: </s>, dropped)
+    assert shift == {(1, 0), (2, 1)}
+    assert attention_links(pair, AlignSettings(HeadChoice(0), "shift", eos="keep")) == {(1, 0), (2, 1)}
+
+
+def test_word_view_rows_sum_to_one_and_links_mark_cells():
+    src = ["▁Ein", "▁Hund", "e", "▁", ".", "</s>"]
+    tgt = ["▁A", "▁do", "g", "▁.", "</s>"]
+    rng = np.random.default_rng(1)
+    cross = rng.random((1, 2, len(tgt), len(src))).astype(np.float32)
+    cross /= cross.sum(-1, keepdims=True)
+    pair = PairAttention.build(src, tgt, cross, src_text="Ein Hunde .", tgt_text="A dog .")
+    maps = pair.maps("cross", words=True, links=[(1, 1)])
+    assert maps.cols == ["Ein", "Hunde", ".", "</s>"] and maps.rows == ["A", "dog", ".", "</s>"]
+    np.testing.assert_allclose(maps.weights.sum(-1), 1.0, atol=1e-6)
+    assert maps.links == [(1, 1)]
+    pieces = pair.maps("cross", links=[(1, 1)])
+    assert sorted(pieces.links) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # (source piece, target piece) cells
+    assert word_attention(pair, "naive").shape == (1, 2, 3, 4)
+
+
+def test_text_must_match_the_tokenizer_words():
+    with pytest.raises(XattnError, match="line 7: the source tokenizer splits this source into 2 words"):
+        PairAttention.build(["▁a", "▁b", "</s>"], ["</s>"], np.ones((1, 1, 1, 3)) / 3, src_text="ab", line=7)
+
+
+def test_decoder_self_masks_the_future():
+    pair = diagonal_pair()
+    pair.decoder_self = np.tril(np.ones((1, 1, 4, 4), dtype=np.float32))
+    pair.decoder_self /= pair.decoder_self.sum(-1, keepdims=True)
+    maps = pair.maps("decoder-self")
+    assert maps.rows == ["<s>", "▁t0", "▁t1", "▁t2"]
+    assert (maps.masked == np.triu(np.ones((4, 4), bool), 1)).all()
+
+
+def test_links_threshold_eos_and_punctuation():
+    # target words x (source words a , b, </s>)
+    weights = np.array([[0.5, 0.3, 0.1, 0.1],
+                        [0.1, 0.1, 0.2, 0.6],
+                        [0.05, 0.8, 0.05, 0.1]], dtype=np.float32)
+    src, tgt = ["a", ",", "b"], ["x", "y", ","]
+    choice = HeadChoice(0)
+    assert links_from_weights(weights, src, tgt, AlignSettings(choice)) == {(0, 0), (2, 1), (1, 2)}
+    assert links_from_weights(weights, src, tgt, AlignSettings(choice, eos="keep")) == {(0, 0), (1, 2)}
+    assert links_from_weights(weights, src, tgt, AlignSettings(choice, threshold=0.3)) == {(0, 0), (1, 0), (2, 1), (1, 2)}
+    # rows renormalised over the words: [.56 .33 .11], [.25 .25 .5], [.06 .89 .06]
+    # match: the comma links only to the comma, words never to it
+    weights[0] = [0.2, 0.7, 0.0, 0.1]
+    assert links_from_weights(weights, src, tgt, AlignSettings(choice, punct="match")) == {(0, 0), (2, 1), (1, 2)}
+
+
+def test_teacher_forced_is_the_model_reading_the_pair(translator):
+    """Each pair of a padded batch gets exactly the maps of the model reading that pair alone."""
+    import torch
+
+    sources = ["drei hundert vier", "eins", "zwei tausend sieben hundert elf"]
+    targets = ["three hundred four", "one one one one", "two"]
+    pairs = teacher_forced(translator, sources, targets, ("cross", "decoder-self", "encoder-self"))
+    model, tok, cfg = translator.model, translator.tokenizers, translator.model.cfg
+    for src_text, tgt_text, pair in zip(sources, targets, pairs):
+        src = torch.tensor([tok.src.encode(src_text) + [cfg.eos_id]])
+        tgt = torch.tensor([[cfg.bos_id] + tok.tgt.encode(tgt_text)])
+        with torch.no_grad():
+            enc = model.encode(src, need_weights=True)
+            out = model.decode(tgt, enc, need_weights=True)
+        np.testing.assert_allclose(pair.cross, torch.stack(out.cross_attn, 1)[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(pair.decoder_self, torch.stack(out.self_attn, 1)[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(pair.encoder_self, torch.stack(enc.self_attn, 1)[0].numpy(), atol=1e-5)
+        assert pair.src_words == src_text.split() and pair.tgt_words == tgt_text.split()
+        assert pair.tgt_tokens[-1] == "</s>" and len(pair.tgt_tokens) == tgt.shape[1]

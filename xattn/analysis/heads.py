@@ -1,0 +1,41 @@
+"""Per-head analysis: which layer and heads of the cross-attention align best with gold word alignments."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from xattn.analysis.alignment import AlignSettings, Links, flip, links_from_weights, word_attention
+from xattn.analysis.maps import HeadChoice, iter_teacher_forced
+
+
+def candidates(n_layers: int, n_heads: int) -> list[HeadChoice]:
+    """Every layer's mean of heads, then every single head."""
+    return [HeadChoice(layer) for layer in range(n_layers)] + \
+           [HeadChoice(layer, (head,)) for layer in range(n_layers) for head in range(n_heads)]
+
+
+def rank_alignment_heads(translator, sources: Sequence[str], targets: Sequence[str],
+                         gold: Sequence[tuple[Links, Links]], methods: Sequence[str] = ("shift", "naive"),
+                         reverse: bool = False, eos: str = "drop", punct: str = "free",
+                         max_tokens: int = 4096) -> list[dict]:
+    """AER of every (method, layer mean or single head) on gold (sure, possible) links, best first.
+
+    `gold[k]` indexes (source word, target word) of pair k, or (target, source) with `reverse`.
+    """
+    from xattn.analysis.aer import score
+
+    cfg = translator.model.cfg
+    choices = candidates(cfg.n_decoder_layers, cfg.n_heads)
+    hyps: dict[tuple[str, HeadChoice], list[Links]] = {(m, c): [set() for _ in sources] for m in methods for c in choices}
+    for k, pair in iter_teacher_forced(translator, sources, targets, ("cross",), max_tokens):
+        for method in methods:
+            weights = word_attention(pair, method)  # (L, H, T_w, S_w + 1)
+            for choice in choices:
+                settings = AlignSettings(choice, method, None, eos, punct)
+                links = links_from_weights(choice.select(weights), pair.src_words, pair.tgt_words, settings)
+                hyps[method, choice][k] = flip(links) if reverse else links
+    rows = []
+    for (method, choice), links in hyps.items():
+        s = score(links, gold)
+        rows.append({"method": method, **choice.to_dict(), "aer": s.aer, "precision": s.precision,
+                     "recall": s.recall})
+    return sorted(rows, key=lambda r: (r["aer"], r["method"] != "shift", isinstance(r["heads"], list), r["layer"]))

@@ -1,0 +1,80 @@
+"""`xattn align MODEL`: word alignment of given sentence pairs from the model's cross-attention."""
+from __future__ import annotations
+
+from xattn.cli.common import add_alignment_flags, add_verb, alignment_settings, path_arg, write_output_lines
+from xattn.errors import XattnError
+from xattn.io import read_lines
+
+SYMMETRISATIONS = ("intersect", "union", "grow-diag", "grow-diag-final")
+
+
+def register(sub) -> None:
+    p = add_verb(sub, "align", "Align the words of given sentence pairs, teacher-forced, from the cross-attention. "
+                 "Input: whitespace-tokenised words; output: one line of Pharaoh links i-j per pair, 0-based, "
+                 "i indexing the first side (--src, or the left of --pairs), j the second.",
+                 "xattn align runs/multi30k-fr-en --pairs test.en-fr --reverse --backward runs/multi30k-en-fr "
+                 "--sym grow-diag-final > links.txt", run)
+    p.add_argument("model", type=path_arg, help="model directory")
+    p.add_argument("--src", type=path_arg, help="source-language file, one sentence per line (the model reads it)")
+    p.add_argument("--tgt", type=path_arg, help="target-language file, line-aligned with --src")
+    p.add_argument("--pairs", type=path_arg, help="file of `first ||| second` lines instead of --src/--tgt")
+    p.add_argument("--reverse", action="store_true",
+                   help="with --pairs: the first side is the model's target language (links still index it first)")
+    p.add_argument("--backward", type=path_arg, metavar="MODEL2",
+                   help="a model of the opposite direction, to symmetrise with (needs --sym)")
+    p.add_argument("--sym", choices=SYMMETRISATIONS, help="how to combine both directions' links")
+    p.add_argument("--output", "-o", type=path_arg, help="output file, written atomically (default: stdout)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch")
+    add_alignment_flags(p)
+
+
+def read_pairs(args) -> tuple[list[str], list[str]]:
+    """(first sides, second sides) from --pairs or --src/--tgt; errors name the file and line."""
+    if args.pairs:
+        if args.src or args.tgt:
+            raise XattnError("give either --pairs or --src and --tgt, not both")
+        first, second = [], []
+        for n, line in enumerate(read_lines(args.pairs), 1):
+            sides = line.split(" ||| ")
+            if len(sides) != 2:
+                raise XattnError(f"{args.pairs}: line {n}: expected `first ||| second`, found "
+                                 f"{len(sides) - 1} separators ' ||| '")
+            first.append(sides[0])
+            second.append(sides[1])
+        return first, second
+    if not (args.src and args.tgt):
+        raise XattnError("give the sentence pairs: --src FILE --tgt FILE, or --pairs FILE")
+    if args.reverse:
+        raise XattnError("--reverse applies to --pairs; with --src/--tgt, --src is the model's source language")
+    src, tgt = read_lines(args.src), read_lines(args.tgt)
+    if len(src) != len(tgt):
+        raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.tgt} has {len(tgt)}")
+    return src, tgt
+
+
+def run(args) -> int:
+    from xattn.analysis.alignment import align_pairs, flip, format_links, symmetrise
+    from xattn.devices import resolve_device
+    from xattn.translator import Translator
+
+    if bool(args.backward) != bool(args.sym):
+        raise XattnError("--backward and --sym go together: a model of the opposite direction and how to combine")
+    if args.max_tokens < 1:
+        raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
+    first, second = read_pairs(args)
+    src, tgt = (second, first) if args.reverse else (first, second)
+    device = resolve_device(args.device or "auto", "--device")
+    forward = Translator.from_dir(args.model, device=device)
+    settings = alignment_settings(args, args.model, forward.model.cfg.n_decoder_layers)
+    links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
+    if args.backward:
+        backward = Translator.from_dir(args.backward, device=device)
+        back_settings = alignment_settings(args, args.backward, backward.model.cfg.n_decoder_layers)
+        back = [flip(x) for x in align_pairs(backward, tgt, src, back_settings, args.max_tokens,
+                                             f"aligning with {args.backward}")]
+        links = [symmetrise(f, b, args.sym, len(s.split()), len(t.split())) for f, b, s, t in zip(links, back, src, tgt)]
+    if args.reverse:
+        links = [flip(x) for x in links]
+    write_output_lines(args.output, [format_links(x) for x in links])
+    return 0

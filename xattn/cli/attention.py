@@ -1,0 +1,90 @@
+"""`xattn attention MODEL "sentence"`: a heatmap of the attention of the model's translation or of a reference."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from xattn.cli.common import add_head_flags, add_verb, path_arg
+from xattn.cli.translate import add_decode_flags, decode_config
+from xattn.errors import XattnError
+
+STATIC = (".png", ".svg", ".pdf")
+
+
+def register(sub) -> None:
+    p = add_verb(sub, "attention", "Draw the attention of one sentence pair: the model's own translation (any "
+                 "decoding flags), or a given --reference read teacher-forced. The file type follows the "
+                 "extension: .png, .svg, .pdf, or .html (one self-contained interactive page, no network).",
+                 "xattn attention runs/multi30k-de-en \"Ein Hund rennt über die Wiese.\" --words -o dog.png\n"
+                 "  xattn attention runs/multi30k-de-en \"Ein Hund rennt.\" --reference \"A dog runs.\" -o dog.html",
+                 run)
+    p.add_argument("model", type=path_arg, help="model directory")
+    p.add_argument("sentence", help="the source sentence")
+    p.add_argument("--reference", help="a translation to read teacher-forced instead of the model's own")
+    p.add_argument("--output", "-o", type=path_arg, required=True, help="FILE.png, .svg, .pdf or .html")
+    p.add_argument("--kind", choices=["cross", "decoder-self", "encoder-self"], default="cross",
+                   help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")
+    add_head_flags(p, "draw (default: the last; the HTML page has a picker)")
+    p.add_argument("--grid", action="store_true", help="every layer x head in one figure (static files)")
+    p.add_argument("--words", action="store_true",
+                   help="merge subword pieces into the words of the text: a source word's weight is the sum "
+                        "over its pieces, a target word's row the average of its pieces' rows, so rows still "
+                        "sum to 1")
+    p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross)")
+    add_decode_flags(p)
+
+
+def run(args) -> int:
+    from xattn.analysis import html, plots
+    from xattn.analysis.alignment import attention_links
+    from xattn.analysis.choice import settings_for
+    from xattn.analysis.maps import HeadChoice
+    from xattn.cli.translate import load_translator
+
+    out = Path(args.output)
+    kind = out.suffix.lower()
+    if kind not in (*STATIC, ".html"):
+        raise XattnError(f"--output: {out}: the extension must be one of .png, .svg, .pdf, .html")
+    if args.grid and kind == ".html":
+        raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
+    if not args.sentence.strip():
+        raise XattnError("the sentence is empty")
+    translator = load_translator(args)
+    cfg = translator.model.cfg
+    pair = attention_pair(args, translator)
+    links = []
+    if args.kind == "cross" and not args.no_links:
+        links = sorted(attention_links(pair, settings_for(args.model, cfg.n_decoder_layers)))
+    maps = pair.maps(args.kind, words=args.words, links=links)
+    if args.layer is None and args.heads is not None:
+        raise XattnError("--heads needs --layer")
+    choice = HeadChoice.parse(cfg.n_decoder_layers - 1 if args.layer is None else args.layer, args.heads or "mean")
+    n_layers = cfg.n_encoder_layers if args.kind == "encoder-self" else cfg.n_decoder_layers
+    choice.check(n_layers, cfg.n_heads)
+    if kind == ".html":
+        from xattn.io import atomic_write_text
+        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair)))
+    else:
+        plots.save(plots.figure(maps, choice, grid=args.grid, title=title(args, pair)), out)
+    print(out)
+    return 0
+
+
+def title(args, pair) -> str:
+    which = "reference" if args.reference is not None else "translation"
+    return f"{args.kind} attention: {args.sentence} -> {' '.join(pair.tgt_words)} ({which})"
+
+
+def attention_pair(args, translator):
+    """PairAttention of the sentence with the reference (teacher-forced) or the model's own translation."""
+    from xattn.analysis.maps import PairAttention, encoder_attention, teacher_forced
+
+    kinds = ("cross", args.kind)
+    if args.reference is not None:
+        return teacher_forced(translator, [args.sentence], [args.reference], kinds)[0]
+    cfg = decode_config(args, translator.decode_config)
+    result = translator.translate([args.sentence], cfg, return_attention=True, attention_from="rescore",
+                                  return_self_attention=args.kind == "decoder-self")[0]
+    pair = PairAttention.from_translation(result, args.sentence)
+    if args.kind == "encoder-self":
+        pair.encoder_self = encoder_attention(translator, args.sentence)
+    return pair

@@ -1,0 +1,83 @@
+"""`xattn heads SUBCOMMAND`: per-head analysis. `heads align` ranks layers and heads by AER on gold alignments."""
+from __future__ import annotations
+
+import json
+
+from xattn.cli.align import read_pairs
+from xattn.cli.common import add_verb, path_arg, write_output_lines
+from xattn.cli.main import Parser
+from xattn.errors import XattnError
+
+
+def register(sub) -> None:
+    p = add_verb(sub, "heads", "Analyse attention heads: `heads align` finds the layer and heads whose "
+                 "cross-attention aligns best with gold word alignments.",
+                 "xattn heads align runs/multi30k-fr-en --pairs test.en-fr --reverse --gold gold.talp "
+                 "--gold-one-indexed", None)
+    p.set_defaults(run=lambda args: p.error("a subcommand is required: align"))
+    subs = p.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", parser_class=Parser)
+    a = add_verb(subs, "align", "Rank every layer (mean of its heads) and every single head, with both the shift "
+                 "and the naive method, by AER on gold pairs; store the best in the model directory "
+                 "(analysis.yaml), which `xattn align` and `translate --alignment` then use by default.",
+                 "xattn heads align runs/multi30k-fr-en --pairs test.en-fr --reverse --gold gold.talp "
+                 "--gold-one-indexed --first 100", run_align)
+    a.prog = "xattn heads align"
+    a.add_argument("model", type=path_arg, help="model directory")
+    a.add_argument("--src", type=path_arg, help="source-language file, one whitespace-tokenised sentence per line")
+    a.add_argument("--tgt", type=path_arg, help="target-language file, line-aligned with --src")
+    a.add_argument("--pairs", type=path_arg, help="file of `first ||| second` lines instead of --src/--tgt")
+    a.add_argument("--reverse", action="store_true", help="with --pairs: the first side is the model's target language")
+    a.add_argument("--gold", type=path_arg, required=True,
+                   help="gold links per pair, i-j (sure) and ipj (possible), i indexing the first side")
+    a.add_argument("--gold-one-indexed", action="store_true", help="the gold file counts words from 1")
+    a.add_argument("--first", type=int, help="use only the first N pairs (keep the rest for reporting)")
+    a.add_argument("--method", choices=["shift", "naive"], help="rank this method only (default: both)")
+    a.add_argument("--eos", choices=["drop", "keep"], default="drop", help="as in xattn align")
+    a.add_argument("--punct", choices=["free", "match"], default="free", help="as in xattn align")
+    a.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch")
+    a.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    a.add_argument("--table", "-o", type=path_arg, help="also write the ranking as JSON lines to this file")
+    a.add_argument("--no-store", action="store_true", help="print the ranking without writing analysis.yaml")
+
+
+def run_align(args) -> int:
+    from xattn.analysis.aer import read_alignments
+    from xattn.analysis.choice import save
+    from xattn.analysis.heads import rank_alignment_heads
+    from xattn.devices import resolve_device
+    from xattn.translator import Translator
+
+    first, second = read_pairs(args)
+    if args.first is not None:
+        if args.first < 1:
+            raise XattnError(f"--first: must be >= 1, got {args.first}")
+        first, second = first[: args.first], second[: args.first]
+    lengths = [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
+    gold = read_alignments(args.gold, one_indexed=args.gold_one_indexed, lengths=None)
+    if args.first is None and len(gold) != len(first):
+        raise XattnError(f"line counts differ: {args.gold} has {len(gold)} lines, the pairs {len(first)}")
+    if len(gold) < len(first):
+        raise XattnError(f"{args.gold} has {len(gold)} lines, fewer than the {len(first)} pairs")
+    gold = read_alignments(args.gold, one_indexed=args.gold_one_indexed,
+                           lengths=lengths + [None] * (len(gold) - len(first)))[: len(first)]
+    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
+    src, tgt = (second, first) if args.reverse else (first, second)
+    methods = [args.method] if args.method else ["shift", "naive"]
+    ranking = rank_alignment_heads(translator, src, tgt, gold, methods, args.reverse, eos=args.eos,
+                                   punct=args.punct, max_tokens=args.max_tokens)
+    lines = [f"{'AER':>6} {'P':>6} {'R':>6}  method  layer  heads"]
+    lines += [f"{100 * r['aer']:6.1f} {100 * r['precision']:6.1f} {100 * r['recall']:6.1f}  {r['method']:<6}  "
+              f"{r['layer']:>5}  {r['heads']}" for r in ranking]
+    write_output_lines(None, lines)
+    if args.table:
+        write_output_lines(args.table, [json.dumps(r) for r in ranking])
+    if not args.no_store:
+        from xattn.analysis.maps import HeadChoice
+
+        best = ranking[0]
+        path = save(args.model, HeadChoice.parse(best["layer"], best["heads"]), best["method"],
+                    {"eos": args.eos, "punct": args.punct, "aer": round(best["aer"], 4), "pairs": len(first),
+                     "gold": str(args.gold)})
+        print(f"stored {best['method']}, layer {best['layer']}, heads {best['heads']} "
+              f"(AER {100 * best['aer']:.1f}) in {path}")
+    return 0
