@@ -7,7 +7,7 @@ import sys
 
 from xattn.errors import XattnError
 
-VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import")
+VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import", "aer")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 
