@@ -51,6 +51,15 @@ def numbers_model(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def hansards() -> Path:
+    """The Hansards en-fr gold alignments (gold.talp, 1-based, English first) and their sentences (test.en-fr)."""
+    path = SHARED_DATA / "alignment" / "hansards-en-fr"
+    if not (path / "gold.talp").is_file():
+        pytest.skip(f"no Hansards gold alignments at {path}")
+    return path
+
+
 @pytest.fixture
 def tiny_model():
     torch.manual_seed(0)

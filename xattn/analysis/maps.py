@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from xattn.errors import XattnError
 
@@ -258,6 +257,8 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
                         kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
                         progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
     """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
+    import torch
+
     from xattn.translator import pad_batch, token_batches
 
     if len(sources) != len(targets):
@@ -289,6 +290,8 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
 
 def encoder_attention(translator: Translator, text: str) -> np.ndarray:
     """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>)."""
+    import torch
+
     cfg = translator.model.cfg
     ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]
     with torch.inference_mode():

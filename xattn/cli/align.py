@@ -1,12 +1,10 @@
 """`xattn align MODEL`: word alignment of given sentence pairs from the model's cross-attention."""
 from __future__ import annotations
 
-from xattn.cli.common import add_alignment_flags, add_verb, alignment_settings, path_arg, write_output_lines
+from xattn.analysis.alignment import SYMMETRISATIONS
+from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, path_arg, read_sentence_pairs,
+                              write_output_lines)
 from xattn.errors import XattnError
-from xattn.io import read_lines
-
-SYMMETRISATIONS = ("intersect", "union", "grow-diag", "grow-diag-final")
-
 
 def register(sub) -> None:
     p = add_verb(sub, "align", "Align the words of given sentence pairs, teacher-forced, from the cross-attention. "
@@ -31,26 +29,9 @@ def register(sub) -> None:
 
 def read_pairs(args) -> tuple[list[str], list[str]]:
     """(first sides, second sides) from --pairs or --src/--tgt; errors name the file and line."""
-    if args.pairs:
-        if args.src or args.tgt:
-            raise XattnError("give either --pairs or --src and --tgt, not both")
-        first, second = [], []
-        for n, line in enumerate(read_lines(args.pairs), 1):
-            sides = line.split(" ||| ")
-            if len(sides) != 2:
-                raise XattnError(f"{args.pairs}: line {n}: expected `first ||| second`, found "
-                                 f"{len(sides) - 1} separators ' ||| '")
-            first.append(sides[0])
-            second.append(sides[1])
-        return first, second
-    if not (args.src and args.tgt):
-        raise XattnError("give the sentence pairs: --src FILE --tgt FILE, or --pairs FILE")
-    if args.reverse:
+    if args.reverse and not args.pairs:
         raise XattnError("--reverse applies to --pairs; with --src/--tgt, --src is the model's source language")
-    src, tgt = read_lines(args.src), read_lines(args.tgt)
-    if len(src) != len(tgt):
-        raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.tgt} has {len(tgt)}")
-    return src, tgt
+    return read_sentence_pairs(args.pairs, args.src, args.tgt)
 
 
 def run(args) -> int:

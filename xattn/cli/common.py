@@ -57,3 +57,28 @@ def alignment_settings(args, model_dir, n_layers: int):
 
     return settings_for(model_dir, n_layers, args.layer, args.heads, args.method, threshold=args.threshold,
                         eos=args.eos, punct=args.punct)
+
+
+def read_sentence_pairs(pairs: str | None, src: str | None, tgt: str | None) -> tuple[list[str], list[str]]:
+    """(first sides, second sides) from --pairs (`first ||| second` lines) or the line-aligned --src/--tgt."""
+    from xattn.errors import XattnError
+    from xattn.io import read_lines
+
+    if pairs and (src or tgt):
+        raise XattnError("give --pairs or --src and --tgt, not both")
+    if pairs:
+        first, second = [], []
+        for n, line in enumerate(read_lines(pairs), 1):
+            sides = line.split("|||")
+            if len(sides) != 2:
+                raise XattnError(f"{pairs}: line {n}: expected 'source ||| target', found {len(sides) - 1} "
+                                 "'|||' separators")
+            first.append(sides[0].strip())
+            second.append(sides[1].strip())
+        return first, second
+    if not (src and tgt):
+        raise XattnError("give the sentence pairs: --src FILE --tgt FILE, or --pairs FILE")
+    first, second = read_lines(src), read_lines(tgt)
+    if len(first) != len(second):
+        raise XattnError(f"line counts differ: {src} has {len(first)} lines, {tgt} has {len(second)}")
+    return first, second

@@ -7,8 +7,8 @@ import sys
 
 from xattn.errors import XattnError
 
-VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import", "attention", "align", "diagnose",
-         "heads")
+VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
+         "diagnose")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 
