@@ -7,6 +7,7 @@ from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
+from xattn.io import read_lines
 
 
 def register(sub) -> None:
@@ -14,8 +15,7 @@ def register(sub) -> None:
                  "cross-attention aligns best with gold word alignments.",
                  "xattn heads align runs/multi30k-fr-en --pairs test.en-fr --reverse --gold gold.talp "
                  "--gold-one-indexed", None)
-    p.set_defaults(run=lambda args: p.error("a subcommand is required: align"))
-    subs = p.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", parser_class=Parser)
+    subs = p.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", parser_class=Parser, required=True)
     a = add_verb(subs, "align", "Rank every layer (mean of its heads) and every single head, with both the shift "
                  "and the naive method, by AER on gold pairs; store the best in the model directory "
                  "(analysis.yaml), which `xattn align` and `translate --alignment` then use by default.",
@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 
 def run_align(args) -> int:
-    from xattn.analysis.aer import read_alignments
+    from xattn.analysis.alignment import parse_alignments
     from xattn.analysis.choice import save
     from xattn.analysis.heads import rank_alignment_heads
     from xattn.devices import resolve_device
@@ -53,13 +53,11 @@ def run_align(args) -> int:
             raise XattnError(f"--first: must be >= 1, got {args.first}")
         first, second = first[: args.first], second[: args.first]
     lengths = [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
-    gold = read_alignments(args.gold, one_indexed=args.gold_one_indexed, lengths=None)
-    if args.first is None and len(gold) != len(first):
-        raise XattnError(f"line counts differ: {args.gold} has {len(gold)} lines, the pairs {len(first)}")
-    if len(gold) < len(first):
-        raise XattnError(f"{args.gold} has {len(gold)} lines, fewer than the {len(first)} pairs")
-    gold = read_alignments(args.gold, one_indexed=args.gold_one_indexed,
-                           lengths=lengths + [None] * (len(gold) - len(first)))[: len(first)]
+    gold_lines = read_lines(args.gold)
+    if len(gold_lines) != len(first) and (args.first is None or len(gold_lines) < len(first)):
+        raise XattnError(f"line counts differ: {args.gold} has {len(gold_lines)} lines, the pairs {len(first)}")
+    gold = parse_alignments(gold_lines[: len(first)], str(args.gold), one_indexed=args.gold_one_indexed,
+                            lengths=lengths)
     translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
     src, tgt = (second, first) if args.reverse else (first, second)
     methods = [args.method] if args.method else ["shift", "naive"]

@@ -1,0 +1,154 @@
+"""The analysis verbs end to end on a tiny trained model: align, translate --alignment, heads align, diagnose."""
+import json
+import shutil
+
+import pytest
+import yaml
+
+from xattn.analysis.alignment import parse_links
+from xattn.cli.main import main
+
+SRC = ["drei hundert vier", "eins", "zwei tausend sieben hundert elf", ""]
+TGT = ["three hundred four", "one", "two thousand seven hundred eleven", ""]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, numbers_model):
+    root = tmp_path_factory.mktemp("analysis")
+    shutil.copytree(numbers_model, root / "model")
+    (root / "src.txt").write_text("".join(f"{s}\n" for s in SRC))
+    (root / "tgt.txt").write_text("".join(f"{t}\n" for t in TGT))
+    (root / "pairs.txt").write_text("".join(f"{s} ||| {t}\n" for s, t in zip(SRC, TGT)))
+    (root / "pairs-reversed.txt").write_text("".join(f"{t} ||| {s}\n" for s, t in zip(SRC, TGT)))
+    # gold: the diagonal, written with 1-based indices
+    (root / "gold.txt").write_text("".join(" ".join(f"{k + 1}-{k + 1}" for k in range(len(s.split()))) + "\n"
+                                           for s in SRC))
+    return root
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def links(out: str) -> list[set]:
+    return [parse_links(line)[0] for line in out.splitlines()]
+
+
+def test_align_src_tgt_pairs_and_reverse(work, capsys):
+    code, out, _ = run(capsys, "align", work / "model", "--src", work / "src.txt", "--tgt", work / "tgt.txt")
+    assert code == 0
+    result = links(out)
+    assert len(result) == len(SRC) and result[3] == set()
+    for (s, t), pair_links in zip(zip(SRC, TGT), result):
+        assert pair_links and all(i < len(s.split()) and j < len(t.split()) for i, j in pair_links) or not s
+        assert {j for _, j in pair_links} == set(range(len(t.split())))  # argmax: one link per target word
+    assert run(capsys, "align", work / "model", "--pairs", work / "pairs.txt")[1] == out
+    # the first side is the model's target: the same model reading, links still index the first side first
+    code, reversed_out, _ = run(capsys, "align", work / "model", "--pairs", work / "pairs-reversed.txt", "--reverse")
+    assert [{(j, i) for i, j in x} for x in links(reversed_out)] == result
+
+
+def test_align_methods_heads_threshold_and_symmetrisation(work, capsys):
+    base = ["align", work / "model", "--pairs", work / "pairs.txt"]
+    naive = links(run(capsys, *base, "--method", "naive")[1])
+    head = links(run(capsys, *base, "--layer", "0", "--heads", "1")[1])
+    low = links(run(capsys, *base, "--threshold", "0.01")[1])
+    assert all(len(x) >= len(y) for x, y in zip(low, naive))  # a low threshold keeps more links
+    assert len(naive) == len(head) == len(SRC)
+    sym = {m: links(run(capsys, *base, "--backward", work / "model", "--sym", m)[1])
+           for m in ("intersect", "grow-diag-final", "union")}
+    for k in range(len(SRC)):
+        assert sym["intersect"][k] <= sym["grow-diag-final"][k] <= sym["union"][k]
+
+
+def test_translate_alignment_every_strategy(work, capsys):
+    for flags in ([], ["--beam", "2", "--n-best", "2"], ["--sample", "--num-samples", "2", "--seed", "3"]):
+        code, out, _ = run(capsys, "translate", work / "model", "-i", work / "src.txt", "--alignment", *flags)
+        assert code == 0
+        for line in out.splitlines():
+            parts = line.split(" ||| ")
+            index = int(parts[0]) if len(parts) == 4 else None
+            text, pharaoh = parts[-3 if index is not None else 0], parts[-1]
+            source = SRC[index] if index is not None else None
+            for i, j in parse_links(pharaoh)[0]:
+                assert j < len(text.split())
+                assert source is None or i < len(source.split())
+        lines = out.splitlines()
+        if flags:  # two per sentence (the empty sentence: one empty translation under beam search)
+            assert [int(x.split(" ||| ")[0]) for x in lines if not x.startswith("3 ")] == [0, 0, 1, 1, 2, 2]
+        else:
+            assert len(lines) == len(SRC)
+
+
+def test_heads_align_stores_the_choice_that_align_uses(work, capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(work / "model", model)
+    code, out, _ = run(capsys, "heads", "align", model, "--pairs", work / "pairs.txt", "--gold", work / "gold.txt",
+                       "--gold-one-indexed", "--table", tmp_path / "rank.jsonl")
+    assert code == 0 and "stored" in out
+    ranking = [json.loads(line) for line in (tmp_path / "rank.jsonl").read_text().splitlines()]
+    assert len(ranking) == 2 * (1 + 2)  # two methods x (the layer mean + 2 heads)
+    assert ranking == sorted(ranking, key=lambda r: r["aer"])
+    record = yaml.safe_load((model / "analysis.yaml").read_text())["alignment"]
+    assert (record["method"], record["layer"], record["heads"]) == (ranking[0]["method"], 0, ranking[0]["heads"])
+    # align reads the stored choice: the same links as naming it on the command line
+    heads = "mean" if record["heads"] == "mean" else ",".join(map(str, record["heads"]))
+    stored = run(capsys, "align", model, "--pairs", work / "pairs.txt")[1]
+    named = run(capsys, "align", model, "--pairs", work / "pairs.txt", "--method", record["method"],
+                "--layer", "0", "--heads", heads)[1]
+    assert stored == named
+    # new weights: the stored choice no longer applies, with a warning
+    (model / "model.safetensors").write_bytes((work / "model" / "model.safetensors").read_bytes())
+    text = (model / "analysis.yaml").read_text().replace(record["weights"], "0" * 64)
+    (model / "analysis.yaml").write_text(text)
+    code, _, err = run(capsys, "align", model, "--pairs", work / "pairs.txt")
+    assert code == 0 and "measured on other weights; ignored" in err
+
+
+def test_diagnose_json_lines(work, capsys):
+    code, out, err = run(capsys, "diagnose", work / "model", "--src", work / "src.txt", "--ref", work / "tgt.txt")
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4]
+    assert all(len(r["coverage"]) == len(s.split()) and "chrf" in r for r, s in zip(records, SRC))
+    summary = json.loads(err.strip().splitlines()[-1])["summary"]
+    assert summary["sentences"] == 4
+    code, out, _ = run(capsys, "diagnose", work / "model", "--src", work / "src.txt", "--hyp", work / "tgt.txt")
+    assert code == 0 and [json.loads(x)["translation"] for x in out.splitlines()] == TGT
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["align", "{m}", "--src", "{w}/src.txt", "--tgt", "{w}/short.txt"], "line counts differ"),
+    (["align", "{m}", "--pairs", "{w}/bad-pairs.txt"], "bad-pairs.txt: line 2: expected 'source ||| target'"),
+    (["align", "{m}", "--src", "{w}/src.txt"], "give the sentence pairs"),
+    (["align", "{m}", "--src", "{w}/src.txt", "--tgt", "{w}/tgt.txt", "--reverse"], "--reverse applies to --pairs"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--layer", "3"], "--layer: 3 is not a layer of this model (0 to 0)"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "0,x"], "--heads: expected 'mean' or head numbers"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "5"], "--heads: 5 is not a head of this model"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--threshold", "0"], "--threshold: must be in (0, 1]"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}"], "--backward and --sym go together"),
+    (["align", "{w}/src.txt", "--pairs", "{w}/pairs.txt"], "not a model directory"),
+    (["align", "{w}", "--pairs", "{w}/pairs.txt"], "not a model directory"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--max-tokens", "0"], "--max-tokens: must be >= 1"),
+    (["translate", "{m}", "-i", "{w}/src.txt", "--alignment", "--layer", "1"], "--layer: 1 is not a layer"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/bad-gold.txt"], "bad-gold.txt: line 1"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/gold.txt"], "beyond"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/short.txt"], "line counts differ"),
+    (["heads"], "the following arguments are required: SUBCOMMAND"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--ref", "{w}/short.txt"], "line counts differ"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--under", "-1"], "--under: must be >= 0"),
+])
+def test_errors_are_one_line(work, capsys, argv, message):
+    (work / "short.txt").write_text("one\n")
+    (work / "bad-pairs.txt").write_text("a ||| b\nno separator\n")
+    (work / "bad-gold.txt").write_text("1-x\n\n\n\n")
+    argv = [a.format(m=work / "model", w=work) for a in argv]
+    before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file()} == before
