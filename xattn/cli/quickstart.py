@@ -23,7 +23,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from xattn.analysis.plots import plot_attention
+    from xattn.analysis.maps import AttentionMaps
+    from xattn.analysis.plots import figure, save
     from xattn.config import load_config, resolve_config
     from xattn.datasets import load_pairs
     from xattn.evaluation import evaluate
@@ -55,8 +56,9 @@ def run(args) -> int:
         mark = "ok " if res.text == ref else "   "
         print(f"{mark} {src}\n    -> {res.text}\n       (reference: {ref})")
     pick = max(range(min(len(results), 50)), key=lambda i: len(results[i].tgt_tokens) * (hyps[i] == refs[i]))
-    png = plot_attention(results[pick].cross_attention, results[pick].src_tokens, results[pick].tgt_tokens,
-                         out / "attention.png", title="cross-attention, last layer, mean of heads")
+    best = results[pick]
+    maps = AttentionMaps(best.cross_attention, rows=best.tgt_tokens, cols=best.src_tokens, kind="cross")
+    png = save(figure(maps), out / "attention.png")  # the last layer, mean of heads
     print(f"\n== cross-attention heatmap of \"{pairs[pick][0]}\": {png}")
     print(f"next: echo '{pairs[0][0]}' | xattn translate {out}")
     return 0

@@ -1,0 +1,230 @@
+import json
+import os
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xattn.analysis.html import render, save
+from xattn.analysis.maps import AttentionMaps, HeadChoice
+from xattn.errors import XattnError
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+HOSTILE = ["<script>alert(1)</script>", "a & b", "</script><!--", "chat"]
+
+
+def rows_sum_to_one(w: np.ndarray) -> np.ndarray:
+    return (w / w.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def cross_maps() -> AttentionMaps:
+    """2 layers x 3 heads, 3 target rows x 4 source columns (labels that are HTML), every weight different."""
+    w = rows_sum_to_one(np.arange(1, 2 * 3 * 3 * 4 + 1, dtype=np.float64).reshape(2, 3, 3, 4) ** 1.5)
+    return AttentionMaps(w, rows=["cat", "\"q'", "猫"], cols=HOSTILE, links=[(3, 0), (0, 2)])
+
+
+def decoder_self_maps() -> AttentionMaps:
+    masked = np.triu(np.ones((3, 3), dtype=bool), k=1)  # True = a future position
+    w = np.array([[[1, 0, 0], [0.25, 0.75, 0], [0.1, 0.3, 0.6]],
+                  [[1, 0, 0], [0.5, 0.5, 0], [0.3, 0.3, 0.4]]], dtype=np.float32)  # (H, R, C)
+    return AttentionMaps(w[None], rows=["cat", "\"q'", "猫"], cols=["cat", "\"q'", "猫"],
+                         kind="decoder-self", masked=masked)
+
+
+class Elements(HTMLParser):
+    """Every start tag with its attributes, and the text inside each <script> and <style>."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.raw, self._open = [], {"script": [], "style": []}, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._open = tag if tag in self.raw else None
+
+    def handle_endtag(self, tag):
+        self._open = None
+
+    def handle_data(self, data):
+        if self._open:
+            self.raw[self._open].append(data)
+
+
+def data_of(text: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="xa-data">(.*?)</script>', text, re.S)[1])
+
+
+def test_no_external_resource_of_any_kind():
+    text = render({"cross": cross_maps(), "decoder-self": decoder_self_maps()})
+    page = Elements(text)
+    names = [tag for tag, _ in page.tags]
+    assert "link" not in names and "iframe" not in names and "img" not in names
+    for tag, attrs in page.tags:
+        assert not {"src", "href", "action", "formaction", "srcset", "poster"} & set(attrs), (tag, attrs)
+    styles, scripts = "".join(page.raw["style"]), "".join(page.raw["script"])
+    assert "url(" not in styles and "@import" not in styles
+    assert not re.search(r"\bimport\b|fetch\(|XMLHttpRequest|WebSocket|EventSource|sendBeacon", scripts)
+    assert not re.search(r"https?:|[\"'(=]\s*//", text), "a URL"
+    csp = [a["content"] for t, a in page.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "default-src 'none'" in csp[0]
+
+
+def test_hostile_labels_stay_text():
+    text = render(cross_maps(), title="<b>bold</b> & co")
+    page = Elements(text)
+    assert [a for t, a in page.tags if t == "script"] == [{"type": "application/json", "id": "xa-data"}, {}]
+    assert "<b>" not in text and "<h1 id=\"xa-title\">&lt;b&gt;bold&lt;/b&gt; &amp; co</h1>" in text
+    assert "<!--" not in text and text.lower().count("</script") == 2
+    data = data_of(text)
+    assert data["views"][0]["cols"] == HOSTILE and data["views"][0]["rows"] == ["cat", "\"q'", "猫"]
+    placeholders = AttentionMaps(np.ones((1, 1, 1, 1), np.float32), rows=["@TITLE@"], cols=["@DATA@"])
+    text = render(placeholders, title="@DATA@")
+    assert '<h1 id="xa-title">@DATA@</h1>' in text and data_of(text)["views"][0]["rows"] == ["@TITLE@"]
+
+
+def test_weights_embedded_to_four_decimals():
+    maps = cross_maps()
+    (view,) = data_of(render(maps))["views"]
+    assert (view["layers"], view["heads"]) == (2, 3)
+    w = np.array(view["w"]).reshape(2, 3, 3, 4) / 10_000
+    np.testing.assert_allclose(w, maps.weights, atol=0.5e-4)
+    np.testing.assert_allclose(np.array(view["mean"]).reshape(2, 3, 4) / 10_000, maps.weights.mean(axis=1),
+                               atol=0.5e-4)
+    assert view["links"] == [[3, 0], [0, 2]] and view["masked"] is None
+
+
+def test_initial_view_and_its_errors():
+    assert data_of(render(cross_maps()))["initial"] == {"layer": 1, "head": "mean"}
+    assert data_of(render(cross_maps(), choice=HeadChoice(0, (2,))))["initial"] == {"layer": 0, "head": 2}
+    with pytest.raises(XattnError, match="one head or the mean"):
+        render(cross_maps(), choice=HeadChoice(0, (0, 1)))
+    with pytest.raises(XattnError, match="--heads: 3"):
+        render(cross_maps(), choice=HeadChoice(0, (3,)))
+
+
+def test_save_wants_an_html_name(tmp_path):
+    page = render(cross_maps())
+    assert save(page, tmp_path / "view.HTML").read_text(encoding="utf-8") == page
+    with pytest.raises(XattnError, match=r"view\.png: .*\.html, \.htm"):
+        save(page, tmp_path / "view.png")
+    assert [p.name for p in tmp_path.iterdir()] == ["view.HTML"]
+
+
+# ---------------------------------------------------------------------------------------- in a browser
+
+def _unavailable(reason: str):
+    """Without a browser the view is untested: an error in CI, a skip elsewhere."""
+    pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -e '.[test]')")
+    if not Path(CHROMIUM).is_file():
+        _unavailable(f"{CHROMIUM} is missing (Debian: apt-get install chromium)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def open_view(browser, tmp_path):
+    """open_view(maps, width) -> the page showing `maps`, from a file; any other request is refused and recorded."""
+    pages, attempts, errors = [], [], []
+
+    def open_(maps, width: int = 1000):
+        path = save(render(maps), tmp_path / "view.html")
+        page = browser.new_page(viewport={"width": width, "height": 800})
+        pages.append(page)
+        url = path.as_uri()
+        page.route("**/*", lambda route: route.continue_() if route.request.url == url else
+                   (attempts.append(route.request.url), route.abort()))
+        page.on("request", lambda request: request.url == url or attempts.append(request.url))
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("dialog", lambda dialog: (errors.append(dialog.message), dialog.dismiss()))
+        page.goto(url)
+        return page
+
+    yield open_
+    for page in pages:
+        page.close()
+    assert not attempts, f"the page tried the network: {attempts}"
+    assert not errors, errors
+
+
+def cell(page, row: int, col: int):
+    return page.locator(f'td.xa-cell[data-row="{row}"][data-col="{col}"]')
+
+
+def test_hover_shows_the_word_pair_and_the_weight(open_view):
+    maps = cross_maps()
+    page = open_view(maps)
+    cell(page, 2, 0).hover()
+    assert page.locator("th.xa-hl").all_inner_texts() == [HOSTILE[0], "猫"]
+    assert page.locator('th.xa-row[data-row="2"]').get_attribute("class") == "xa-row xa-hl"
+    expected = maps.weights[1, :, 2, 0].mean()
+    assert page.inner_text("#xa-readout") == f"{HOSTILE[0]} \u2192 猫: {expected:.3f}"
+    assert page.locator("#xa-map script").count() == 0  # the label is text, not an element
+
+
+def test_layer_and_head_picker_change_the_cell(open_view):
+    maps = cross_maps()
+    page = open_view(maps)
+    assert page.locator("#xa-kind").is_hidden()
+    assert page.locator("#xa-head option").all_inner_texts() == ["mean of heads", "head 0", "head 1", "head 2"]
+    assert cell(page, 1, 3).get_attribute("data-w") == f"{maps.weights[1, :, 1, 3].mean():.4f}"
+    page.select_option("#xa-layer", "0")
+    page.select_option("#xa-head", "2")
+    assert cell(page, 1, 3).get_attribute("data-w") == f"{maps.weights[0, 2, 1, 3]:.4f}"
+    cell(page, 1, 3).hover()
+    assert page.inner_text("#xa-readout") == f"chat \u2192 \"q': {maps.weights[0, 2, 1, 3]:.3f}"
+    page.select_option("#xa-head", "mean")
+    assert cell(page, 1, 3).get_attribute("data-w") == f"{maps.weights[0, :, 1, 3].mean():.4f}"
+    assert page.inner_text("#xa-readout") == f"chat \u2192 \"q': {maps.weights[0, :, 1, 3].mean():.3f}"
+
+
+def test_links_toggle(open_view):
+    page = open_view(cross_maps())
+    outline = "(e) => getComputedStyle(e).outlineStyle"
+    assert page.locator("td.xa-link").count() == 2
+    assert cell(page, 0, 3).evaluate(outline) == "solid" and cell(page, 0, 2).evaluate(outline) == "none"
+    page.uncheck("#xa-links")
+    assert cell(page, 0, 3).evaluate(outline) == "none"
+    page.check("#xa-links")
+    assert cell(page, 0, 3).evaluate(outline) == "solid"
+
+
+def test_decoder_self_future_cells_are_marked(open_view):
+    page = open_view({"cross": cross_maps(), "decoder-self": decoder_self_maps()})
+    page.select_option("#xa-kind", "1")
+    assert page.locator("td.xa-masked").count() == 3
+    background = "(e) => getComputedStyle(e).backgroundImage"
+    assert "repeating-linear-gradient" in cell(page, 0, 2).evaluate(background)
+    assert cell(page, 2, 0).evaluate(background) == "none"
+    assert page.locator("#xa-links").is_disabled() and page.locator("#xa-legend-masked").is_visible()
+    cell(page, 0, 1).hover()
+    assert page.inner_text("#xa-readout") == "\"q' \u2192 cat: masked (future)"
+    cell(page, 2, 0).hover()
+    assert page.inner_text("#xa-readout") == "cat \u2192 猫: 0.200"  # (0.1 + 0.3) / 2
+
+
+def test_narrow_screen_scrolls_the_map_not_the_page(open_view):
+    n = 60
+    labels = [f"\u2581piece{i}" for i in range(n)]
+    w = rows_sum_to_one(np.random.default_rng(0).random((1, 2, n, n)))
+    page = open_view(AttentionMaps(w, rows=labels, cols=labels, kind="encoder-self"), width=360)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360
+    box = page.locator("#xa-scroll")
+    assert box.evaluate("(e) => e.scrollWidth > e.clientWidth && e.scrollHeight > e.clientHeight")
+    for control in ("#xa-layer", "#xa-head", "#xa-links"):
+        right = page.locator(control).evaluate("(e) => e.getBoundingClientRect().right")
+        assert right <= 360, control
