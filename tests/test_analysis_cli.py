@@ -122,7 +122,31 @@ def test_diagnose_json_lines(work, capsys):
     assert code == 0 and [json.loads(x)["translation"] for x in out.splitlines()] == TGT
 
 
+MAGIC = {".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}
+
+
+@pytest.mark.parametrize("kind", ["cross", "decoder-self", "encoder-self"])
+def test_attention_files(work, capsys, kind):
+    for ext, magic in MAGIC.items():
+        out = work / f"{kind}{ext}"
+        for extra in ([], ["--words"], ["--grid"], ["--reference", "three hundred four"]):
+            assert run(capsys, "attention", work / "model", "drei hundert vier", "-o", out, "--kind", kind, *extra)[0] == 0
+            assert out.read_bytes().startswith(magic)
+    page = work / f"{kind}.html"
+    assert run(capsys, "attention", work / "model", "drei hundert vier", "-o", page, "--kind", kind, "--words",
+               "--beam", "2")[0] == 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "drei" in text
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["attention", "{m}", "eins", "-o", "{w}/x.txt"], "the extension must be one of .png, .svg, .pdf, .html"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.html", "--grid"], "--grid applies to .png"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--grid", "--layer", "0"], "leave out --layer"),
+    (["attention", "{m}", " ", "-o", "{w}/x.png"], "the sentence is empty"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "--layer: 2 is not a layer"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", "0"], "--heads needs --layer"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--beam", "0"], "--beam"),
     (["align", "{m}", "--src", "{w}/src.txt", "--tgt", "{w}/short.txt"], "line counts differ"),
     (["align", "{m}", "--pairs", "{w}/bad-pairs.txt"], "bad-pairs.txt: line 2: expected 'source ||| target'"),
     (["align", "{m}", "--src", "{w}/src.txt"], "give the sentence pairs"),

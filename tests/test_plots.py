@@ -56,7 +56,7 @@ def test_default_view_is_the_last_layer_mean_of_heads():
     fig = figure(maps)
     (ax,) = heatmaps(fig)
     np.testing.assert_allclose(ax.images[0].get_array(), maps.weights[-1].mean(axis=0), rtol=1e-6)
-    assert ax.get_title() == "cross-attention, layer 1, mean of heads"
+    assert ax.get_title().replace("\n", " ") == "cross-attention, layer 1, mean of heads"
     assert [t.get_text() for t in ax.get_xticklabels()] == maps.cols
     assert [t.get_text() for t in ax.get_yticklabels()] == maps.rows
     assert len(fig.axes) == 2  # the heatmap and its colour bar

@@ -91,6 +91,16 @@ def _figsize(maps: AttentionMaps, size: float, panels: tuple[int, int] = (1, 1))
     return width, height
 
 
+def _wrap(fig: Figure, title: str, size: float) -> str:
+    """`title` broken into lines that fit the figure's width; the figure grows by the lines added."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 72 / (0.6 * size)))
+    lines = [wrapped for line in title.splitlines() for wrapped in textwrap.wrap(line, width) or [""]]
+    fig.set_figheight(fig.get_figheight() + (len(lines) - 1) * 1.3 * size / 72)
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------- drawing
 
 def _single(maps: AttentionMaps, choice: HeadChoice, title: str) -> Figure:
@@ -101,7 +111,7 @@ def _single(maps: AttentionMaps, choice: HeadChoice, title: str) -> Figure:
     ax = fig.add_subplot()
     image = _heatmap(ax, maps, choice.select(maps.weights), size)
     _label(ax, maps, size, rows=True, cols=True)
-    ax.set_title(title, fontsize=size + 1)
+    ax.set_title(_wrap(fig, title, size + 1), fontsize=size + 1)
     fig.colorbar(image, ax=ax, label="attention weight", fraction=0.05, pad=0.02, aspect=40)
     _add_legend(fig, maps, size)
     return fig
@@ -122,7 +132,7 @@ def _grid(maps: AttentionMaps, title: str) -> Figure:
             image = _heatmap(ax, maps, view, size)
             ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}"), fontsize=size + 1)
             _label(ax, maps, size, rows=head == 0, cols=layer == L - 1)
-    fig.suptitle(title, fontsize=MAX_FONT)
+    fig.suptitle(_wrap(fig, title, MAX_FONT), fontsize=MAX_FONT)
     fig.colorbar(image, ax=axes, label="attention weight", fraction=0.03, pad=0.01, aspect=40)
     _add_legend(fig, maps, size)
     return fig

@@ -44,6 +44,8 @@ def run(args) -> int:
     kind = out.suffix.lower()
     if kind not in (*STATIC, ".html"):
         raise XattnError(f"--output: {out}: the extension must be one of .png, .svg, .pdf, .html")
+    if args.grid and (args.layer is not None or args.heads is not None):
+        raise XattnError("--grid draws every layer and head; leave out --layer and --heads")
     if args.grid and kind == ".html":
         raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
     if not args.sentence.strip():
@@ -62,16 +64,21 @@ def run(args) -> int:
     choice.check(n_layers, cfg.n_heads)
     if kind == ".html":
         from xattn.io import atomic_write_text
-        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair)))
+        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, choice)))
     else:
-        plots.save(plots.figure(maps, choice, grid=args.grid, title=title(args, pair)), out)
+        view = None if args.grid else choice
+        plots.save(plots.figure(maps, view, grid=args.grid, title=title(args, pair, choice)), out)
     print(out)
     return 0
 
 
-def title(args, pair) -> str:
-    which = "reference" if args.reference is not None else "translation"
-    return f"{args.kind} attention: {args.sentence} -> {' '.join(pair.tgt_words)} ({which})"
+def title(args, pair, choice) -> str:
+    """What is drawn, and the pair: "cross-attention, layer 2, mean of heads" over "source -> target"."""
+    from xattn.analysis.plots import TITLES
+
+    view = "every layer and head" if args.grid else str(choice)
+    which = " (reference)" if args.reference is not None else ""
+    return f"{TITLES[args.kind]}, {view}\n{args.sentence} \u2192 {' '.join(pair.tgt_words)}{which}"
 
 
 def attention_pair(args, translator):
