@@ -24,7 +24,7 @@ def test_coverage_and_under_translation():
 
 
 def test_over_translation_and_detached():
-    over = diagnose(pair_with([[1, 0, 0, 0]] * 3 + [[0.3, 0.3, 0.4, 0]]), HeadChoice(0), Thresholds(under=0.2))
+    over = diagnose(pair_with([[1, 0, 0, 0]] * 3 + [[0.3, 0.3, 0.4, 0]]), HeadChoice(0), Thresholds(over=2.5))
     assert "over" in over.flags and over.most_covered == "a"
     detached = diagnose(pair_with([[0.3, 0.3, 0.3, 0.1], [0, 0, 0.1, 0.9], [0, 0, 0.2, 0.8], [0.1, 0, 0, 0.9]]),
                         HeadChoice(0))

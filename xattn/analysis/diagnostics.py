@@ -22,7 +22,7 @@ from xattn.analysis.maps import HeadChoice, PairAttention
 class Thresholds:
     """When a sentence is flagged. Defaults fixed on Multi30k val 2016 de->en (benchmarks/diagnostics.py)."""
     under: float = 0.2      # coverage below this: the word may be left untranslated
-    over: float = 2.5       # coverage above this: the word may be translated repeatedly
+    over: float = 4.0       # coverage above this: the word may be translated repeatedly
     detached: float = 0.5   # share of target words attending </s> most: output detached from the source
 
 

@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--output", "-o", type=path_arg, help="JSON lines, written atomically (default: stdout)")
     add_head_flags(p, "read (default: the stored alignment choice)")
     p.add_argument("--under", type=float, help="flag a source word covered less than this (default 0.2)")
-    p.add_argument("--over", type=float, help="flag a source word covered more than this (default 2.5)")
+    p.add_argument("--over", type=float, help="flag a source word covered more than this (default 4.0)")
     p.add_argument("--detached", type=float,
                    help="flag when more than this share of target words look at </s> most (default 0.5)")
     add_decode_flags(p)
