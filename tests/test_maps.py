@@ -135,3 +135,19 @@ def test_teacher_forced_is_the_model_reading_the_pair(translator):
         np.testing.assert_allclose(pair.encoder_self, torch.stack(enc.self_attn, 1)[0].numpy(), atol=1e-5)
         assert pair.src_words == src_text.split() and pair.tgt_words == tgt_text.split()
         assert pair.tgt_tokens[-1] == "</s>" and len(pair.tgt_tokens) == tgt.shape[1]
+
+
+def test_python_api_draws_a_translation(translator):
+    import xattn.analysis as analysis
+
+    res = translator.translate(["drei hundert vier"], xattn.DecodeConfig(beam_size=2), return_attention=True,
+                               return_self_attention=True)[0]
+    fig = analysis.figure(res, words=True, links=[(0, 0)])
+    heatmap = fig.axes[0]
+    assert len(heatmap.get_xticklabels()) == len(PairAttention.from_translation(res).src_words) + 1  # + </s>
+    assert len(analysis.figure(res, grid=True).axes) == 1 * (2 + 1) + 1  # layers x (heads + mean) + colour bar
+    assert analysis.figure(res, kind="decoder-self").axes
+    page = analysis.html_page(res, words=True)
+    assert page.startswith("<!DOCTYPE html>") and "vier" in page
+    with pytest.raises(XattnError, match="no encoder-self attention"):
+        analysis.maps_of(res, "encoder-self")
