@@ -5,7 +5,7 @@ from xattn.errors import XattnError
 
 
 def test_presets_ship_in_the_package_and_load():
-    assert presets() == ["multi30k-de-en", "multi30k-en-de", "numbers-de-en"]
+    assert presets() == ["multi30k-de-en", "multi30k-en-de", "multi30k-en-fr", "multi30k-fr-en", "numbers-de-en"]
     assert PRESET_DIR.parent.name == "xattn"
     for name in presets():
         cfg = load_config(resolve_config(name))
@@ -32,3 +32,10 @@ def test_neither_file_nor_preset_is_one_line_listing_the_presets(arg):
     message = str(e.value)
     assert message.startswith(f"{arg}: config file not found") and "\n" not in message
     assert all(name in message for name in presets())
+
+
+def test_french_presets_have_one_vocabulary_per_language():
+    """multi30k-fr-en is the transfer parent: a new language replaces one side's vocabulary."""
+    for name in ("multi30k-fr-en", "multi30k-en-fr"):
+        cfg = load_config(resolve_config(name))
+        assert not cfg.data.joint_vocab and not cfg.model.share_embeddings and cfg.model.tie_output
