@@ -91,9 +91,9 @@ def direction_rows(d: Direction, gold) -> dict:
     tgt = [" ".join(p.tgt_words) for p in d.pairs[:TUNE]]
     ranking = rank_alignment_heads(d.translator, src, tgt, gold[:TUNE], reverse=d.flip)
     top = ranking[0]
-    stored_choice.save(d.model_dir, HeadChoice.parse(top["layer"], top["heads"]), top["method"],
+    stored_choice.save(d.model_dir, AlignSettings(HeadChoice.parse(top["layer"], top["heads"]), top["method"]),
                        {"aer": round(top["aer"], 4), "pairs": TUNE, "gold": str(HANSARDS / "gold.talp")})
-    stored = stored_choice.settings_for(d.model_dir, L)
+    stored = stored_choice.settings_for(d.model_dir, L, H)
     full = [AlignSettings(c, m, t, e, p) for m in ("naive", "shift") for c in candidates(L, H)
             for t in THRESHOLDS for e in ("drop", "keep") for p in ("free", "match")]
     tuned, tuned_aer = d.best(full, gold)
@@ -135,8 +135,9 @@ def speed(d: Direction, settings: AlignSettings, src: list[str], tgt: list[str],
 
     def aligned():
         results = tr.translate(texts, cfg, return_attention=True, attention_from="rescore")
-        return [f"{r.text} ||| " + format_links(attention_links(PairAttention.from_translation(r, t, line=n), settings))
-                for n, (r, t) in enumerate(zip(results, texts), 1)]
+        pairs = [PairAttention.from_translation(r, t, n, tr.tokenizers.src)
+                 for n, (r, t) in enumerate(zip(results, texts), 1)]
+        return [f"{r.text} ||| {format_links(attention_links(p, settings))}" for r, p in zip(results, pairs)]
 
     times: dict = {align_pairs: [], plain: [], aligned: []}
     outputs = {}
@@ -193,14 +194,15 @@ def main() -> None:
         "gap to eflomal (ii), AER points": round(ours - peer["concat"]["chosen"]["test"]["aer"], 2),
     }
     fr_model = directions["fr->en"]
-    timing = speed(fr_model, stored_choice.settings_for(fr_en, fr_model.translator.model.cfg.n_decoder_layers),
-                   fr, en, args.repeats)
+    cfg = fr_model.translator.model.cfg
+    timing = speed(fr_model, stored_choice.settings_for(fr_en, cfg.n_decoder_layers, cfg.n_heads), fr, en,
+                   args.repeats)
     path = write_result("alignment", {
         "gold": str(HANSARDS), "tune_pairs": TUNE, "test_pairs": len(en) - TUNE, "cache": str(CACHE),
         "models": {"en->fr": model_fingerprint(en_fr), "fr->en": model_fingerprint(fr_en), "overrides": MODEL},
         "unseen_words_percent": peer.pop("unseen_rate"),
         "directions": rows, "symmetrised": symmetrised, "eflomal": {"version": eflomal_version(), **peer},
-        "bars": bars, "speed": timing, "device": "cpu"})
+        "bars": bars, "speed": timing, "device": str(fr_model.translator.device)})
     print(path)
     print(f"xattn symmetrised ({best}) AER {ours:.1f} on {len(en) - TUNE} pairs; eflomal (i) "
           f"{peer['priors']['chosen']['test']['aer']:.1f}, (ii) {peer['concat']['chosen']['test']['aer']:.1f}",

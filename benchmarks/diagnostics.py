@@ -40,7 +40,8 @@ def translate(tr, split: str):
     pairs = load_pairs("multi30k", "de", "en", split, data_dir())
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     results = tr.translate(sources, xattn.DecodeConfig(beam_size=5), return_attention=True, attention_from="rescore")
-    maps = [PairAttention.from_translation(r, s, line=n) for n, (r, s) in enumerate(zip(results, sources), 1)]
+    tok = tr.tokenizers.src
+    maps = [PairAttention.from_translation(r, s, n, tok) for n, (r, s) in enumerate(zip(results, sources), 1)]
     return sources, maps, np.array(sentence_chrf([r.text for r in results], refs))
 
 
@@ -83,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = cached_model("multi30k-de-en", MODEL)
     tr = xattn.load(model_dir)
-    choice = settings_for(model_dir, tr.model.cfg.n_decoder_layers).choice
+    choice = settings_for(model_dir, tr.model.cfg.n_decoder_layers, tr.model.cfg.n_heads).choice
     _, val_maps, val_chrf = translate(tr, "val")
     val_len = np.array([len(m.src_words) for m in val_maps])
     edges = np.percentile(val_len, [25, 50, 75])
@@ -120,7 +121,7 @@ def main() -> None:
     path = write_result("diagnostics", {
         "model": model_fingerprint(model_dir), "choice": str(choice), "length_bin_edges_words": edges.tolist(),
         "thresholds_from_val": chosen, "val_tuning": tuning, "test": report, "bootstrap": args.bootstrap,
-        "device": "cpu"})
+        "device": str(tr.device)})
     print(path)
     for name, r in report.items():
         print(f"{name:9} flagged {r['flagged']:4}  chrF {r['chrf_flagged']} vs {r['chrf_unflagged']}  "

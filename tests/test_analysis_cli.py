@@ -145,7 +145,14 @@ def test_attention_files(work, capsys, kind):
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--grid", "--layer", "0"], "leave out --layer"),
     (["attention", "{m}", " ", "-o", "{w}/x.png"], "the sentence is empty"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "--layer: 2 is not a layer"),
-    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", "0"], "--heads needs --layer"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", ""], "--heads: expected 'mean' or head numbers"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", ""], "--heads: expected 'mean' or head numbers"),
+    (["translate", "{m}", "-i", "{w}/src.txt", "--layer", "0", "--eos", "keep"], "--layer, --eos apply to --alignment"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/empty-gold.txt"], "no sure links"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/short.txt", "--first", "1"],
+     "line counts differ"),
+    (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/gold.txt", "--max-tokens", "0"],
+     "--max-tokens: must be >= 1"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--beam", "0"], "--beam"),
     (["align", "{m}", "--src", "{w}/src.txt", "--tgt", "{w}/short.txt"], "line counts differ"),
     (["align", "{m}", "--pairs", "{w}/bad-pairs.txt"], "bad-pairs.txt: line 2: expected 'source ||| target'"),
@@ -171,8 +178,40 @@ def test_errors_are_one_line(work, capsys, argv, message):
     (work / "short.txt").write_text("one\n")
     (work / "bad-pairs.txt").write_text("a ||| b\nno separator\n")
     (work / "bad-gold.txt").write_text("1-x\n\n\n\n")
+    (work / "empty-gold.txt").write_text("\n\n\n\n")
     argv = [a.format(m=work / "model", w=work) for a in argv]
     before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
     code, out, err = run(capsys, *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"- a list\n", "expected sections such as `alignment:`"),
+    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "the alignment record is not one"),
+    (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "the alignment record is not one"),
+    (b"\xff\xfe\n", "not readable YAML"),
+])
+def test_a_damaged_analysis_file_is_one_line(work, capsys, tmp_path, content, message):
+    model = tmp_path / "model"
+    shutil.copytree(work / "model", model)
+    (model / "analysis.yaml").write_bytes(content)
+    code, _, err = run(capsys, "align", model, "--pairs", work / "pairs.txt")
+    assert code == 2 and "analysis.yaml" in err and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_stored_rules_are_used_and_other_sections_kept(work, capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(work / "model", model)
+    (model / "analysis.yaml").write_text("pruning: {note: kept}\n")  # a section of another tool
+    assert run(capsys, "align", model, "--pairs", work / "pairs.txt")[0] == 0  # no alignment record: defaults
+    run(capsys, "heads", "align", model, "--pairs", work / "pairs.txt", "--gold", work / "gold.txt",
+        "--gold-one-indexed", "--eos", "keep", "--punct", "match")
+    data = yaml.safe_load((model / "analysis.yaml").read_text())
+    assert data["pruning"] == {"note": "kept"} and data["alignment"]["eos"] == "keep"
+    record = data["alignment"]
+    heads = "mean" if record["heads"] == "mean" else ",".join(map(str, record["heads"]))
+    stored = run(capsys, "align", model, "--pairs", work / "pairs.txt")[1]
+    named = run(capsys, "align", model, "--pairs", work / "pairs.txt", "--method", record["method"], "--layer", "0",
+                "--heads", heads, "--eos", "keep", "--punct", "match")[1]
+    assert stored == named

@@ -275,7 +275,7 @@ def test_attention_tracked_in_search_equals_teacher_forcing(options):
     assert [[h.tokens for h in s] for s in tracked] == [[h.tokens for h in s] for s in plain]
     flat = [h for s in tracked for h in s]
     rows = [b for b, s in enumerate(tracked) for _ in s]
-    expected, _ = teacher_forced_attention(model, src, flat, rows)
+    expected, _ = teacher_forced_attention(model, model.encode(src), flat, rows)
     src_len = src.ne(PAD).sum(1).tolist()
     for h, r, e in zip(flat, rows, expected):
         torch.testing.assert_close(h.cross_attention[..., : src_len[r]], torch.from_numpy(e), atol=1e-5, rtol=1e-4)
@@ -289,7 +289,7 @@ def test_coverage_penalty_score_by_hand():
     hyps = _search(model, src, beam_size=4, n_best=2, length_penalty=alpha, coverage_penalty=beta)
     flat = [h for s in hyps for h in s]
     rows = [b for b, s in enumerate(hyps) for _ in s]
-    attention, _ = teacher_forced_attention(model, src, flat, rows)
+    attention, _ = teacher_forced_attention(model, model.encode(src), flat, rows)
     for h, a in zip(flat, attention):
         coverage = torch.from_numpy(a[-1].mean(axis=0)).sum(dim=0)  # (S,) last layer, mean of heads
         expected = h.log_prob / gnmt_penalty(len(h.tokens) + 1, alpha) + beta * coverage.clamp(1e-10, 1).log().sum()

@@ -5,7 +5,8 @@ from hypothesis import given, settings, strategies as st
 
 import xattn
 from xattn.analysis.alignment import AlignSettings, attention_links, links_from_weights, word_attention
-from xattn.analysis.maps import (HeadChoice, PairAttention, UNK_SURFACE, merge_words, piece_words, teacher_forced)
+from xattn.analysis.maps import (HeadChoice, PairAttention, TextWords, UNK_SURFACE, merge_words, piece_words,
+                                 teacher_forced, word_membership)
 from xattn.errors import XattnError
 
 
@@ -76,7 +77,7 @@ def test_word_view_rows_sum_to_one_and_links_mark_cells():
     rng = np.random.default_rng(1)
     cross = rng.random((1, 2, len(tgt), len(src))).astype(np.float32)
     cross /= cross.sum(-1, keepdims=True)
-    pair = PairAttention.build(src, tgt, cross, src_text="Ein Hunde .", tgt_text="A dog .")
+    pair = PairAttention.build(src, tgt, cross, src=TextWords("Ein Hunde ."), tgt=TextWords("A dog ."))
     maps = pair.maps("cross", words=True, links=[(1, 1)])
     assert maps.cols == ["Ein", "Hunde", ".", "</s>"] and maps.rows == ["A", "dog", ".", "</s>"]
     np.testing.assert_allclose(maps.weights.sum(-1), 1.0, atol=1e-6)
@@ -88,7 +89,24 @@ def test_word_view_rows_sum_to_one_and_links_mark_cells():
 
 def test_text_must_match_the_tokenizer_words():
     with pytest.raises(XattnError, match="line 7: the source tokenizer splits this source into 2 words"):
-        PairAttention.build(["▁a", "▁b", "</s>"], ["</s>"], np.ones((1, 1, 1, 3)) / 3, src_text="ab", line=7)
+        PairAttention.build(["▁a", "▁b", "</s>"], ["</s>"], np.ones((1, 1, 1, 3)) / 3, src=TextWords("ab"), line=7)
+
+
+def test_words_whose_characters_normalise_to_spaces(translator):
+    """NFKC turns ´ into a space and a combining accent, so the pieces of `drei´s` spell two words; encoding
+    word by word still knows which word each piece belongs to."""
+    tok = translator.tokenizers.src
+    text = "drei´s hundert \u200b vier"
+    res = translator.translate([text], xattn.DecodeConfig(beam_size=1), return_attention=True)[0]
+    membership = word_membership(tok, text, res.src_tokens)
+    assert membership is not None and max(membership) <= 3
+    pair = PairAttention.from_translation(res, text, tokenizer=tok)
+    assert pair.src_words == text.split()
+    weights = word_attention(pair, "naive")
+    assert weights.shape[-1] == len(text.split()) + 1
+    taught = teacher_forced(translator, [text], ["three hundred four"])[0]
+    np.testing.assert_allclose(taught.cross.sum(-1), 1.0, atol=1e-5)
+    assert taught.src_words == text.split() and taught.src_word_of[-1] == -1
 
 
 def test_decoder_self_masks_the_future():

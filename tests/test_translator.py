@@ -123,7 +123,7 @@ def test_cross_attention_crops_padding(translator):
     model = translator.model
     src = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
     hyps = [Hypothesis([9, 10, 11], 0.0, 0.0), Hypothesis([], 0.0, 0.0), Hypothesis([12], 0.0, 0.0)]
-    maps, selfw = teacher_forced_attention(model, src, hyps, rows=[0, 1, 1])
+    maps, selfw = teacher_forced_attention(model, model.encode(src), hyps, rows=[0, 1, 1])
     assert [m.shape[2:] for m in selfw] == [(4, 4), (1, 1), (2, 2)]
     assert [m.shape[2:] for m in maps] == [(4, 4), (1, 2), (2, 2)]
     np.testing.assert_allclose(maps[1].sum(-1), 1.0, atol=1e-5)

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig
 from xattn.decoding import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
-from xattn.model import Transformer
+from xattn.model import EncoderOutput, Transformer
 from xattn.processors import Processor, StepState, apply_all
 
 NEG_INF = float("-inf")
@@ -136,7 +136,8 @@ def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: b
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: list[Processor],
-                prefix: Tensor | None = None, need_attention: bool = False) -> list[list[Hypothesis]]:
+                prefix: Tensor | None = None, need_attention: bool = False,
+                enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
 
     Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
@@ -149,7 +150,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
     step = make_step(model, need_attention or beta > 0)
-    cache = prepare_cache(model, src)  # one row per sentence for the first step, where all K are alike
+    cache = prepare_cache(model, src, enc=enc)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from xattn.attention import DecoderCache
 from xattn.config import DecodeConfig
-from xattn.model import Transformer
+from xattn.model import EncoderOutput, Transformer
 from xattn.processors import Processor, StepState, apply_all, constraints, warpers
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
@@ -54,9 +54,11 @@ def make_step(model: Transformer, need_weights: bool = False) -> Step:
     return step
 
 
-def prepare_cache(model: Transformer, src: Tensor, copies: int = 1) -> DecoderCache:
-    """Encode src (B, S) and return a cache of B * copies rows, `copies` consecutive rows per sentence."""
-    cache = model.new_cache(model.encode(src))
+def prepare_cache(model: Transformer, src: Tensor, copies: int = 1,
+                  enc: EncoderOutput | None = None) -> DecoderCache:
+    """Encode src (B, S) (unless `enc` is its encoding already) and return a cache of B * copies rows,
+    `copies` consecutive rows per sentence."""
+    cache = model.new_cache(enc if enc is not None else model.encode(src))
     if copies > 1:
         cache.expand(copies, grouped=False)
     return cache
@@ -93,7 +95,7 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 @torch.inference_mode()
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: list[Processor], pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
-              need_attention: bool = False) -> list[list[Hypothesis]]:
+              need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
@@ -104,7 +106,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: list[Proc
     R = src.shape[0] * copies
     max_len = max_len.to(device).repeat_interleave(copies)  # (R,)
     prefix = prefix.repeat_interleave(copies, dim=0) if prefix is not None else None  # (R, P)
-    cache = prepare_cache(model, src, copies)
+    cache = prepare_cache(model, src, copies, enc)
     T = int(max_len.max()) + 1
     out = torch.full((R, T), cfg.pad_id, dtype=torch.long, device=device)  # (R, T)
     log_prob = torch.zeros(R, device=device)
@@ -157,8 +159,9 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
 
 @torch.inference_mode()
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
-           need_attention: bool = False) -> list[list[Hypothesis]]:
-    """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None.
+           need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
+    """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
+    enc: model.encode(src) when the caller has it already.
 
     Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
     greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
@@ -177,7 +180,7 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
         pick = sampler(warpers(cfg), generator)
         return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
-                         need_attention)
+                         need_attention, enc)
     if cfg.beam_size == 1:
-        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention)
-    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention)
+        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc)
+    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc)

@@ -28,6 +28,13 @@ class EncoderOutput:
 
 
 @dataclass
+class DecoderStates:
+    states: Tensor                               # (B, T, D), after the final LayerNorm (pre-LN)
+    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights
+    self_attn: tuple[Tensor, ...] | None = None   # L x (B, H, T, T_all), only with need_weights
+
+
+@dataclass
 class DecoderOutput:
     logits: Tensor                               # (B, T, V)
     cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights
@@ -151,6 +158,13 @@ class Transformer(nn.Module):
         Without a cache, T positions are decoded at once under a look-ahead mask. With a cache,
         `tgt` holds only the new positions (usually T = 1); the cache grows by T and `enc` may be None.
         """
+        hidden = self.decode_states(tgt, enc, cache, need_weights)
+        return DecoderOutput(self.generator(hidden.states), hidden.cross_attn, hidden.self_attn)
+
+    def decode_states(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
+                      need_weights: bool = False) -> DecoderStates:
+        """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
+        analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
         offset = cache.length if cache is not None else 0
         T = tgt.shape[1]
         x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + self.tgt_pos(offset, T))
@@ -168,10 +182,10 @@ class Transformer(nn.Module):
             selfw.append(w.self_attn)
         if cache is not None:
             cache.length += T
-        logits = self.generator(self.decoder.norm(x))
+        states = self.decoder.norm(x)
         if not need_weights:
-            return DecoderOutput(logits)
-        return DecoderOutput(logits, tuple(cross), tuple(selfw))
+            return DecoderStates(states)
+        return DecoderStates(states, tuple(cross), tuple(selfw))
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False) -> DecoderOutput:
         """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token."""

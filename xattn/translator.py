@@ -17,7 +17,7 @@ from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
-from xattn.model import Transformer
+from xattn.model import EncoderOutput, Transformer
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -57,25 +57,28 @@ def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -
     return batches
 
 
-def teacher_forced_attention(model: Transformer, src: Tensor, hyps: Sequence[Hypothesis], rows: Sequence[int],
-                             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Cross- and self-attention of each hypothesis, in one teacher-forced pass.
+def teacher_forced_attention(model: Transformer, enc: EncoderOutput, hyps: Sequence[Hypothesis], rows: Sequence[int],
+                             self_attention: bool = True) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Cross- (and self-) attention of each hypothesis, in one teacher-forced pass.
 
-    src (B, S); hypothesis r translates src row rows[r]. Decoder input is BOS + tokens, so its
-    T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r) and
-    R arrays (L, H, T_r, T_r), unpadded.
+    enc: the encoding of the batch's sources (B, S); hypothesis r translates row rows[r]. Decoder input is
+    BOS + tokens, so its T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r)
+    and R arrays (L, H, T_r, T_r) (None without `self_attention`), unpadded.
     """
-    cfg = model.cfg
-    tgt = pad_batch([[cfg.bos_id] + h.tokens for h in hyps], cfg.pad_id, src.device)  # (R, T)
-    src = src.index_select(0, torch.tensor(list(rows), device=src.device))  # (R, S)
+    cfg, device = model.cfg, enc.states.device
+    tgt = pad_batch([[cfg.bos_id] + h.tokens for h in hyps], cfg.pad_id, device)  # (R, T)
+    index = torch.tensor(list(rows), device=device)
+    enc = EncoderOutput(enc.states.index_select(0, index), enc.mask.index_select(0, index))  # (R, S, D), (R, S)
     with torch.inference_mode():
-        out = model.decode(tgt, model.encode(src), need_weights=True)
+        out = model.decode_states(tgt, enc, need_weights=True)
     cross = torch.stack(out.cross_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, S)
-    selfw = torch.stack(out.self_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, T)
-    src_len = src.ne(cfg.pad_id).sum(dim=1).tolist()
+    src_len = enc.mask.sum(dim=1).tolist()
     T = [len(h.tokens) + 1 for h in hyps]
-    return ([cross[r, :, :, : T[r], : src_len[r]].copy() for r in range(len(hyps))],
-            [selfw[r, :, :, : T[r], : T[r]].copy() for r in range(len(hyps))])
+    crosses = [cross[r, :, :, : T[r], : src_len[r]].copy() for r in range(len(hyps))]
+    if not self_attention:
+        return crosses, None
+    selfw = torch.stack(out.self_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, T)
+    return crosses, [selfw[r, :, :, : T[r], : T[r]].copy() for r in range(len(hyps))]
 
 
 class Translator:
@@ -150,12 +153,15 @@ class Translator:
         src = pad_batch(ids, pad, self.device)  # (B, S)
         forced = pad_batch([p or [pad] for p in prefix], pad, self.device) if prefix is not None else None  # (B, P)
         in_search = options.cross and options.source == "search"
-        nbest = search(model, src, cfg, forced, need_attention=in_search)
+        rescore = (options.cross and not in_search) or options.self_
+        with torch.inference_mode():
+            enc = model.encode(src) if rescore else None  # the search and the rescoring pass share it
+        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
-        if (options.cross and not in_search) or options.self_:
-            tf_cross, tf_self = teacher_forced_attention(model, src, flat, rows)
+        if rescore:
+            tf_cross, tf_self = teacher_forced_attention(model, enc, flat, rows, options.self_)
             cross = tf_cross if options.cross and not in_search else cross
             selfw = tf_self if options.self_ else selfw
         if in_search:

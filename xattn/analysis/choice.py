@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from xattn.analysis.alignment import METHODS, AlignSettings
+from xattn.analysis.alignment import AlignSettings
 from xattn.analysis.maps import HeadChoice
 from xattn.errors import XattnError
 from xattn.io import atomic_write_text, sha256_file
@@ -30,49 +30,76 @@ def weights_id(model_dir: Path) -> str:
     return meta.get("tensors") or sha256_file(model_dir / WEIGHTS)
 
 
+DEFAULT_METHOD = "shift"
+
+
 def default_choice(n_layers: int) -> HeadChoice:
     """Without a stored choice: the mean of the heads of the second-to-last decoder layer (Garg et al. 2019
     found the penultimate layer of a 6-layer Transformer aligns best)."""
     return HeadChoice(max(n_layers - 2, 0))
 
 
-def stored(model_dir: str | Path) -> dict | None:
-    """The `alignment` record of analysis.yaml, or None (absent, or made for other weights: warned)."""
-    model_dir = Path(model_dir)
+def read(model_dir: Path) -> dict:
+    """analysis.yaml as a dict of sections ({} without the file)."""
     path = model_dir / ANALYSIS
     if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise XattnError(f"{path}: not readable YAML ({' '.join(str(e).split())[:120]}); delete it or run "
+                         "`xattn heads align` again") from None
+    if data is not None and not isinstance(data, dict):
+        raise XattnError(f"{path}: expected sections such as `alignment:`, found a {type(data).__name__}")
+    return data or {}
+
+
+def stored(model_dir: str | Path, n_layers: int, n_heads: int) -> dict | None:
+    """The `alignment` section of analysis.yaml, checked, with its HeadChoice as "choice"; None when there is
+    none, or when it was measured on other weights (with a warning)."""
+    model_dir = Path(model_dir)
+    path = model_dir / ANALYSIS
+    record = read(model_dir).get("alignment")
+    if record is None:
         return None
     try:
-        record = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("alignment")
-        choice = HeadChoice.parse(record["layer"], record["heads"] if record["heads"] == "mean"
-                                  else [int(h) for h in record["heads"]])
-        if record.get("method") not in METHODS:
-            raise KeyError("method")
-    except (yaml.YAMLError, AttributeError, TypeError, KeyError, XattnError) as e:
-        raise XattnError(f"{path}: not an alignment record written by `xattn heads align` ({e}); "
-                         "delete it or run `xattn heads align` again") from None
+        heads = record["heads"]
+        choice = HeadChoice(int(record["layer"]), None if heads == "mean" else tuple(int(h) for h in heads))
+        choice.check(n_layers, n_heads)
+        settings = AlignSettings(choice, record["method"], record.get("threshold"), record.get("eos", "drop"),
+                                 record.get("punct", "free"))
+    except (TypeError, KeyError, ValueError, XattnError) as e:
+        raise XattnError(f"{path}: the alignment record is not one `xattn heads align` writes "
+                         f"({' '.join(str(e).split())}); delete it or run `xattn heads align` again") from None
     if record.get("weights") != weights_id(model_dir):
         print(f"xattn: warning: {path} was measured on other weights; ignored (run `xattn heads align` again)",
               file=sys.stderr)
         return None
-    return {**record, "choice": choice}
+    return {**record, "settings": settings}
 
 
-def settings_for(model_dir: str | Path, n_layers: int, layer: int | None = None, heads: str | None = None,
-                 method: str | None = None, **rest) -> AlignSettings:
-    """AlignSettings from the flags, falling back on the stored choice, then on default_choice."""
-    record = stored(model_dir)
-    base = record["choice"] if record else default_choice(n_layers)
+def settings_for(model_dir: str | Path, n_layers: int, n_heads: int, layer: int | None = None,
+                 heads: str | None = None, method: str | None = None, threshold: float | None = None,
+                 eos: str | None = None, punct: str | None = None) -> AlignSettings:
+    """AlignSettings from the flags; what a flag leaves unset comes from the stored record, else the default
+    (default_choice, method shift, argmax, eos drop, punct free)."""
+    record = stored(model_dir, n_layers, n_heads)
+    base = record["settings"] if record else AlignSettings(default_choice(n_layers), DEFAULT_METHOD)
+    choice = base.choice
     if layer is not None or heads is not None:
-        base = HeadChoice.parse(base.layer if layer is None else layer, heads or "mean")
-    method = method or (record["method"] if record else "shift")
-    return AlignSettings(base, method, **rest)
+        choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
+    choice.check(n_layers, n_heads)
+    return AlignSettings(choice, method or base.method, base.threshold if threshold is None else threshold,
+                         eos or base.eos, punct or base.punct)
 
 
-def save(model_dir: str | Path, choice: HeadChoice, method: str, figures: dict) -> Path:
-    """Write analysis.yaml's alignment record (the choice, the weights it was measured on, how it scored)."""
+def save(model_dir: str | Path, settings: AlignSettings, figures: dict) -> Path:
+    """Write analysis.yaml's alignment section (the settings, the weights they were measured on, how they
+    scored), keeping its other sections."""
     model_dir = Path(model_dir)
-    record = {"alignment": {**choice.to_dict(), "method": method, "weights": weights_id(model_dir), **figures}}
-    text = "# written by `xattn heads align`; read by `xattn align` and `xattn translate --alignment`\n"
-    atomic_write_text(model_dir / ANALYSIS, text + yaml.safe_dump(record, sort_keys=False))
+    data = read(model_dir)
+    data["alignment"] = {**settings.choice.to_dict(), "method": settings.method, "threshold": settings.threshold,
+                         "eos": settings.eos, "punct": settings.punct, "weights": weights_id(model_dir), **figures}
+    text = "# written by xattn analysis verbs; `alignment` by `xattn heads align`, read by align, translate --alignment\n"
+    atomic_write_text(model_dir / ANALYSIS, text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return model_dir / ANALYSIS

@@ -71,9 +71,11 @@ def diagnose(pair: PairAttention, choice: HeadChoice, thresholds: Thresholds = T
 
 
 def summary(diagnoses: list[Diagnosis]) -> dict:
-    """Corpus figures: sentences, how many carry each flag, mean entropy and mass on </s>."""
+    """Corpus figures: sentences, how many carry each flag, mean entropy and mass on </s> (over sentences
+    with a source word: an empty one looks only at </s>)."""
     n = len(diagnoses)
+    worded = [d for d in diagnoses if d.coverage]
     flagged = {f: sum(f in d.flags for d in diagnoses) for f in ("under", "over", "detached")}
     return {"sentences": n, "flagged": sum(bool(d.flags) for d in diagnoses), **{f"flag_{k}": v for k, v in flagged.items()},
-            "mean_entropy": round(float(np.mean([d.entropy for d in diagnoses])), 4) if n else None,
-            "mean_eos_mass": round(float(np.mean([d.eos_mass for d in diagnoses])), 4) if n else None}
+            "mean_entropy": round(float(np.mean([d.entropy for d in worded])), 4) if worded else None,
+            "mean_eos_mass": round(float(np.mean([d.eos_mass for d in worded])), 4) if worded else None}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from xattn.analysis.alignment import AlignSettings, Links, flip, links_from_weights, word_attention
+from xattn.analysis.alignment import METHODS, AlignSettings, Links, flip, links_from_weights, word_attention
 from xattn.analysis.maps import HeadChoice, iter_teacher_forced
 
 
@@ -14,7 +14,7 @@ def candidates(n_layers: int, n_heads: int) -> list[HeadChoice]:
 
 
 def rank_alignment_heads(translator, sources: Sequence[str], targets: Sequence[str],
-                         gold: Sequence[tuple[Links, Links]], methods: Sequence[str] = ("shift", "naive"),
+                         gold: Sequence[tuple[Links, Links]], methods: Sequence[str] = METHODS,
                          reverse: bool = False, eos: str = "drop", punct: str = "free",
                          max_tokens: int = 4096) -> list[dict]:
     """AER of every (method, layer mean or single head) on gold (sure, possible) links, best first.

@@ -91,7 +91,7 @@ def _view(name: str, maps: AttentionMaps) -> dict:
     masked = None if maps.masked is None else "".join("1" if m else "0" for m in np.asarray(maps.masked).ravel())
     return {"name": name, "kind": maps.kind, "rows": list(maps.rows), "cols": list(maps.cols),
             "layers": L, "heads": H, "w": ints(weights), "mean": ints(weights.mean(axis=1)),
-            "masked": masked, "links": [[int(c), int(r)] for c, r in maps.links]}
+            "masked": masked, "links": [[int(c), int(r)] for c, r in maps.links], "linksLabel": maps.links_label}
 
 
 PAGE_HEAD = """<!DOCTYPE html>
@@ -157,7 +157,7 @@ PAGE_BODY = """<body>
 <p id="xa-legend">
 <span>0 <i class="xa-ramp"></i> 1 attention weight (row attends to column)</span>
 <span id="xa-legend-masked" hidden><i class="xa-swatch xa-masked"></i> masked: a future position</span>
-<span id="xa-legend-links" hidden><i class="xa-swatch xa-link"></i> alignment link</span>
+<span id="xa-legend-links" hidden><i class="xa-swatch xa-link"></i> <span id="xa-links-label">alignment link</span></span>
 </p>
 <noscript><p>This view needs JavaScript to draw the heatmap.</p></noscript>
 <script type="application/json" id="xa-data">@DATA@</script>
@@ -219,6 +219,7 @@ SCRIPT = """<script>
     links.disabled = view.links.length === 0;
     $("xa-legend-masked").hidden = !(view.masked && view.masked.includes("1"));
     $("xa-legend-links").hidden = view.links.length === 0;
+    $("xa-links-label").textContent = view.linksLabel;
     hovered = null;
     readout.textContent = "hover over or tap a cell";
   }

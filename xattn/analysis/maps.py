@@ -83,6 +83,7 @@ class AttentionMaps:
     masked: np.ndarray | None = None    # (R, C) bool, True = the query may not look there (the decoder's future)
     links: list[tuple[int, int]] = field(default_factory=list)  # (col, row) cells that are alignment links
     words: bool = False                 # rows and columns are words (pieces merged) rather than pieces
+    links_label: str = "alignment link" # what the links are, for the legend (say, the settings that made them)
 
     def __post_init__(self):
         L, H, R, C = self.weights.shape
@@ -136,12 +137,35 @@ def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[
     return words, word_of
 
 
-def check_words(words: list[str], text_words: list[str], side: str, line: int | None = None) -> None:
-    """The tokenizer's words must be the whitespace tokens of the line, one for one."""
-    if len(words) != len(text_words):
-        where = f"line {line}: " if line is not None else ""
-        raise XattnError(f"{where}the {side} tokenizer splits this {side} into {len(words)} words, the text has "
-                         f"{len(text_words)} whitespace tokens (a character the tokenizer drops or treats as a space?)")
+def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | None:
+    """Word index of each of `pieces` (the line's pieces + </s>), from encoding its whitespace tokens one by
+    one; None when the line's pieces are not its words' pieces in a row."""
+    per_word = [tokenizer.pieces(ids) for ids in tokenizer.encode_batch(text.split())] if text.split() else []
+    if [p for word in per_word for p in word] != list(pieces[:-1]):
+        return None
+    return [w for w, word in enumerate(per_word) for _ in word] + [-1]
+
+
+@dataclass(frozen=True)
+class TextWords:
+    """A side's text (None: a hypothesis, whose words are those its pieces print) and, where known, the word
+    index of each of its pieces (-1 for </s>)."""
+    text: str | None
+    word_of: list[int] | None = None
+
+    def resolve(self, pieces: Sequence[str], side: str, line: int | None) -> tuple[list[str], list[int]]:
+        """(words, word index of each piece)."""
+        if self.text is None:  # the tokenizer prints <unk> as " \u2047 "
+            return piece_words(pieces, f" {UNK_SURFACE} ")
+        words = self.text.split()
+        if self.word_of is not None:
+            return words, list(self.word_of)
+        spelled, word_of = piece_words(pieces)
+        if len(spelled) != len(words):
+            where = f"line {line}: " if line is not None else ""
+            raise XattnError(f"{where}the {side} tokenizer splits this {side} into {len(spelled)} words, the text has "
+                             f"{len(words)} whitespace tokens (a character the tokenizer drops or treats as a space?)")
+        return words, word_of
 
 
 def groups_of(word_of: Sequence[int], labels: Sequence[str], words: Sequence[str]) -> tuple[np.ndarray, list[str]]:
@@ -184,30 +208,28 @@ class PairAttention:
 
     @classmethod
     def build(cls, src_tokens: list[str], tgt_tokens: list[str], cross: np.ndarray, decoder_self=None,
-              encoder_self=None, src_text: str | None = None, tgt_text: str | None = None,
+              encoder_self=None, src: TextWords | None = None, tgt: TextWords | None = None,
               line: int | None = None) -> PairAttention:
-        """Words from the pieces; a given text's whitespace tokens become the labels (checked one for one)."""
-        src_words, src_word_of = piece_words(src_tokens)
-        # a hypothesis' words are those of its printed text, where the tokenizer spells <unk> as " \u2047 "
-        tgt_words, tgt_word_of = piece_words(tgt_tokens, UNK_SURFACE if tgt_text is not None else f" {UNK_SURFACE} ")
-        if src_text is not None:
-            check_words(src_words, src_text.split(), "source", line)
-            src_words = src_text.split()
-        if tgt_text is not None:
-            check_words(tgt_words, tgt_text.split(), "target", line)
-            tgt_words = tgt_text.split()
+        """A pair from its pieces; each side's words from `src`/`tgt` (a text and, where known, its pieces'
+        word membership), else from the pieces themselves (a hypothesis: the words of its printed text)."""
+        src_words, src_word_of = (src or TextWords(None)).resolve(src_tokens, "source", line)
+        tgt_words, tgt_word_of = (tgt or TextWords(None)).resolve(tgt_tokens, "target", line)
         return cls(src_tokens, tgt_tokens, cross, decoder_self, encoder_self, src_words, tgt_words,
                    src_word_of, tgt_word_of)
 
     @classmethod
-    def from_translation(cls, translation: Translation, source: str | None = None,
-                         line: int | None = None) -> PairAttention:
+    def from_translation(cls, translation: Translation, source: str | None = None, line: int | None = None,
+                         tokenizer=None) -> PairAttention:
         """The attention a Translation carries (translate with return_attention=True; return_self_attention
-        for decoder-self). `source`: the translated line, whose whitespace tokens label the source words."""
+        for decoder-self). `source`: the translated line, whose whitespace tokens are the source words;
+        with its `tokenizer` (translator.tokenizers.src) each word's pieces are known exactly."""
         if translation.cross_attention is None:
             raise XattnError("this Translation carries no attention; translate with return_attention=True")
+        src = None
+        if source is not None:
+            src = TextWords(source, word_membership(tokenizer, source, translation.src_tokens) if tokenizer else None)
         return cls.build(translation.src_tokens, translation.tgt_tokens, translation.cross_attention,
-                         translation.self_attention, None, source, line=line)
+                         translation.self_attention, None, src, line=line)
 
     def maps(self, kind: str = "cross", words: bool = False, links: Sequence[tuple[int, int]] = ()) -> AttentionMaps:
         """One kind of attention as AttentionMaps; `words`: pieces merged into words (rows average their
@@ -266,15 +288,15 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
     if max_tokens < 1:
         raise XattnError(f"max_tokens must be >= 1, got {max_tokens}")
     tok, cfg = translator.tokenizers, translator.model.cfg
-    src_ids = [s + [cfg.eos_id] for s in tok.src.encode_batch(list(sources))]
-    tgt_ids = [t + [cfg.eos_id] for t in tok.tgt.encode_batch(list(targets))]
+    (src_ids, src_of), (tgt_ids, tgt_of) = (by_words(t, texts, cfg.eos_id) for t, texts in ((tok.src, sources),
+                                                                                           (tok.tgt, targets)))
     model, device = translator.inference.current(), translator.device
     for batch in token_batches([max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)], max_tokens):
         src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, device)  # (B, S)
         tgt = pad_batch([[cfg.bos_id] + tgt_ids[i][:-1] for i in batch], cfg.pad_id, device)  # (B, T)
         with torch.inference_mode():
             enc = model.encode(src, need_weights="encoder-self" in kinds)
-            dec = model.decode(tgt, enc, need_weights=True)
+            dec = model.decode_states(tgt, enc, need_weights=True)
         cross = torch.stack(dec.cross_attn, dim=1).float().cpu().numpy()  # (B, L, H, T, S)
         selfw = torch.stack(dec.self_attn, dim=1).float().cpu().numpy() if "decoder-self" in kinds else None
         encw = torch.stack(enc.self_attn, dim=1).float().cpu().numpy() if "encoder-self" in kinds else None
@@ -283,9 +305,27 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
             yield i, PairAttention.build(
                 tok.src.pieces(src_ids[i]), tok.tgt.pieces(tgt_ids[i]), cross[b, :, :, :T, :S].copy(),
                 selfw[b, :, :, :T, :T].copy() if selfw is not None else None,
-                encw[b, :, :, :S, :S].copy() if encw is not None else None, sources[i], targets[i], line=i + 1)
+                encw[b, :, :, :S, :S].copy() if encw is not None else None, TextWords(sources[i], src_of[i]),
+                TextWords(targets[i], tgt_of[i]), line=i + 1)
         if progress is not None:
             progress(len(batch))
+
+
+def by_words(tokenizer, texts: Sequence[str], eos: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Each text encoded word by word (its whitespace tokens) + </s>: (ids, word index of each id, -1 for </s>).
+
+    SentencePiece never joins pieces across whitespace, so this is the whole line's encoding, with each
+    piece's word known exactly (a word the tokenizer drops entirely has no piece).
+    """
+    words = [text.split() for text in texts]
+    flat = tokenizer.encode_batch([w for ws in words for w in ws])
+    ids, word_of, k = [], [], 0
+    for ws in words:
+        per_word = flat[k: k + len(ws)]
+        k += len(ws)
+        ids.append([i for word in per_word for i in word] + [eos])
+        word_of.append([w for w, word in enumerate(per_word) for _ in word] + [-1])
+    return ids, word_of
 
 
 def encoder_attention(translator: Translator, text: str) -> np.ndarray:

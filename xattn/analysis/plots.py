@@ -87,7 +87,9 @@ def _figsize(maps: AttentionMaps, size: float, panels: tuple[int, int] = (1, 1))
     label_w, label_h = _text_width(maps.rows, size), _text_width(maps.cols, size) * 0.87  # columns at 60 degrees
     panel_title = 0.25 if panels != (1, 1) else 0.0
     width = panels[1] * (C * cell + 0.1) + label_w + 1.6
-    height = panels[0] * (R * cell + panel_title + 0.1) + label_h + 1.1 + 0.35 * bool(_legend(maps))
+    legend = [h.get_label() for h in _legend(maps)]  # one row of entries under the map
+    width = max(width, sum(_text_width([label], size) + 0.7 for label in legend))
+    height = panels[0] * (R * cell + panel_title + 0.1) + label_h + 1.1 + 0.35 * bool(legend)
     return width, height
 
 
@@ -189,7 +191,7 @@ def _legend(maps: AttentionMaps) -> list:
                              label="masked: a future position, cannot be attended"))
     if maps.links:
         handles.append(Line2D([], [], linestyle="none", marker="s", markerfacecolor="none",
-                              markeredgecolor=LINK_COLOR, label="alignment link"))
+                              markeredgecolor=LINK_COLOR, label=maps.links_label))
     return handles
 
 

@@ -47,11 +47,11 @@ def run(args) -> int:
     src, tgt = (second, first) if args.reverse else (first, second)
     device = resolve_device(args.device or "auto", "--device")
     forward = Translator.from_dir(args.model, device=device)
-    settings = alignment_settings(args, args.model, forward.model.cfg.n_decoder_layers)
+    settings = alignment_settings(args, args.model, forward.model.cfg)
     links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
     if args.backward:
         backward = Translator.from_dir(args.backward, device=device)
-        back_settings = alignment_settings(args, args.backward, backward.model.cfg.n_decoder_layers)
+        back_settings = alignment_settings(args, args.backward, backward.model.cfg)
         back = [flip(x) for x in align_pairs(backward, tgt, src, back_settings, args.max_tokens,
                                              f"aligning with {args.backward}")]
         links = [symmetrise(f, b, args.sym, len(s.split()), len(t.split())) for f, b, s, t in zip(links, back, src, tgt)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xattn.analysis.maps import KINDS
 from xattn.cli.common import add_head_flags, add_verb, path_arg
 from xattn.cli.translate import add_decode_flags, decode_config
 from xattn.errors import XattnError
@@ -21,9 +22,9 @@ def register(sub) -> None:
     p.add_argument("sentence", help="the source sentence")
     p.add_argument("--reference", help="a translation to read teacher-forced instead of the model's own")
     p.add_argument("--output", "-o", type=path_arg, required=True, help="FILE.png, .svg, .pdf or .html")
-    p.add_argument("--kind", choices=["cross", "decoder-self", "encoder-self"], default="cross",
+    p.add_argument("--kind", choices=KINDS, default="cross",
                    help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")
-    add_head_flags(p, "draw (default: the last; the HTML page has a picker)")
+    add_head_flags(p, "draw, of the --kind's stack (default: the last; the HTML page has a picker)")
     p.add_argument("--grid", action="store_true", help="every layer x head in one figure (static files)")
     p.add_argument("--words", action="store_true",
                    help="merge subword pieces into the words of the text: a source word's weight is the sum "
@@ -55,12 +56,15 @@ def run(args) -> int:
     pair = attention_pair(args, translator)
     links = []
     if args.kind == "cross" and not args.no_links:
-        links = sorted(attention_links(pair, settings_for(args.model, cfg.n_decoder_layers)))
+        settings = settings_for(args.model, cfg.n_decoder_layers, cfg.n_heads)
+        links = sorted(attention_links(pair, settings))
+        label = f"alignment link ({settings.method}, {settings.choice})"
     maps = pair.maps(args.kind, words=args.words, links=links)
-    if args.layer is None and args.heads is not None:
-        raise XattnError("--heads needs --layer")
-    choice = HeadChoice.parse(cfg.n_decoder_layers - 1 if args.layer is None else args.layer, args.heads or "mean")
+    if links:
+        maps.links_label = label
     n_layers = cfg.n_encoder_layers if args.kind == "encoder-self" else cfg.n_decoder_layers
+    choice = HeadChoice.parse(n_layers - 1 if args.layer is None else args.layer,
+                              "mean" if args.heads is None else args.heads)
     choice.check(n_layers, cfg.n_heads)
     if kind == ".html":
         from xattn.io import atomic_write_text
@@ -91,7 +95,7 @@ def attention_pair(args, translator):
     cfg = decode_config(args, translator.decode_config)
     result = translator.translate([args.sentence], cfg, return_attention=True, attention_from="rescore",
                                   return_self_attention=args.kind == "decoder-self")[0]
-    pair = PairAttention.from_translation(result, args.sentence)
+    pair = PairAttention.from_translation(result, args.sentence, tokenizer=translator.tokenizers.src)
     if args.kind == "encoder-self":
         pair.encoder_self = encoder_attention(translator, args.sentence)
     return pair

@@ -32,31 +32,37 @@ def write_output_lines(path: str | None, lines: list[str]) -> None:
         atomic_write_text(Path(path), text)
 
 
-def add_head_flags(p, what: str = "read") -> None:
+def add_head_flags(p, what: str = "read (decoder)") -> None:
     """--layer N and --heads 0,3,5 | mean: one way to name layers and heads in every verb (0-based)."""
-    p.add_argument("--layer", type=int, help=f"decoder layer to {what}, 0-based")
+    p.add_argument("--layer", type=int, help=f"layer to {what}, 0-based")
     p.add_argument("--heads", help="heads of that layer to average, 0-based, e.g. 0,3,5; or mean (all heads)")
 
 
 def add_alignment_flags(p) -> None:
     """The flags that turn cross-attention into word links (xattn.analysis.alignment.AlignSettings)."""
     add_head_flags(p)
-    p.add_argument("--method", choices=["shift", "naive"],
+    from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
+
+    p.add_argument("--method", choices=METHODS,
                    help="shift: read a target word where it is the decoder input (Chen et al. 2020); naive: where "
                         "it is predicted (default: the stored choice of `xattn heads align`, else shift)")
-    p.add_argument("--threshold", type=float,
-                   help="link every source word with at least this attention (default: the argmax per target word)")
-    p.add_argument("--eos", choices=["drop", "keep"], default="drop",
-                   help="drop: leave </s> out and renormalise (default); keep: a word looking most at </s> stays unaligned")
-    p.add_argument("--punct", choices=["free", "match"], default="free",
-                   help="match: punctuation links only to punctuation (a sink for other words); free: like any word")
+    p.add_argument("--threshold", type=float, help="link every source word with at least this attention "
+                   "(default: the stored choice, else the argmax per target word)")
+    p.add_argument("--eos", choices=EOS_RULES, help="drop: leave </s> out and renormalise (default); keep: a word "
+                   "looking most at </s> stays unaligned")
+    p.add_argument("--punct", choices=PUNCT_RULES, help="match: punctuation links only to punctuation (a sink for "
+                   "other words); free: like any word (default)")
 
 
-def alignment_settings(args, model_dir, n_layers: int):
+ALIGNMENT_FLAGS = ("layer", "heads", "method", "threshold", "eos", "punct")
+
+
+def alignment_settings(args, model_dir, cfg):
+    """AlignSettings from the flags, then the model directory's stored choice, then the defaults."""
     from xattn.analysis.choice import settings_for
 
-    return settings_for(model_dir, n_layers, args.layer, args.heads, args.method, threshold=args.threshold,
-                        eos=args.eos, punct=args.punct)
+    return settings_for(model_dir, cfg.n_decoder_layers, cfg.n_heads,
+                        **{flag: getattr(args, flag, None) for flag in ALIGNMENT_FLAGS})
 
 
 def read_sentence_pairs(pairs: str | None, src: str | None, tgt: str | None) -> tuple[list[str], list[str]]:

@@ -53,13 +53,13 @@ def run(args) -> int:
     thresholds = replace(Thresholds(), **changes)
     translator = load_translator(args)
     cfg = translator.model.cfg
-    choice = settings_for(args.model, cfg.n_decoder_layers, args.layer, args.heads).choice
-    choice.check(cfg.n_decoder_layers, cfg.n_heads)
+    choice = settings_for(args.model, cfg.n_decoder_layers, cfg.n_heads, args.layer, args.heads).choice
     if hyps is None:
         results = translator.translate(sources, decode_config(args, translator.decode_config),
                                        return_attention=True, attention_from="rescore")
         hyps = [r.text for r in results]
-        pairs = [PairAttention.from_translation(r, s, line=n) for n, (r, s) in enumerate(zip(results, sources), 1)]
+        tok = translator.tokenizers.src
+        pairs = [PairAttention.from_translation(r, s, n, tok) for n, (r, s) in enumerate(zip(results, sources), 1)]
     else:
         pairs = teacher_forced(translator, sources, hyps, ("cross",))
     diagnoses = [diagnose(pair, choice, thresholds) for pair in pairs]

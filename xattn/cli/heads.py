@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
 from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, path_arg, write_output_lines
 from xattn.cli.main import Parser
@@ -31,9 +32,9 @@ def register(sub) -> None:
                    help="gold links per pair, i-j (sure) and ipj (possible), i indexing the first side")
     a.add_argument("--gold-one-indexed", action="store_true", help="the gold file counts words from 1")
     a.add_argument("--first", type=int, help="use only the first N pairs (keep the rest for reporting)")
-    a.add_argument("--method", choices=["shift", "naive"], help="rank this method only (default: both)")
-    a.add_argument("--eos", choices=["drop", "keep"], default="drop", help="as in xattn align")
-    a.add_argument("--punct", choices=["free", "match"], default="free", help="as in xattn align")
+    a.add_argument("--method", choices=METHODS, help="rank this method only (default: both)")
+    a.add_argument("--eos", choices=EOS_RULES, default="drop", help="as in xattn align; stored with the choice")
+    a.add_argument("--punct", choices=PUNCT_RULES, default="free", help="as in xattn align; stored with the choice")
     a.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch")
     a.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     a.add_argument("--table", "-o", type=path_arg, help="also write the ranking as JSON lines to this file")
@@ -41,28 +42,31 @@ def register(sub) -> None:
 
 
 def run_align(args) -> int:
-    from xattn.analysis.alignment import parse_alignments
+    from xattn.analysis.alignment import METHODS, AlignSettings, parse_alignments
     from xattn.analysis.choice import save
     from xattn.analysis.heads import rank_alignment_heads
+    from xattn.analysis.maps import HeadChoice
     from xattn.devices import resolve_device
     from xattn.translator import Translator
 
+    if args.max_tokens < 1:
+        raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
     first, second = read_pairs(args)
+    gold_lines = read_lines(args.gold)
+    if len(gold_lines) != len(first):
+        raise XattnError(f"line counts differ: {args.gold} has {len(gold_lines)} lines, the pairs {len(first)}")
     if args.first is not None:
         if args.first < 1:
             raise XattnError(f"--first: must be >= 1, got {args.first}")
-        first, second = first[: args.first], second[: args.first]
+        first, second, gold_lines = first[: args.first], second[: args.first], gold_lines[: args.first]
     lengths = [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
-    gold_lines = read_lines(args.gold)
-    if len(gold_lines) != len(first) and (args.first is None or len(gold_lines) < len(first)):
-        raise XattnError(f"line counts differ: {args.gold} has {len(gold_lines)} lines, the pairs {len(first)}")
-    gold = parse_alignments(gold_lines[: len(first)], str(args.gold), one_indexed=args.gold_one_indexed,
-                            lengths=lengths)
+    gold = parse_alignments(gold_lines, str(args.gold), one_indexed=args.gold_one_indexed, lengths=lengths)
+    if not any(sure for sure, _ in gold):
+        raise XattnError(f"{args.gold}: no sure links in the {len(gold)} pairs used; nothing to rank heads by")
     translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
     src, tgt = (second, first) if args.reverse else (first, second)
-    methods = [args.method] if args.method else ["shift", "naive"]
-    ranking = rank_alignment_heads(translator, src, tgt, gold, methods, args.reverse, eos=args.eos,
-                                   punct=args.punct, max_tokens=args.max_tokens)
+    ranking = rank_alignment_heads(translator, src, tgt, gold, [args.method] if args.method else METHODS,
+                                   args.reverse, eos=args.eos, punct=args.punct, max_tokens=args.max_tokens)
     lines = [f"{'AER':>6} {'P':>6} {'R':>6}  method  layer  heads"]
     lines += [f"{100 * r['aer']:6.1f} {100 * r['precision']:6.1f} {100 * r['recall']:6.1f}  {r['method']:<6}  "
               f"{r['layer']:>5}  {r['heads']}" for r in ranking]
@@ -70,12 +74,10 @@ def run_align(args) -> int:
     if args.table:
         write_output_lines(args.table, [json.dumps(r) for r in ranking])
     if not args.no_store:
-        from xattn.analysis.maps import HeadChoice
-
         best = ranking[0]
-        path = save(args.model, HeadChoice.parse(best["layer"], best["heads"]), best["method"],
-                    {"eos": args.eos, "punct": args.punct, "aer": round(best["aer"], 4), "pairs": len(first),
-                     "gold": str(args.gold)})
+        settings = AlignSettings(HeadChoice.parse(best["layer"], best["heads"]), best["method"], None, args.eos,
+                                 args.punct)
+        path = save(args.model, settings, {"aer": round(best["aer"], 4), "pairs": len(first), "gold": str(args.gold)})
         print(f"stored {best['method']}, layer {best['layer']}, heads {best['heads']} "
               f"(AER {100 * best['aer']:.1f}) in {path}")
     return 0

@@ -1,7 +1,8 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-from xattn.cli.common import add_alignment_flags, add_verb, alignment_settings, path_arg, write_output_lines
+from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, path_arg,
+                              write_output_lines)
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -98,6 +99,9 @@ def load_translator(args):
 
 
 def run(args) -> int:
+    unused = [f"--{flag}" for flag in ALIGNMENT_FLAGS if getattr(args, flag) is not None]
+    if unused and not args.alignment:
+        raise XattnError(f"{', '.join(unused)} apply to --alignment")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
     texts = read_lines(args.input)
@@ -124,14 +128,12 @@ def alignment_of(args, translator):
     from xattn.analysis.alignment import attention_links, format_links
     from xattn.analysis.maps import PairAttention
 
-    cfg = translator.model.cfg
-    settings = alignment_settings(args, args.model, cfg.n_decoder_layers)
-    settings.choice.check(cfg.n_decoder_layers, cfg.n_heads)
+    settings = alignment_settings(args, args.model, translator.model.cfg)
     where = args.input or "stdin"
 
     def links(translation, line: str, index: int) -> str:
         try:
-            pair = PairAttention.from_translation(translation, line, line=index + 1)
+            pair = PairAttention.from_translation(translation, line, index + 1, translator.tokenizers.src)
         except XattnError as e:
             raise XattnError(f"{where}: {e}") from None
         return format_links(attention_links(pair, settings))
