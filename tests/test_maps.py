@@ -169,3 +169,14 @@ def test_python_api_draws_a_translation(translator):
     assert page.startswith("<!DOCTYPE html>") and "vier" in page
     with pytest.raises(XattnError, match="no encoder-self attention"):
         analysis.maps_of(res, "encoder-self")
+
+
+def test_choosing_heads_before_or_after_merging_words_agrees():
+    rng = np.random.default_rng(3)
+    src, tgt = ["▁a", "b", "▁c", "</s>"], ["▁x", "▁y", "z", "</s>"]
+    cross = rng.random((2, 3, len(tgt), len(src))).astype(np.float32)
+    pair = PairAttention.build(src, tgt, cross / cross.sum(-1, keepdims=True))
+    for choice in (HeadChoice(1), HeadChoice(0, (2,)), HeadChoice(1, (0, 2))):
+        for method in ("naive", "shift"):
+            np.testing.assert_allclose(word_attention(pair, method, choice),
+                                       choice.select(word_attention(pair, method)), atol=1e-6)

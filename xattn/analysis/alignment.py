@@ -184,24 +184,26 @@ class AlignSettings:
             raise XattnError(f"--threshold: must be in (0, 1], got {self.threshold:g}")
 
 
-def word_attention(pair: PairAttention, method: str = "shift") -> np.ndarray:
-    """(L, H, T_w, S_w + 1): each target word's attention over the source words and </s> (the last column).
+def word_attention(pair: PairAttention, method: str = "shift", choice: HeadChoice | None = None) -> np.ndarray:
+    """(L, H, T_w, S_w + 1): each target word's attention over the source words and </s> (the last column);
+    (T_w, S_w + 1) for one `choice` of layer and heads.
 
     A target word averages the rows of its pieces (row t for the piece it predicts, naive; row t + 1, where the
     piece is the decoder's input, shift); a source word sums its pieces' columns, so rows still sum to 1.
-    Linear in the weights, so a HeadChoice may select (average) layers and heads before or after.
+    Linear in the weights, so choosing (averaging) layers and heads before or after gives the same.
     """
-    rows = pair.cross[:, :, 1:] if method == "shift" else pair.cross[:, :, :-1]  # (L, H, n, S), n target pieces
+    weights = pair.cross if choice is None else choice.select(pair.cross)  # (L, H, T, S) or (T, S)
+    rows = weights[..., 1:, :] if method == "shift" else weights[..., :-1, :]  # (..., n, S), n target pieces
     n_tgt, n_src = len(pair.tgt_words), len(pair.src_words)
-    tgt_member = np.zeros((n_tgt, rows.shape[2]), dtype=np.float32)
+    tgt_member = np.zeros((n_tgt, rows.shape[-2]), dtype=np.float32)
     for t, w in enumerate(pair.tgt_word_of[:-1]):
         if w >= 0:
             tgt_member[w, t] = 1.0
-    src_member = np.zeros((n_src + 1, rows.shape[3]), dtype=np.float32)
+    src_member = np.zeros((n_src + 1, rows.shape[-1]), dtype=np.float32)
     for s, w in enumerate(pair.src_word_of):
         src_member[w if w >= 0 else n_src, s] = 1.0
     average = tgt_member / np.maximum(tgt_member.sum(axis=1, keepdims=True), 1.0)
-    return np.einsum("wn,lhns,vs->lhwv", average, rows, src_member)
+    return np.einsum("wn,...ns,vs->...wv", average, rows, src_member)
 
 
 def is_punctuation(word: str) -> bool:
@@ -235,7 +237,7 @@ def links_from_weights(weights: np.ndarray, src_words: Sequence[str], tgt_words:
 
 def attention_links(pair: PairAttention, settings: AlignSettings) -> Links:
     """Word links of one sentence pair from its cross-attention."""
-    weights = settings.choice.select(word_attention(pair, settings.method))
+    weights = word_attention(pair, settings.method, settings.choice)  # (T_w, S_w + 1)
     return links_from_weights(weights, pair.src_words, pair.tgt_words, settings)
 
 

@@ -54,7 +54,7 @@ def diagnose(pair: PairAttention, choice: HeadChoice, thresholds: Thresholds = T
     p = np.clip(weights, 1e-12, 1.0)
     entropy = float(-(weights * np.log(p)).sum(axis=1).mean())
     eos_mass = float(weights[:, eos].sum(axis=1).mean())
-    words = choice.select(word_attention(pair, "naive"))  # (T_w, S_w + 1)
+    words = word_attention(pair, "naive", choice)  # (T_w, S_w + 1)
     eos_share = float((words.argmax(axis=1) == n_src).mean()) if len(words) else 0.0
     content = [i for i, w in enumerate(pair.src_words) if not is_punctuation(w)] or list(range(n_src))
     flags = []

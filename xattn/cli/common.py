@@ -45,7 +45,7 @@ def add_alignment_flags(p) -> None:
 
     p.add_argument("--method", choices=METHODS,
                    help="shift: read a target word where it is the decoder input (Chen et al. 2020); naive: where "
-                        "it is predicted (default: the stored choice of `xattn heads align`, else shift)")
+                        "it is predicted (default: the stored choice of `xattn heads align`, else naive)")
     p.add_argument("--threshold", type=float, help="link every source word with at least this attention "
                    "(default: the stored choice, else the argmax per target word)")
     p.add_argument("--eos", choices=EOS_RULES, help="drop: leave </s> out and renormalise (default); keep: a word "
