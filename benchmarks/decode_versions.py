@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--result", default="decode_speed_versions", help="results/NAME.json to write")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -127,7 +128,7 @@ def main() -> None:
             git("worktree", "remove", "--force", str(old_root))
     figures["settings"] = {"against": against, "new": "working tree", "sentences": len(texts),
                            "repeats": args.repeats, "model": model_fingerprint(args.model), "modes": args.modes}
-    print("->", write_result("decode_speed_versions", figures))
+    print("->", write_result(args.result, figures))
 
 
 if __name__ == "__main__":
