@@ -157,3 +157,46 @@ def test_label_smoothed_loss_equals_torch_cross_entropy():
     expected = torch.nn.functional.cross_entropy(*flat, ignore_index=0, label_smoothing=0.2, reduction="sum")
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(*flat, ignore_index=0, reduction="sum"))
+
+
+def _xattn_only(cfg, out: Path, identity: dict | None = None):
+    """A factory like `xattn train`'s whose run trains only the cross-attention (what fine-tuning will hand in)."""
+    from xattn.training import from_config
+
+    def build(ctx, new):
+        parts = from_config(cfg, out)(ctx, new)
+        parts.trainable = frozenset(parts.model.parameter_groups()["xattn"])
+        parts.identity = identity if identity is not None else {"recipe": "xattn only"}
+        return parts
+    return build
+
+
+def test_a_factory_decides_what_trains_and_the_rest_stays_bit_identical(tmp_path):
+    from xattn.training import from_config
+
+    cfg = _cfg("train.max_steps=3")
+    initial = from_config(cfg, tmp_path / "probe")(__import__("xattn.distributed").distributed.setup("cpu"), True).model
+    trainer = Trainer(cfg, tmp_path / "run", quiet=True, factory=_xattn_only(cfg, tmp_path / "run"))
+    trained = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained == set(trainer.model.parameter_groups()["xattn"])
+    assert sum(len(g["params"]) for g in trainer.optimizer.param_groups) == len(trained)
+    trainer.fit()
+    after = load_model_dir(tmp_path / "run").model.state_dict()
+    before = initial.state_dict()
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and changed <= trained  # every frozen parameter is exactly as initialised
+    # the recipe is part of the run's identity: resuming with another one is refused
+    with pytest.raises(XattnError, match="recipe: 'xattn only' -> 'other'"):
+        Trainer(_cfg("train.max_steps=5"), tmp_path / "run", quiet=True,
+                factory=_xattn_only(cfg, tmp_path / "run", {"recipe": "other"}))
+    longer = _cfg("train.max_steps=5")
+    resumed = Trainer(longer, tmp_path / "run", quiet=True, factory=_xattn_only(longer, tmp_path / "run"))
+    assert resumed.progress.step == 3 and resumed.fit().step == 5
+
+
+def test_unknown_trainable_names_are_refused(tiny_model):
+    from xattn.training import freeze
+
+    with pytest.raises(ValueError, match="not parameters of the model: decoder.layers.9"):
+        freeze(tiny_model, frozenset({"decoder.layers.9.cross_attn.q_proj.weight"}))
+    assert len(freeze(tiny_model, None)) == len(list(tiny_model.parameters()))

@@ -13,8 +13,9 @@ import math
 import random
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -71,10 +72,42 @@ class Progress:
     finished: bool = False              # the end of training (averaging included) is done
 
 
-class Trainer:
-    """Trains a Transformer as configured by a RunConfig into a model directory."""
+@dataclass
+class RunParts:
+    """What a run trains, made outside the Trainer by a factory (`from_config` for `xattn train`), so that
+    another recipe (fine-tuning a parent) can hand in its own model, corpus and trainable parameters."""
+    cfg: RunConfig                         # with the vocabulary sizes of the corpus' tokenizers
+    corpus: Corpus
+    model: Transformer                     # initialised (seeded), on the CPU
+    trainable: frozenset[str] | None = None  # parameter names (model.named_parameters()) to train; None: all
+    identity: dict = field(default_factory=dict)  # more of the run's identity (a resume must match it too)
 
-    def __init__(self, cfg: RunConfig, out_dir: str | Path, quiet: bool = False):
+
+Factory = Callable[["dist.Context", bool], RunParts]
+"""(distributed context, whether the run is new) -> RunParts; a resumed run keeps its tokenizers."""
+
+
+def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
+    """The parts of `xattn train`: the corpus the config names (tokenizers trained for a new run) and a
+    freshly initialised Transformer of the config's shape, every parameter trained."""
+    def build(ctx: dist.Context, new: bool) -> RunParts:
+        corpus = prepare_corpus(cfg.data, Path(out_dir), ctx, new_tokenizers=new)
+        tok = corpus.tokenizers
+        model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
+        torch.manual_seed(cfg.train.seed)
+        return RunParts(dataclasses.replace(cfg, model=model_cfg), corpus, Transformer(model_cfg))
+    return build
+
+
+class Trainer:
+    """Trains the model of a RunParts factory into a model directory, as a RunConfig's train section says.
+
+    `cfg` fixes the device, threads and mixed precision; the factory (default `from_config(cfg, out_dir)`)
+    gives the corpus, the model and which of its parameters train (the others stay as they are, and the
+    optimizer never sees them), and its RunParts.cfg is the run's config from then on: build both from one.
+    """
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None):
         self.out_dir, self.quiet = Path(out_dir), quiet
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise XattnError(f"{self.out_dir}: exists and is not a directory; train into a new or a model directory")
@@ -88,25 +121,24 @@ class Trainer:
         if manifest is None and (self.out_dir / WEIGHTS).is_file():
             raise XattnError(f"{self.out_dir}: holds a model but no training state to resume "
                              f"({STATE_DIR}/{MANIFEST}); train into a new directory")
-        self.corpus: Corpus = prepare_corpus(cfg.data, self.out_dir, self.ctx, new_tokenizers=manifest is None)
+        parts = (factory or from_config(cfg, self.out_dir))(self.ctx, manifest is None)
+        self.corpus: Corpus = parts.corpus
         stats = self.corpus.stats
         self._print(f"corpus: {len(self.corpus.train)} training pairs (dropped: {stats.empty} empty, "
                     f"{stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over length ratio "
                     f"{cfg.data.max_ratio:g}), {len(self.corpus.valid)} validation pairs")
-        tok = self.corpus.tokenizers
-        model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
-        self.cfg = dataclasses.replace(cfg, model=model_cfg)
-        self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir), self.ctx.world)
+        self.cfg = parts.cfg
+        self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
+                                     self.ctx.world) | parts.identity
         if manifest is not None and (diffs := differences(manifest.run, self.identity)):
             raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings "
                              f"({'; '.join(diffs[:3])}); rerun with the same settings to resume (budgets such as "
                              "train.max_steps may change), or train into another directory")
         tc: TrainConfig = self.cfg.train
-        torch.manual_seed(tc.seed)
-        self.model = Transformer(model_cfg).to(self.device)
-        self.ddp_model = self.ctx.wrap(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tc.betas,
-                                           weight_decay=tc.weight_decay)
+        self.model = parts.model.to(self.device)
+        trained = freeze(self.model, parts.trainable)
+        self.ddp_model = self.ctx.wrap(self.model)  # DDP all-reduces only the parameters that train
+        self.optimizer = torch.optim.AdamW(trained, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
         self.sampler = TokenBatchSampler(self.corpus.train.src_lengths(), self.corpus.train.tgt_lengths(),
                                          tc.max_tokens, shuffle=True, seed=tc.seed)
@@ -369,9 +401,21 @@ class Trainer:
             echo(message)
 
 
-def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False) -> Progress:
-    """Train (or resume) a model directory; returns where training stopped."""
-    trainer = Trainer(cfg, out_dir, quiet)
+def freeze(model: Transformer, trainable: frozenset[str] | None) -> list[torch.nn.Parameter]:
+    """Parameters named in `trainable` (all when None) train; the others get requires_grad=False.
+    Returns the trained ones. A name that is not a parameter of the model is an error (a recipe's mistake)."""
+    names = dict(model.named_parameters())
+    if trainable is not None and (unknown := sorted(set(trainable) - set(names))):
+        raise ValueError(f"trainable names that are not parameters of the model: {', '.join(unknown[:5])}")
+    for name, p in names.items():
+        p.requires_grad_(trainable is None or name in trainable)
+    return [p for p in names.values() if p.requires_grad]
+
+
+def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None) -> Progress:
+    """Train (or resume) a model directory; returns where training stopped. `factory`: the parts to train
+    (default: those `xattn train` builds from the config)."""
+    trainer = Trainer(cfg, out_dir, quiet, factory)
     try:
         return trainer.fit()
     finally:
