@@ -60,9 +60,24 @@ def text_fingerprint(*splits: list[Pair]) -> str:
     return digest.hexdigest()
 
 
-def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True) -> Corpus:
+def train_side_tokenizers(pairs: list[Pair], out_dir: Path, vocab_size: int, inherit: dict[str, Path]) -> None:
+    """Separate tokenizers: the sides in `inherit` copied from their files, the others trained on `pairs`."""
+    from xattn.io import atomic_write_bytes
+    from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, train_sentencepiece
+
+    for k, (side, name) in enumerate((("src", SRC_MODEL), ("tgt", TGT_MODEL))):
+        if side in inherit:
+            atomic_write_bytes(out_dir / name, Path(inherit[side]).read_bytes())
+        else:
+            train_sentencepiece([pair[k] for pair in pairs], out_dir / name, vocab_size)
+    (out_dir / JOINT_MODEL).unlink(missing_ok=True)
+
+
+def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True,
+                   inherit: dict[str, Path] | None = None) -> Corpus:
     """Read, clean and tokenize; with `new_tokenizers`, train the tokenizers into `out_dir` first
-    (rank 0), otherwise load the ones there."""
+    (rank 0), otherwise load the ones there. `inherit` {"src" or "tgt": a tokenizer file}: that side's
+    tokenizer is copied from another model (a transfer parent) and only the other side's is trained."""
     ctx = ctx or Context()
     train_raw, valid_raw = read_split(cfg, "train"), read_split(cfg, "val")
     train_pairs, empties = clean_pairs(train_raw)
@@ -74,8 +89,11 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
     if new_tokenizers and ctx.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
-                             cfg.vocab_size, cfg.joint_vocab)
+            if inherit:
+                train_side_tokenizers(train_pairs, out_dir, cfg.vocab_size, inherit)
+            else:
+                train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
+                                 cfg.vocab_size, cfg.joint_vocab)
         except XattnError as e:
             raise XattnError(f"{describe_split(cfg, 'train')}: cannot train the tokenizer on this text ({e})") from None
     ctx.barrier()

@@ -6,13 +6,19 @@ layer's cross-attention and its LayerNorm). A strategy names the side whose lang
 new vocabulary and fresh embeddings, and the groups that train besides; everything else keeps the parent's
 weights, frozen.
 
-(So far: the strategies and the parameter accounting. Loading a parent, new vocabularies, delta checkpoints
-and composition come next.)
+`child_factory` builds a child run for the Trainer: the parent's tokenizer on the shared side, a new one
+trained on the child's data on the other, the parent's weights everywhere but the new side's embeddings.
+(Delta checkpoints and composition come next; a child is saved whole for now.)
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+
+from xattn.config import RunConfig
 from xattn.errors import XattnError
 from xattn.model import Transformer
 
@@ -86,3 +92,75 @@ def format_parameter_table(rows: list[dict]) -> list[str]:
     lines = [f"{'group':<6} {'trained':>11} {'of':>11} {'share':>7}"]
     lines += [f"{r['group']:<6} {r['trained']:>11,} {r['total']:>11,} {100 * r['share']:>6.1f}%" for r in rows]
     return lines
+
+
+# ---------------------------------------------------------------------------------------- a child run
+
+def changed_side(parent: RunConfig, child: RunConfig) -> str:
+    """"src" or "tgt": the one side whose language the child changes; anything else is an error."""
+    p, c = (parent.data.src_lang, parent.data.tgt_lang), (child.data.src_lang, child.data.tgt_lang)
+    changed = [side for side, a, b in zip(SIDES, p, c) if a != b]
+    if len(changed) != 1:
+        raise XattnError(f"the parent translates {p[0]}->{p[1]} and the child {c[0]}->{c[1]}: transfer changes the "
+                         "language of exactly one side (data.src_lang or data.tgt_lang)")
+    return changed[0]
+
+
+def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_dir: str | Path):
+    """A Trainer factory (xattn.training.Factory) for a child of the model directory `parent_dir`.
+
+    The child has the parent's shape (its config's model section is the parent's, with the new side's
+    vocabulary size), the parent's tokenizer on the shared side, and the parent's weights in every group
+    but the new side's (and `strat.reinit`); `strat` decides what trains. The strategy and the parent's
+    weights are part of the run's identity, so a resume checks both.
+    """
+    from xattn.checkpoint import load_model_dir, tensors_digest, tokenizer_hashes, weights_of
+    from xattn.corpus import prepare_corpus
+    from xattn.training import RunParts
+
+    parent = load_model_dir(parent_dir)
+    side = changed_side(parent.config, cfg)
+    if strat.side is not None and strat.side != side:
+        raise XattnError(f"--strategy {strat.name} changes the {strat.side} side, but the child changes the "
+                         f"{side} language ({parent.config.data.src_lang}->{parent.config.data.tgt_lang} to "
+                         f"{cfg.data.src_lang}->{cfg.data.tgt_lang}); use {side}{strat.name[3:]}")
+    if parent.config.model.share_embeddings or parent.tokenizers.joint:
+        raise XattnError(f"{parent_dir}: the parent shares one vocabulary between source and target, so one side's "
+                         "cannot be replaced; train the parent with data.joint_vocab=false "
+                         "model.share_embeddings=false")
+    kept = "tgt" if side == "src" else "src"
+    inherit = {kept: getattr(parent.tokenizers, kept).path}
+    data = dataclasses.replace(cfg.data, joint_vocab=False)
+    parent_tensors = weights_of(parent.model)
+    identity = {"transfer": {"strategy": strat.name, "side": side, "parent": tensors_digest(parent_tensors),
+                             "parent_tokenizers": tokenizer_hashes(Path(parent_dir))}}
+
+    def build(ctx, new: bool) -> RunParts:
+        corpus = prepare_corpus(data, Path(out_dir), ctx, new_tokenizers=new, inherit=inherit)
+        tok = corpus.tokenizers
+        model_cfg = dataclasses.replace(parent.config.model, src_vocab_size=tok.src.vocab_size,
+                                        tgt_vocab_size=tok.tgt.vocab_size)
+        torch.manual_seed(cfg.train.seed)
+        model = Transformer(model_cfg)
+        if strat.from_parent:
+            inherit_weights(model, parent_tensors, fresh=(side, *strat.reinit))
+        trainable = trainable_names(model, strat, side)
+        return RunParts(dataclasses.replace(cfg, model=model_cfg, data=data), corpus, model, trainable, identity)
+    return build
+
+
+def inherit_weights(model: Transformer, parent: dict[str, torch.Tensor], fresh: tuple[str, ...]) -> None:
+    """Copy the parent's tensors into `model`, except the parameters of the `fresh` groups, which keep their
+    random initialisation. What is copied must be exactly the model's other parameters, shape for shape."""
+    groups = model.parameter_groups()
+    keep_fresh = {name for group in fresh for name in groups[group]}
+    wanted = {name: p for name, p in model.named_parameters() if name not in keep_fresh}
+    missing = sorted(set(wanted) - set(parent))
+    if missing:
+        raise XattnError(f"the parent lacks parameters the child takes from it: {', '.join(missing[:5])}")
+    with torch.no_grad():
+        for name, p in wanted.items():
+            if parent[name].shape != p.shape:
+                raise XattnError(f"the parent's {name} has shape {tuple(parent[name].shape)}, the child's "
+                                 f"{tuple(p.shape)}")
+            p.copy_(parent[name])
