@@ -80,6 +80,9 @@ def config_key(cfg) -> str:
     body = cfg.to_dict()
     body.pop("decode")
     body["data"] = {k: v for k, v in body["data"].items() if k not in DataConfig.LOCATIONS}
+    if body["data"].get("train_subset") is None:  # all the data, as before these keys existed
+        body["data"].pop("train_subset", None)
+        body["data"].pop("subset_seed", None)
     body["train"] = {k: v for k, v in body["train"].items() if k not in NOT_IN_KEY["train"]}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -214,3 +214,19 @@ def test_multi30k_local_copy_via_env(folder, monkeypatch):
     assert len(pairs) == 1014 and all(src and tgt for src, tgt in pairs)
     assert pairs[0][1].startswith("A group of men")
     assert len(load_pairs("multi30k", "en", "cs", "test_2016_flickr", size=10)) == 10
+
+
+def test_a_training_subset_is_a_fixed_random_slice():
+    from xattn.config import DataConfig
+    from xattn.corpus import read_split
+    from xattn.errors import XattnError
+
+    full = read_split(DataConfig(dataset="numbers", numbers_size=300), "train")
+    cfg = DataConfig(dataset="numbers", numbers_size=300, train_subset=50)
+    subset = read_split(cfg, "train")
+    assert len(subset) == 50 and read_split(cfg, "train") == subset
+    assert [p for p in full if p in subset] == subset  # drawn from the corpus, in its order
+    assert read_split(DataConfig(dataset="numbers", numbers_size=300, train_subset=50, subset_seed=2), "train") != subset
+    assert read_split(cfg, "val") == read_split(DataConfig(dataset="numbers", numbers_size=300), "val")
+    with pytest.raises(XattnError, match="data.train_subset: 301 is more than the 300 pairs"):
+        read_split(DataConfig(dataset="numbers", numbers_size=300, train_subset=301), "train")

@@ -200,3 +200,9 @@ def test_unknown_trainable_names_are_refused(tiny_model):
     with pytest.raises(ValueError, match="not parameters of the model: decoder.layers.9"):
         freeze(tiny_model, frozenset({"decoder.layers.9.cross_attn.q_proj.weight"}))
     assert len(freeze(tiny_model, None)) == len(list(tiny_model.parameters()))
+
+
+def test_resume_refuses_another_training_subset(tmp_path):
+    train(_cfg("train.max_steps=2", "data.train_subset=200"), tmp_path, quiet=True)
+    with pytest.raises(XattnError, match=r"data.train_subset: 200 -> 100"):
+        Trainer(_cfg("train.max_steps=4", "data.train_subset=100"), tmp_path, quiet=True)

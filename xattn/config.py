@@ -79,6 +79,8 @@ class DataConfig:
     valid_tgt: str | None = None
     valid_tsv: str | None = None
     numbers_size: int = 20000           # training pairs of the numbers dataset
+    train_subset: int | None = None     # train on this many training pairs, drawn at random (a low-resource slice)
+    subset_seed: int = 1                # which pairs train_subset draws
     vocab_size: int = 8000
     joint_vocab: bool = True            # one SentencePiece model for both sides
     max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
@@ -86,6 +88,7 @@ class DataConfig:
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
+        train_subset=POSITIVE, subset_seed=within(0, 2**32 - 1),
         max_len=POSITIVE, max_ratio=within(1))
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}

@@ -6,6 +6,7 @@ so a resumed run (or another DDP rank) tokenizes exactly as the first one did.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,19 @@ class Corpus:
 
 
 def read_split(cfg: DataConfig, split: str) -> list[Pair]:
-    """The "train" or "val" pairs of a named dataset or of the configured files."""
+    """The "train" or "val" pairs of a named dataset or of the configured files; with data.train_subset,
+    that many training pairs drawn at random (data.subset_seed), in their order in the corpus."""
+    pairs = read_all(cfg, split)
+    if split != "train" or cfg.train_subset is None:
+        return pairs
+    if cfg.train_subset > len(pairs):
+        raise XattnError(f"data.train_subset: {cfg.train_subset} is more than the {len(pairs)} pairs of "
+                         f"{describe_split(cfg, 'train')}")
+    keep = sorted(random.Random(cfg.subset_seed).sample(range(len(pairs)), cfg.train_subset))
+    return [pairs[i] for i in keep]
+
+
+def read_all(cfg: DataConfig, split: str) -> list[Pair]:
     if cfg.dataset is not None:
         size = cfg.numbers_size if cfg.dataset == "numbers" and split == "train" else None
         return load_pairs(cfg.dataset, cfg.src_lang, cfg.tgt_lang, split, cfg.data_dir, size=size)

@@ -126,6 +126,8 @@ def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], p
     (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
     tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
     data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
+    if data["train_subset"] is None:  # all the data: the subset's seed plays no part
+        del data["train_subset"], data["subset_seed"]
     identity = {"tokenizers": tokenizers, "data": data | {"text_sha256": text_sha256},
                 "model": dataclasses.asdict(cfg.model),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
