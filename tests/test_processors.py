@@ -56,3 +56,12 @@ def test_lengths_and_prefix():
     scores = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]])
     kept = max_length(1)(scores.clone(), StepState(2, torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 7])))
     assert kept.tolist() == [[NEG, -2.0, NEG], [-4.0, -5.0, -6.0]]  # the forced token keeps its own log-prob
+
+
+@pytest.mark.parametrize("value", [1e-300, 1.7e-121, 1e-30, 0.5, 3.4028235677973366e+38, 1e300])
+def test_extreme_temperatures_give_a_distribution_not_nan(value):
+    from xattn.processors import temperature
+
+    lp = torch.tensor([[0.0, -1.0, -5.0, float("-inf")]]).log_softmax(-1)
+    out = temperature(value)(lp, None).exp()
+    assert torch.isfinite(out).all() and out[0, 3] == 0 and torch.allclose(out.sum(-1), torch.ones(1))

@@ -95,9 +95,15 @@ def no_repeat_ngram(n: int) -> Processor:
 # ------------------------------------------------------------------------------------- sampling warpers
 
 def temperature(value: float) -> Processor:
-    """Sharpen (< 1) or flatten (> 1) the distribution: log p / T, renormalised."""
+    """Sharpen (< 1) or flatten (> 1) the distribution: log p / T, renormalised.
+
+    1 / T is kept within the dtype's finite normal range, so that an extreme T (1e-300, 3.5e38) means
+    "greedy" or "uniform over the allowed tokens" rather than 0 * inf = NaN.
+    """
     def apply(lp: Tensor, state: StepState) -> Tensor:
-        return (lp / value).log_softmax(dim=-1)
+        info = torch.finfo(lp.dtype)
+        top = lp.max(dim=-1, keepdim=True).values  # (N, 1): the best token stays finite however sharp
+        return ((lp - top) * min(max(1.0 / value, info.tiny), info.max)).log_softmax(dim=-1)
     return apply
 
 
