@@ -161,7 +161,7 @@ def test_label_smoothed_loss_equals_torch_cross_entropy():
 
 def _xattn_only(cfg, out: Path, identity: dict | None = None):
     """A factory like `xattn train`'s whose run trains only the cross-attention (what fine-tuning will hand in)."""
-    from xattn.training import from_config
+    from xattn.recipes import from_config
 
     def build(ctx, new):
         parts = from_config(cfg, out)(ctx, new)
@@ -172,7 +172,7 @@ def _xattn_only(cfg, out: Path, identity: dict | None = None):
 
 
 def test_a_factory_decides_what_trains_and_the_rest_stays_bit_identical(tmp_path):
-    from xattn.training import from_config
+    from xattn.recipes import from_config
 
     cfg = _cfg("train.max_steps=3")
     initial = from_config(cfg, tmp_path / "probe")(__import__("xattn.distributed").distributed.setup("cpu"), True).model
@@ -195,7 +195,7 @@ def test_a_factory_decides_what_trains_and_the_rest_stays_bit_identical(tmp_path
 
 
 def test_unknown_trainable_names_are_refused(tiny_model):
-    from xattn.training import freeze
+    from xattn.recipes import freeze
 
     with pytest.raises(ValueError, match="not parameters of the model: decoder.layers.9"):
         freeze(tiny_model, frozenset({"decoder.layers.9.cross_attn.q_proj.weight"}))

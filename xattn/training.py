@@ -13,9 +13,8 @@ import math
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -23,15 +22,15 @@ import torch
 from xattn import distributed as dist
 from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
 from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
-from xattn.corpus import Corpus, prepare_corpus
+from xattn.corpus import Corpus
 from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import is_temporary
-from xattn.model import Transformer
 from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences, run_identity
 from xattn.progress import RunningRate, StepStatus, echo, open_display
+from xattn.recipes import Factory, freeze, from_config
 
 STATE_DIR = "train_state"
 LOG = "log.jsonl"
@@ -70,33 +69,6 @@ class Progress:
     seconds: float = 0.0
     stop_reason: str | None = None      # why the last fit() ended
     finished: bool = False              # the end of training (averaging included) is done
-
-
-@dataclass
-class RunParts:
-    """What a run trains, made outside the Trainer by a factory (`from_config` for `xattn train`), so that
-    another recipe (fine-tuning a parent) can hand in its own model, corpus and trainable parameters."""
-    cfg: RunConfig                         # with the vocabulary sizes of the corpus' tokenizers
-    corpus: Corpus
-    model: Transformer                     # initialised (seeded), on the CPU
-    trainable: frozenset[str] | None = None  # parameter names (model.named_parameters()) to train; None: all
-    identity: dict = field(default_factory=dict)  # more of the run's identity (a resume must match it too)
-
-
-Factory = Callable[["dist.Context", bool], RunParts]
-"""(distributed context, whether the run is new) -> RunParts; a resumed run keeps its tokenizers."""
-
-
-def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
-    """The parts of `xattn train`: the corpus the config names (tokenizers trained for a new run) and a
-    freshly initialised Transformer of the config's shape, every parameter trained."""
-    def build(ctx: dist.Context, new: bool) -> RunParts:
-        corpus = prepare_corpus(cfg.data, Path(out_dir), ctx, new_tokenizers=new)
-        tok = corpus.tokenizers
-        model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
-        torch.manual_seed(cfg.train.seed)
-        return RunParts(dataclasses.replace(cfg, model=model_cfg), corpus, Transformer(model_cfg))
-    return build
 
 
 class Trainer:
@@ -399,17 +371,6 @@ class Trainer:
     def _print(self, message: str) -> None:
         if self.ctx.rank == 0 and not self.quiet:
             echo(message)
-
-
-def freeze(model: Transformer, trainable: frozenset[str] | None) -> list[torch.nn.Parameter]:
-    """Parameters named in `trainable` (all when None) train; the others get requires_grad=False.
-    Returns the trained ones. A name that is not a parameter of the model is an error (a recipe's mistake)."""
-    names = dict(model.named_parameters())
-    if trainable is not None and (unknown := sorted(set(trainable) - set(names))):
-        raise ValueError(f"trainable names that are not parameters of the model: {', '.join(unknown[:5])}")
-    for name, p in names.items():
-        p.requires_grad_(trainable is None or name in trainable)
-    return [p for p in names.values() if p.requires_grad]
 
 
 def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None) -> Progress:

@@ -116,7 +116,7 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     """
     from xattn.checkpoint import load_model_dir, tensors_digest, tokenizer_hashes, weights_of
     from xattn.corpus import prepare_corpus
-    from xattn.training import RunParts
+    from xattn.recipes import RunParts
 
     parent = load_model_dir(parent_dir)
     side = changed_side(parent.config, cfg)
