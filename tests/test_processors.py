@@ -65,3 +65,23 @@ def test_extreme_temperatures_give_a_distribution_not_nan(value):
     lp = torch.tensor([[0.0, -1.0, -5.0, float("-inf")]]).log_softmax(-1)
     out = temperature(value)(lp, None).exp()
     assert torch.isfinite(out).all() and out[0, 3] == 0 and torch.allclose(out.sum(-1), torch.ones(1))
+
+
+def test_the_maximum_length_wins_over_a_longer_minimum():
+    """--min-len 2 with a maximum length of 1: EOS at the maximum, never a row with nothing allowed."""
+    from xattn.processors import StepState, apply_all, max_length, min_length
+
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -2.0, -0.5]])  # EOS is id 2
+    state = StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([1, 5]), None)
+    out = apply_all([min_length(2, 2), max_length(2)], lp.clone(), state)
+    assert out[0].tolist() == [float("-inf"), float("-inf"), -0.5]  # at its maximum: EOS, with its own score
+    assert out[1, 2] == float("-inf") and torch.isfinite(out[1, :2]).all()  # below it: the minimum holds
+
+
+@pytest.mark.parametrize("p", [2.7e-144, 1e-45, 1e-3])
+def test_top_p_always_keeps_the_most_probable_token(p):
+    from xattn.processors import top_p
+
+    lp = torch.tensor([[-2.0, -0.1, -3.0, float("-inf")]])
+    out = top_p(p)(lp.clone(), None)
+    assert out[0, 1] == lp[0, 1] and torch.isinf(out[0, [0, 2, 3]]).all()

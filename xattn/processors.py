@@ -39,10 +39,11 @@ def forbid(ids: list[int]) -> Processor:
 
 
 def min_length(n: int, eos_id: int) -> Processor:
-    """No EOS before `n` tokens."""
+    """No EOS before `n` tokens, unless the row has reached its maximum length (which wins)."""
     def apply(lp: Tensor, state: StepState) -> Tensor:
         if state.t < n:
-            lp[:, eos_id] = NEG_INF
+            rows = state.max_len > state.t  # (N,)
+            lp[:, eos_id] = torch.where(rows, NEG_INF, lp[:, eos_id])
         return lp
     return apply
 
@@ -120,7 +121,9 @@ def top_p(p: float) -> Processor:
     def apply(lp: Tensor, state: StepState) -> Tensor:
         sorted_lp, order = lp.sort(dim=-1, descending=True)  # (N, V)
         before = sorted_lp.softmax(dim=-1).cumsum(dim=-1) - sorted_lp.softmax(dim=-1)  # mass of better tokens
-        drop = torch.zeros_like(lp, dtype=torch.bool).scatter(1, order, before >= p)
+        beyond = before >= p
+        beyond[:, 0] = False  # the most probable token always stays (a p that rounds to 0 in float32)
+        drop = torch.zeros_like(lp, dtype=torch.bool).scatter(1, order, beyond)
         return lp.masked_fill(drop, NEG_INF)
     return apply
 
