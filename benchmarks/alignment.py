@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from common import CACHE, cached_model, data_dir, model_fingerprint, write_result
-from eflomal_peer import HANSARDS, eflomal_alignments, eflomal_version, normalise, unseen_rate
+from eflomal_peer import HANSARDS, eflomal_alignments, eflomal_version, load_hansards, normalise, unseen_rate
 
 import xattn
 from xattn.analysis import choice as stored_choice
@@ -167,9 +167,8 @@ def main() -> None:
     args = parser.parse_args()
 
     en_fr, fr_en = cached_model("multi30k-en-fr", MODEL), cached_model("multi30k-fr-en", MODEL)
-    lines = (HANSARDS / "test.en-fr").read_text(encoding="utf-8").splitlines()
-    en = [normalise(line.split("|||")[0], "en") for line in lines]
-    fr = [normalise(line.split("|||")[1], "fr") for line in lines]
+    raw_en, raw_fr = load_hansards()
+    en, fr = [normalise(e, "en") for e in raw_en], [normalise(f, "fr") for f in raw_fr]
     gold = read_alignments(HANSARDS / "gold.talp", one_indexed=True,
                            lengths=[(len(e.split()), len(f.split())) for e, f in zip(en, fr)])
     directions = {"en->fr": Direction("en->fr", en_fr, en, fr, english_first=True),

@@ -61,18 +61,9 @@ neither works the run goes on unseeded and ``run.json`` in the work folder says 
 eflomal has no thread option either; it uses OpenMP (two directions and the samplers in parallel), so
 threads are set with ``OMP_NUM_THREADS`` (1 by default here).
 
-Run ``python benchmarks/eflomal_peer.py`` for the standalone check: both settings, AER on Hansards pairs
-100..446 for each direction, their intersection and grow-diag-final. With eflomal 2.0.0 (built from source
-on the 2-core benchmark machine), English as source i and French as target j, mean ± sd over seeds 1-5:
-
-==========  =============  =============  =============  ===============  ==============
-setting     forward        backward       intersect      grow-diag-final  seconds a run
-==========  =============  =============  =============  ===============  ==============
-priors      15.13 ± 0.38   15.76 ± 0.15   13.71 ± 0.26   16.24 ± 0.23     29
-concat      14.94 ± 0.10   15.57 ± 0.18   13.31 ± 0.19   16.05 ± 0.23     24
-==========  =============  =============  =============  ===============  ==============
-
-Unseen test tokens (Hansards against Multi30k train, after :func:`normalise`): English 17.3%, French 19.0%.
+Run ``python benchmarks/eflomal_peer.py [--seeds 1 2 3 4 5]`` for the standalone check: both settings, AER on
+Hansards pairs 100..446 for each direction, their intersection and grow-diag-final (xattn's own AER and
+symmetrisation); its figures are in benchmarks/README.md.
 """
 from __future__ import annotations
 
@@ -91,6 +82,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from xattn.analysis.alignment import Links
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 HANSARDS = SHARED / "alignment" / "hansards-en-fr"
@@ -98,7 +91,6 @@ SETTINGS = ("priors", "concat")
 TUNE = 100
 """Hansards pairs 0..99 are for tuning; scores are reported on pairs 100..446."""
 
-Links = set[tuple[int, int]]
 
 
 # ----------------------------------------------------------------------------------------------- tokenisation
@@ -331,54 +323,6 @@ def load_hansards(path: str | Path = HANSARDS / "test.en-fr") -> tuple[list[str]
     return en, fr
 
 
-def load_gold(path: str | Path = HANSARDS / "gold.talp") -> list[tuple[Links, Links]]:
-    """Per pair (sure, possible) links as 0-based (english, french); possible includes sure."""
-    gold = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        sure, possible = set(), set()
-        for link in line.split():
-            sep = "p" if "p" in link else "-"
-            i, j = (int(x) - 1 for x in link.split(sep))
-            possible.add((i, j))
-            if sep == "-":
-                sure.add((i, j))
-        gold.append((sure, possible))
-    return gold
-
-
-def aer(predicted: Sequence[Links], gold: Sequence[tuple[Links, Links]]) -> float:
-    """Alignment error rate over a corpus (Och & Ney 2003): 1 - (|A∩S| + |A∩P|) / (|A| + |S|)."""
-    a_s = a_p = a = s = 0
-    for links, (sure, possible) in zip(predicted, gold, strict=True):
-        a_s += len(links & sure)
-        a_p += len(links & possible)
-        a += len(links)
-        s += len(sure)
-    return 1.0 - (a_s + a_p) / (a + s)
-
-
-def grow_diag_final(forward: Links, backward: Links) -> Links:
-    """Koehn et al.'s grow-diag-final symmetrisation (for this module's check only)."""
-    union = forward | backward
-    links = set(forward & backward)
-    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
-    grown = True
-    while grown:
-        grown = False
-        for i, j in sorted(links):
-            for di, dj in neighbours:
-                c = (i + di, j + dj)
-                if c in union and c not in links and (
-                        all(x != c[0] for x, _ in links) or all(y != c[1] for _, y in links)):
-                    links.add(c)
-                    grown = True
-    for direction in (forward, backward):
-        for i, j in sorted(direction):
-            if all(x != i for x, _ in links) or all(y != j for _, y in links):
-                links.add((i, j))
-    return links
-
-
 def _main() -> None:
     import argparse
     import gzip
@@ -408,7 +352,13 @@ def _main() -> None:
           f"(lowercased) unchanged, every token count equal")
     print(f"unseen test tokens (Hansards vs Multi30k train): en {unseen_rate(train_en, test_en):.2%}, "
           f"fr {unseen_rate(train_fr, test_fr):.2%}")
-    gold = load_gold()[TUNE:]
+    from xattn.analysis.aer import score
+    from xattn.analysis.alignment import read_alignments, symmetrise
+
+    def aer(links, gold) -> float:
+        return score(links, gold).aer
+
+    gold = read_alignments(HANSARDS / "gold.talp", one_indexed=True)[TUNE:]
     for setting in args.settings:
         runs = []
         for seed in args.seeds:
@@ -419,7 +369,8 @@ def _main() -> None:
             fwd, bwd = fwd[TUNE:], bwd[TUNE:]
             scores = {"forward": aer(fwd, gold), "backward": aer(bwd, gold),
                       "intersect": aer([f & b for f, b in zip(fwd, bwd)], gold),
-                      "grow-diag-final": aer([grow_diag_final(f, b) for f, b in zip(fwd, bwd)], gold)}
+                      "grow-diag-final": aer([symmetrise(f, b, "grow-diag-final", len(e.split()), len(r.split()))
+                                              for f, b, e, r in zip(fwd, bwd, test_en[TUNE:], test_fr[TUNE:])], gold)}
             seeded = json.loads((Path(args.work) / f"{setting}-{seed}" / "run.json").read_text())["seeded"]
             print(f"{setting:6} seed {seed} ({'seeded' if seeded else 'UNSEEDED'}) {seconds:6.1f} s  AER "
                   + "  ".join(f"{k} {100 * v:.2f}" for k, v in scores.items()), flush=True)
