@@ -5,7 +5,7 @@ import torch
 import xattn
 from tests.conftest import tiny_config
 from xattn.errors import XattnError
-from xattn.transfer import STRATEGIES, format_parameter_table, parameter_table, strategy, trainable_names
+from xattn.transfer import STRATEGIES, compose, format_parameter_table, parameter_table, strategy, trainable_names
 
 
 @pytest.fixture
@@ -79,7 +79,9 @@ def finetune(parent, out, strategy_name, *extra):
 def test_a_child_trains_only_its_strategy_and_keeps_the_rest_of_the_parent(parent, tmp_path, name):
     from xattn.checkpoint import load_model_dir
 
-    assert finetune(parent, tmp_path / "child", name, "train.max_steps=3") == 0
+    # every step evaluated and the last three averaged: averaging must leave frozen parameters as they are
+    assert finetune(parent, tmp_path / "child", name, "train.max_steps=3", "train.eval_every=1",
+                    "train.average_last=3") == 0
     mother, child = load_model_dir(parent).model, load_model_dir(tmp_path / "child").model
     trained = trainable_names(child, strategy(name), "src")
     before, after = mother.state_dict(), child.state_dict()
@@ -127,3 +129,170 @@ def test_bad_recipes_are_one_line(parent, tmp_path, capsys, strategy_name, extra
 def test_a_shared_vocabulary_parent_is_refused(numbers_model, tmp_path, capsys):
     assert finetune(numbers_model, tmp_path / "child", "src+xattn") == 2
     assert "shares one vocabulary between source and target" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ delta checkpoints
+
+def config_of(model_dir):
+    import yaml
+
+    return yaml.safe_load((model_dir / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def children(parent, tmp_path_factory):
+    """fr->en src+xattn as a delta and stored whole (the same run twice), and de->cs tgt+xattn as a delta."""
+    root = tmp_path_factory.mktemp("children")
+    assert finetune(parent, root / "fr-en", "src+xattn", "train.max_steps=3") == 0
+    assert finetune(parent, root / "fr-en-full", "src+xattn", "train.max_steps=3", "--full") == 0
+    from xattn.cli.main import main
+
+    assert main(["finetune", "--parent", str(parent), "--strategy", "tgt+xattn", "numbers-de-en", *TINY,
+                 "data.tgt_lang=cs", "train.max_steps=3", "--out", str(root / "de-cs"), "--quiet"]) == 0
+    return root
+
+
+def test_a_child_stores_what_it_trained_and_loads_as_the_whole_model(parent, children):
+    from safetensors import safe_open
+
+    from xattn.checkpoint import load_model_dir, tensors_digest, weights_of
+
+    delta, full = children / "fr-en", children / "fr-en-full"
+    child = load_model_dir(delta).model
+    with safe_open(str(delta / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert stored == set(trainable_names(child, strategy("src+xattn"), "src"))
+    link = config_of(delta)["parent"]
+    assert link == {"path": "../../" + "/".join(parent.parts[-2:]), "delta": True,
+                    "tensors": tensors_digest(weights_of(load_model_dir(parent).model))}
+    assert config_of(full)["parent"] == link | {"path": "../../" + "/".join(parent.parts[-2:]), "delta": False}
+    whole = load_model_dir(full).model
+    assert weights_of(child).keys() == weights_of(whole).keys()
+    assert all(torch.equal(a, weights_of(whole)[k]) for k, a in weights_of(child).items())  # the same run twice
+    assert (delta / "model.safetensors").stat().st_size < 0.7 * (full / "model.safetensors").stat().st_size
+    assert "parent" not in config_of(parent)
+    translated = xattn.load(delta).translate(["un deux trois"], xattn.DecodeConfig(beam_size=2))
+    assert translated == xattn.load(full).translate(["un deux trois"], xattn.DecodeConfig(beam_size=2))
+
+
+def test_every_verb_that_reads_a_model_reads_a_delta(children, tmp_path, capsys):
+    from xattn.cli.main import main
+
+    scores = []
+    for model in ("fr-en", "fr-en-full"):
+        assert main(["evaluate", str(children / model), "--split", "val", "--beam", "1", "--json"]) == 0
+        scores.append(capsys.readouterr().out)
+    assert scores[0] == scores[1]
+    assert main(["export", str(children / "fr-en"), str(tmp_path / "ct2"), "--format", "ct2"]) == 0
+    assert main(["attention", str(children / "fr-en"), "un deux", "--output", str(tmp_path / "a.svg")]) == 0
+
+
+def test_finetune_prints_the_trained_share_per_group(parent, tmp_path, capsys):
+    from xattn.cli.main import main
+
+    assert main(["finetune", "--parent", str(parent), "--strategy", "src+xattn", "numbers-de-en", *TINY,
+                 "data.src_lang=fr", "train.max_steps=1", "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr()
+    lines = (out.out + out.err).splitlines()
+    table = lines[lines.index("src+xattn: parameters trained, per group") + 1:][:7]
+    assert [line.split()[0] for line in table] == ["group", "src", "tgt", "enc", "dec", "xattn", "all"]
+    assert table[3].split()[1] == "0" and table[5].split()[-1] == "100.0%"
+
+
+def test_scratch_names_no_parent_and_stores_everything(parent, tmp_path):
+    assert finetune(parent, tmp_path / "scratch", "scratch", "train.max_steps=1") == 0
+    assert "parent" not in config_of(tmp_path / "scratch")
+    xattn.load(tmp_path / "scratch")
+
+
+def test_a_missing_or_different_parent_is_one_line(parent, children, tmp_path, capsys):
+    import shutil
+
+    from xattn.cli.main import main
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    moved = tmp_path / "a" / "b" / "moved"
+    shutil.copytree(children / "fr-en", moved, ignore=shutil.ignore_patterns("train_state"))
+    (tmp_path / "in.txt").write_text("un deux\n")
+    assert main(["translate", str(moved), "-i", str(tmp_path / "in.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stores only what it changed from its parent" in err and "is missing" in err
+    other = tmp_path / "other"
+    train(load_config(resolve_config("numbers-de-en"), TINY + ["train.max_steps=3", "train.seed=2"]), other, quiet=True)
+    text = (moved / "config.yaml").read_text().replace(config_of(moved)["parent"]["path"], str(other))
+    (moved / "config.yaml").write_text(text)
+    assert main(["translate", str(moved), "-i", str(tmp_path / "in.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"its parent {other} holds other weights" in err
+    text = text.replace(str(other), str(parent))  # an absolute path to the right parent works
+    (moved / "config.yaml").write_text(text)
+    assert main(["translate", str(moved), "-i", str(tmp_path / "in.txt")]) == 0
+
+
+def test_train_refuses_a_config_that_names_a_parent(tmp_path, capsys):
+    from xattn.cli.main import main
+
+    assert main(["train", "numbers-de-en", *TINY, f"parent.path={tmp_path}", "parent.tensors=" + "0" * 64,
+                 "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    assert "only a fine-tuned child names a parent" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- compose
+
+def test_compose_puts_the_parents_embeddings_back_into_a_child(parent, children, tmp_path, capsys):
+    from xattn.checkpoint import load_model_dir, weights_of
+    from xattn.cli.main import main
+
+    out = tmp_path / "forget"
+    assert main(["compose", str(children / "fr-en"), "--src-embeddings", str(parent), "--out", str(out)]) == 0
+    assert "de->en, stores what differs from the parent" in capsys.readouterr().out
+    made, mother, child = (weights_of(load_model_dir(d).model) for d in (out, parent, children / "fr-en"))
+    groups = load_model_dir(out).model.parameter_groups()
+    for group, origin in (("src", mother), ("enc", mother), ("xattn", child), ("dec", child), ("tgt", child)):
+        assert all(torch.equal(made[n], origin[n]) for n in groups[group]), group
+    assert (out / "spm.src.model").read_bytes() == (parent / "spm.src.model").read_bytes()
+    assert config_of(out)["data"]["src_lang"] == "de" and config_of(out)["parent"]["delta"] is True
+
+
+def test_compose_joins_an_encoder_side_and_a_decoder_side(parent, children, tmp_path):
+    from xattn.checkpoint import load_model_dir, weights_of
+
+    out = tmp_path / "fr-cs"
+    compose(out, encoder=children / "fr-en", decoder=children / "de-cs")
+    made, src_child, tgt_child = (weights_of(load_model_dir(d).model) for d in (out, children / "fr-en",
+                                                                               children / "de-cs"))
+    groups = load_model_dir(out).model.parameter_groups()
+    for group, origin in (("src", src_child), ("enc", src_child), ("xattn", tgt_child), ("tgt", tgt_child)):
+        assert all(torch.equal(made[n], origin[n]) for n in groups[group]), group
+    cfg = config_of(out)
+    assert (cfg["data"]["src_lang"], cfg["data"]["tgt_lang"]) == ("fr", "cs")
+    assert (out / "spm.tgt.model").read_bytes() == (children / "de-cs" / "spm.tgt.model").read_bytes()
+    xattn.load(out).translate(["un deux"], xattn.DecodeConfig(beam_size=2))
+    full = tmp_path / "fr-cs-full"
+    compose(full, full=True, encoder=children / "fr-en", decoder=children / "de-cs")
+    assert config_of(full)["parent"]["delta"] is False
+    assert all(torch.equal(a, weights_of(load_model_dir(full).model)[k]) for k, a in made.items())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--src-embeddings", "{fr-en}"], "no part gives the tgt, enc, dec, xattn parameters"),
+    (["{fr-en}", "--decoder", "{fr-en}"], "every part comes from"),
+    (["{fr-en}", "--src-embeddings", "{other}"], "only parts of children of one parent fit together"),
+    (["{fr-en}", "--src-embeddings", "{shared}"], "shares one vocabulary between source and target"),
+    (["{fr-en}", "--src-embeddings", "{missing}"], "not a model directory"),
+])
+def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, tmp_path, capsys, args, message):
+    from xattn.cli.main import main
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    other = tmp_path / "other"
+    if "{other}" in args:
+        train(load_config(resolve_config("numbers-de-en"), TINY + ["train.max_steps=1", "train.seed=2"]), other,
+              quiet=True)
+    paths = {"{fr-en}": children / "fr-en", "{other}": other, "{shared}": numbers_model, "{missing}": tmp_path / "no"}
+    assert main(["compose", *[str(paths.get(a, a)) for a in args], "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not (tmp_path / "out").exists()

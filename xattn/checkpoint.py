@@ -7,12 +7,18 @@ SHA-256 of the tensors themselves. Loading checks the fingerprint, that every te
 the tokenizers' vocabularies fit the embeddings, and that exactly the expected names and shapes
 arrived; any mismatch is a one-line XattnError that names the file, key or tensor. Choices made
 later by analysis tools live in files of their own, so storing them never makes a model unloadable.
+
+A fine-tuned child (xattn.transfer) may store a delta: only the tensors that differ from its parent's,
+with `parent:` in config.yaml naming the parent's directory and the SHA-256 of the parent's full weights.
+Loading rebuilds the full weights from the parent (itself possibly a delta) and refuses a parent that is
+missing or whose weights are not the ones the child was made from.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from xattn.config import ModelConfig, RunConfig, load_config, save_config
+from xattn.config import ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.io import atomic_write_bytes, sha256_file
 from xattn.model import Transformer
@@ -78,9 +84,11 @@ def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
             if name in model.state_dict()}
 
 
-def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str]) -> None:
-    """Write the weights with their fingerprint; `tokenizers` from `tokenizer_hashes`."""
+def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str], names: set[str] | None = None) -> None:
+    """Write the weights (only `names` when given) with their fingerprint; `tokenizers` from `tokenizer_hashes`."""
     tensors = weights_of(model)
+    if names is not None:
+        tensors = {name: t for name, t in tensors.items() if name in names}
     fingerprint = Fingerprint(dataclasses.asdict(model.cfg), tokenizers, tensors_digest(tensors))
     # to bytes first: safetensors' own save_file writes through a temporary file of its own, which a
     # killed process would leave behind under a name that xattn does not know
@@ -154,11 +162,74 @@ def check_vocabularies(cfg: ModelConfig, tokenizers: TokenizerPair) -> None:
                              f"(model.{side}_vocab_size); the tokenizer and the weights do not belong together")
 
 
-def save_model_dir(out_dir: Path, model: Transformer, cfg: RunConfig, weights_name: str = WEIGHTS) -> None:
-    """Write config.yaml and the weights into `out_dir`, whose tokenizer files must already be there."""
+def save_model_dir(out_dir: Path, model: Transformer, cfg: RunConfig, weights_name: str = WEIGHTS,
+                   base: dict[str, torch.Tensor] | None = None) -> None:
+    """Write config.yaml and the weights into `out_dir`, whose tokenizer files must already be there.
+    With `base` (the full weights of the parent that cfg.parent names), only the tensors that differ from
+    it, in shape or in any bit, are written: a delta."""
     out_dir = Path(out_dir)
+    if (base is not None) != cfg.parent.needed:
+        raise ValueError("a delta needs both the parent's weights and cfg.parent (with parent.delta true)")
     save_config(cfg, out_dir / CONFIG)
-    save_weights(model, out_dir / weights_name, tokenizer_hashes(out_dir))
+    keep = None if base is None else changed_names(weights_of(model), base)
+    save_weights(model, out_dir / weights_name, tokenizer_hashes(out_dir), keep)
+
+
+def changed_names(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> set[str]:
+    """Names in `tensors` that `base` lacks or holds with another dtype, shape or value (bit for bit)."""
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+    return {name for name, t in tensors.items() if name not in base or not same(t, base[name])}
+
+
+def parent_dir(child: Path, parent: ParentConfig) -> Path:
+    """The parent directory that `parent.path` names, relative to the child's directory unless absolute."""
+    return Path(os.path.normpath(Path(child) / parent.path))
+
+
+def parent_link(child: Path, parent: Path, tensors: str, delta: bool = True) -> ParentConfig:
+    """The `parent:` section of a child in `child` made from the model in `parent` (full weights `tensors`)."""
+    return ParentConfig(os.path.relpath(Path(parent).resolve(), Path(child).resolve()), tensors, delta)
+
+
+MAX_PARENTS = 16
+
+
+def check_model_dir(path: str | Path, weights_name: str = WEIGHTS) -> Path:
+    """`path` as a Path, if it is a directory with a config and weights; else a one-line XattnError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise XattnError(f"{path}: {'is a file, ' if path.exists() else ''}not a model directory")
+    if not (path / CONFIG).is_file():
+        raise XattnError(f"{path}: not a model directory (no {CONFIG})")
+    if not (path / weights_name).is_file():
+        raise XattnError(f"{path}: no {weights_name} (has training written a checkpoint yet?)")
+    return path
+
+
+def read_model(path: str | Path, weights_name: str = WEIGHTS, _depth: int = 0) -> tuple[RunConfig, dict[str, torch.Tensor]]:
+    """The config and the full weights of a model directory, checked against their fingerprint; a delta is
+    completed from its parent, which must hold the weights the child was made from."""
+    path = check_model_dir(path, weights_name)
+    cfg = load_config(path / CONFIG)
+    tensors, fingerprint = read_weights(path / weights_name)
+    check_fingerprint(fingerprint, cfg.model, tokenizer_hashes(path), path / weights_name, str(path / CONFIG))
+    if not cfg.parent.needed:
+        return cfg, tensors
+    parent = parent_dir(path, cfg.parent)
+    if _depth >= MAX_PARENTS:
+        raise XattnError(f"{path / CONFIG}: parent.path: more than {MAX_PARENTS} parents in a row (a loop?)")
+    if not (parent / CONFIG).is_file() or not (parent / WEIGHTS).is_file():
+        raise XattnError(f"{path}: stores only what it changed from its parent {parent}, which is missing; put the "
+                         f"parent back there or set parent.path in {path / CONFIG}")
+    _, base = read_model(parent, WEIGHTS, _depth + 1)
+    if (digest := tensors_digest(base)) != cfg.parent.tensors:
+        raise XattnError(f"{path}: its parent {parent} holds other weights (SHA-256 {digest[:12]}) than the ones it "
+                         f"was made from ({cfg.parent.tensors[:12]}); restore that parent model")
+    return cfg, base | tensors
 
 
 @dataclass
@@ -170,17 +241,9 @@ class LoadedModel:
 
 def load_model_dir(path: str | Path, device: str | torch.device = "cpu", weights_name: str = WEIGHTS) -> LoadedModel:
     """Read a model directory into an eval-mode Transformer on `device`, its config and tokenizers, checked."""
-    path = Path(path)
-    if not path.is_dir():
-        raise XattnError(f"{path}: {'is a file, ' if path.exists() else ''}not a model directory")
-    if not (path / CONFIG).is_file():
-        raise XattnError(f"{path}: not a model directory (no {CONFIG})")
-    if not (path / weights_name).is_file():
-        raise XattnError(f"{path}: no {weights_name} (has training written a checkpoint yet?)")
-    cfg = load_config(path / CONFIG)
+    path = check_model_dir(path, weights_name)
     tokenizers = load_tokenizers(path)
-    tensors, fingerprint = read_weights(path / weights_name)
-    check_fingerprint(fingerprint, cfg.model, tokenizer_hashes(path), path / weights_name, str(path / CONFIG))
+    cfg, tensors = read_model(path, weights_name)
     check_vocabularies(cfg.model, tokenizers)
     model = Transformer(cfg.model)
     apply_weights(model, tensors, path / weights_name)

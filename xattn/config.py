@@ -1,6 +1,7 @@
 """Typed configuration: frozen dataclasses built once from YAML plus `section.key=value` overrides.
 
-A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`.
+A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`; a fine-tuned
+child's (xattn.transfer) has a fifth, `parent`, naming the model it was made from.
 Every value is checked once, when its dataclass is built (from YAML, overrides or Python): its type,
 then its range (each class's CHECKS table), then the rules that tie fields together. A bad value is
 a ConfigError naming `section.key`; an unknown key names the nearest valid one.
@@ -184,12 +185,43 @@ class DecodeConfig:
         return self.num_samples if self.sampling else self.beam_size
 
 
+def _sha256_hex(value: Any) -> str | None:
+    if value is None or (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        return None
+    return f"expected 64 lowercase hex digits (a SHA-256), got {value!r}"
+
+
+@dataclass(frozen=True)
+class ParentConfig:
+    """The model a fine-tuned child was made from (xattn finetune, xattn compose)."""
+    path: str | None = None             # the parent's model directory, relative to the child's (or absolute)
+    tensors: str | None = None          # SHA-256 of the parent's full weights (checkpoint.tensors_digest)
+    delta: bool = True                  # model.safetensors holds only what differs from the parent's weights
+
+    CHECKS: ClassVar[dict[str, Check]] = dict(tensors=_sha256_hex)
+
+    def __post_init__(self) -> None:
+        validate(self, "parent")
+        if (self.path is None) != (self.tensors is None):
+            raise ConfigError("parent.tensors", "parent.path and parent.tensors go together")
+
+    @property
+    def named(self) -> bool:
+        return self.path is not None
+
+    @property
+    def needed(self) -> bool:
+        """Loading needs the parent: the weights file is a delta."""
+        return self.named and self.delta
+
+
 @dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    parent: ParentConfig = field(default_factory=ParentConfig)
 
     def __post_init__(self) -> None:
         if self.model.positions == "learned" and self.model.max_positions < self.data.max_len + 1:
@@ -197,7 +229,9 @@ class RunConfig:
                               f"training sentences of data.max_len={self.data.max_len} tokens plus EOS")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)}
+        """Every section as plain data; `parent` only when the config names one."""
+        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)
+                if f.name != "parent" or self.parent.named}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
@@ -258,7 +292,8 @@ def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> 
     return cls(**kwargs)
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
+            "parent": ParentConfig}
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:

@@ -15,6 +15,7 @@ import torch
 from xattn import distributed as dist
 from xattn.config import RunConfig
 from xattn.corpus import Corpus, prepare_corpus
+from xattn.errors import XattnError
 from xattn.model import Transformer
 
 
@@ -27,6 +28,7 @@ class RunParts:
     model: Transformer                     # initialised (seeded), on the CPU
     trainable: frozenset[str] | None = None  # parameter names (model.named_parameters()) to train; None: all
     identity: dict = field(default_factory=dict)  # more of the run's identity (a resume must match it too)
+    base: dict[str, torch.Tensor] | None = None  # the full weights of cfg.parent: save only what differs
 
 
 Factory = Callable[["dist.Context", bool], RunParts]
@@ -36,6 +38,10 @@ Factory = Callable[["dist.Context", bool], RunParts]
 def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
     """The parts of `xattn train`: the corpus the config names (tokenizers trained for a new run) and a
     freshly initialised Transformer of the config's shape, every parameter trained."""
+    if cfg.parent.named:
+        raise XattnError("parent: only a fine-tuned child names a parent (xattn finetune --parent); remove the "
+                         "parent section to train a model of its own")
+
     def build(ctx: dist.Context, new: bool) -> RunParts:
         corpus = prepare_corpus(cfg.data, Path(out_dir), ctx, new_tokenizers=new)
         tok = corpus.tokenizers

@@ -99,7 +99,7 @@ class Trainer:
         self._print(f"corpus: {len(self.corpus.train)} training pairs (dropped: {stats.empty} empty, "
                     f"{stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over length ratio "
                     f"{cfg.data.max_ratio:g}), {len(self.corpus.valid)} validation pairs")
-        self.cfg = parts.cfg
+        self.cfg, self.base = parts.cfg, parts.base
         self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
                                      self.ctx.world) | parts.identity
         if manifest is not None and (diffs := differences(manifest.run, self.identity)):
@@ -311,7 +311,7 @@ class Trainer:
                 improved = scores["valid_bleu"] > p.best_score
                 if improved:
                     p.best_score, p.best_step, p.bad_evals = scores["valid_bleu"], p.step, 0
-                    save_model_dir(self.out_dir, self.model, self.cfg)
+                    save_model_dir(self.out_dir, self.model, self.cfg, base=self.base)
                 else:
                     p.bad_evals += 1
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
@@ -341,7 +341,8 @@ class Trainer:
         p = self.progress
         files = [self.state_dir.dir / name for _, name in self.state_dir.manifest.averaging]
         tensors = [read_weights(f)[0] for f in files]
-        averaged = {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0]}
+        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}  # stay bit-identical
+        averaged = {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0] if k not in frozen}
         last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(averaged, strict=False)
         scores = self.validate()
@@ -351,7 +352,7 @@ class Trainer:
                     f"{' (kept as model.safetensors)' if better else ' (not better; best kept)'}")
         if better:
             p.best_score, p.best_step = scores["valid_bleu"], p.step
-            save_model_dir(self.out_dir, self.model, self.cfg)
+            save_model_dir(self.out_dir, self.model, self.cfg, base=self.base)
         self.model.load_state_dict(last)
 
     # ----------------------------------------------------------------------------------- helpers

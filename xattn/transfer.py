@@ -8,17 +8,20 @@ weights, frozen.
 
 `child_factory` builds a child run for the Trainer: the parent's tokenizer on the shared side, a new one
 trained on the child's data on the other, the parent's weights everywhere but the new side's embeddings.
-(Delta checkpoints and composition come next; a child is saved whole for now.)
+The child's model directory stores a delta (only the tensors that differ from the parent's, that is what
+its strategy trained) and names its parent in config.yaml (`parent:`, see xattn.checkpoint), unless it
+is asked to store its weights whole.
 """
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from xattn.config import RunConfig
+from xattn.config import ParentConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.model import Transformer
 
@@ -106,15 +109,16 @@ def changed_side(parent: RunConfig, child: RunConfig) -> str:
     return changed[0]
 
 
-def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_dir: str | Path):
+def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_dir: str | Path, full: bool = False):
     """A Trainer factory (xattn.training.Factory) for a child of the model directory `parent_dir`.
 
     The child has the parent's shape (its config's model section is the parent's, with the new side's
     vocabulary size), the parent's tokenizer on the shared side, and the parent's weights in every group
     but the new side's (and `strat.reinit`); `strat` decides what trains. The strategy and the parent's
-    weights are part of the run's identity, so a resume checks both.
+    weights are part of the run's identity, so a resume checks both. The child names its parent in
+    `parent:` and stores a delta against it, or (`full`, and always for `scratch`) its whole weights.
     """
-    from xattn.checkpoint import load_model_dir, tensors_digest, tokenizer_hashes, weights_of
+    from xattn.checkpoint import load_model_dir, parent_link, tensors_digest, tokenizer_hashes, weights_of
     from xattn.corpus import prepare_corpus
     from xattn.recipes import RunParts
 
@@ -132,8 +136,11 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     inherit = {kept: getattr(parent.tokenizers, kept).path}
     data = dataclasses.replace(cfg.data, joint_vocab=False)
     parent_tensors = weights_of(parent.model)
-    identity = {"transfer": {"strategy": strat.name, "side": side, "parent": tensors_digest(parent_tensors),
+    digest = tensors_digest(parent_tensors)
+    identity = {"transfer": {"strategy": strat.name, "side": side, "parent": digest,
                              "parent_tokenizers": tokenizer_hashes(Path(parent_dir))}}
+    link = parent_link(Path(out_dir), Path(parent_dir), digest, delta=not full) if strat.from_parent else ParentConfig()
+    base = parent_tensors if link.needed else None
 
     def build(ctx, new: bool) -> RunParts:
         corpus = prepare_corpus(data, Path(out_dir), ctx, new_tokenizers=new, inherit=inherit)
@@ -145,7 +152,8 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
         if strat.from_parent:
             inherit_weights(model, parent_tensors, fresh=(side, *strat.reinit))
         trainable = trainable_names(model, strat, side)
-        return RunParts(dataclasses.replace(cfg, model=model_cfg, data=data), corpus, model, trainable, identity)
+        child_cfg = dataclasses.replace(cfg, model=model_cfg, data=data, parent=link)
+        return RunParts(child_cfg, corpus, model, trainable, identity, base)
     return build
 
 
@@ -164,3 +172,81 @@ def inherit_weights(model: Transformer, parent: dict[str, torch.Tensor], fresh: 
                 raise XattnError(f"the parent's {name} has shape {tuple(parent[name].shape)}, the child's "
                                  f"{tuple(p.shape)}")
             p.copy_(parent[name])
+
+
+# --------------------------------------------------------------------------------------- composition
+
+PARTS = {"base": GROUPS, "encoder": ("src", "enc"), "decoder": ("xattn", "dec", "tgt"), "src_embeddings": ("src",),
+         "tgt_embeddings": ("tgt",)}
+"""What each part of `compose` gives: a base model everything, an encoder side the source embeddings and the
+encoder, a decoder side the cross-attention, the decoder and the target embeddings; later parts win."""
+
+
+def compose(out_dir: str | Path, full: bool = False, **parts: str | Path | None) -> RunConfig:
+    """Build a model directory from parts of models that share a parent (`parts`: keys of PARTS, each a
+    model directory or None), e.g. compose(out, base=child, src_embeddings=parent) or compose(out,
+    encoder=de_en, decoder=fr_cs). The result names the shared parent and stores what differs from it
+    (or, `full` or when the parent is not at hand, its whole weights). Returns its config."""
+    from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, parent_dir, parent_link, read_model, save_model_dir,
+                                  tensors_digest)
+    from xattn.tokenizer import SRC_MODEL, TGT_MODEL, vocab_file
+
+    side_files = {"src": SRC_MODEL, "tgt": TGT_MODEL}
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise XattnError(f"--out {out}: exists and is not empty; compose into a new directory")
+    source: dict[str, Path] = {}
+    for part, groups in PARTS.items():
+        if parts.get(part) is not None:
+            source.update((group, Path(parts[part])) for group in groups)
+    if missing := [g for g in GROUPS if g not in source]:
+        raise XattnError(f"no part gives the {', '.join(missing)} parameters; name a base model, or "
+                         "both --encoder and --decoder")
+    if len(set(source.values())) == 1:
+        raise XattnError(f"every part comes from {source['src']}; there is nothing to compose")
+    models = {path: read_model(path) for path in dict.fromkeys(source.values())}
+    roots = {}
+    for path, (cfg, tensors) in models.items():
+        if cfg.model.share_embeddings or not (path / side_files["src"]).is_file():
+            raise XattnError(f"{path}: shares one vocabulary between source and target, so its sides cannot be "
+                             "taken apart")
+        roots[path] = (cfg.parent.tensors, parent_dir(path, cfg.parent)) if cfg.parent.named \
+            else (tensors_digest(tensors), path)
+    first = next(iter(models))
+    for path in models:
+        if roots[path][0] != roots[first][0]:
+            raise XattnError(f"{first} comes from the parent model {roots[first][0][:12]} and {path} from "
+                             f"{roots[path][0][:12]}; only parts of children of one parent fit together")
+        shape = _shape_difference(models[first][0].model, models[path][0].model)
+        if shape:
+            raise XattnError(f"{first} and {path} differ in model.{shape}")
+    src_cfg, tgt_cfg = models[source["src"]][0], models[source["tgt"]][0]
+    model_cfg = dataclasses.replace(tgt_cfg.model, src_vocab_size=src_cfg.model.src_vocab_size)
+    model = Transformer(model_cfg)
+    groups = model.parameter_groups()
+    tensors = {name: models[source[g]][1][name] for g in GROUPS for name in groups[g]}
+    apply_weights(model, tensors, out / WEIGHTS)
+    digest, root = roots[first]
+    base = None
+    if not full and (root / CONFIG).is_file():
+        _, base = read_model(root)
+        base = base if tensors_digest(base) == digest else None  # the parent has moved on: store the whole
+    out.mkdir(parents=True, exist_ok=True)
+    for side, name in side_files.items():
+        for f in (name, vocab_file(name)):
+            if (source[side] / f).is_file():
+                shutil.copyfile(source[side] / f, out / f)
+    link = parent_link(out, root, digest, delta=base is not None)
+    data = dataclasses.replace(tgt_cfg.data, src_lang=src_cfg.data.src_lang, tgt_lang=tgt_cfg.data.tgt_lang)
+    cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=data, parent=link)
+    save_model_dir(out, model, cfg, base=base)
+    return cfg
+
+
+def _shape_difference(a, b) -> str | None:
+    """The first ModelConfig key (vocabulary sizes aside) on which two parts disagree, as `key (a vs b)`."""
+    da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+    for key in da:
+        if key not in ("src_vocab_size", "tgt_vocab_size") and da[key] != db[key]:
+            return f"{key} ({da[key]!r} vs {db[key]!r})"
+    return None

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--strategy", required=True, choices=list(STRATEGIES), metavar="STRATEGY",
                    help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--out", type=path_arg, required=True, help="the child's model directory")
+    p.add_argument("--full", action="store_true", help="store the child's whole weights (a standalone model) "
+                   "instead of what differs from the parent")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder (same as data.data_dir=...)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, progress lines or messages")
 
@@ -38,7 +40,7 @@ def run(args) -> int:
     overrides = list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
     cfg = load_config(resolve_config(args.config), overrides)
     out = Path(args.out)
-    trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out))
+    trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out, args.full))
     try:
         if not args.quiet and trainer.ctx.rank == 0:
             trainable = frozenset(n for n, p in trainer.model.named_parameters() if p.requires_grad)
