@@ -119,6 +119,134 @@ def sweep(parent: Path) -> str:
     return chosen
 
 
+def children(lr: str) -> list[Child]:
+    """Every run of the table, those the forgetting and zero-shot tests need first."""
+    first = [Child("de", "en", "src+xattn", lr), Child("de", "en", "src+body", lr), Child("fr", "cs", "tgt+xattn", lr),
+             Child("fr", "cs", "tgt+body", lr), Child("de", "cs", "scratch", lr)]
+    rest = [Child("de", "en", s, lr) for s in ("src", "src+randxattn", "scratch")]
+    rest += [Child("fr", "cs", s, lr) for s in ("tgt", "tgt+randxattn", "scratch")]
+    full = [Child("de", "en", s, lr, full_data=True) for s in ("src+body", "src+xattn")]
+    return first + rest + full
+
+
+# ---------------------------------------------------------------------------------------- report
+
+def test_pairs(src: str, tgt: str) -> tuple[list[str], list[str]]:
+    from xattn.datasets import load_pairs
+
+    pairs = load_pairs("multi30k", src, tgt, "test_2016_flickr", data_dir())
+    return [p.src for p in pairs], [p.tgt for p in pairs]
+
+
+def hypotheses(model_dir: Path, src: str, tgt: str) -> list[str]:
+    """Beam-5 translations of test_2016_flickr, kept beside the model (test.SRC-TGT.hyp) once made."""
+    import xattn
+
+    path = model_dir / f"test.{src}-{tgt}.hyp"
+    if not path.is_file():
+        sources, _ = test_pairs(src, tgt)
+        hyps = [t.text for t in xattn.load(model_dir).translate(sources, xattn.DecodeConfig(beam_size=5))]
+        path.write_text("".join(h + "\n" for h in hyps))
+    return path.read_text().split("\n")[:-1]
+
+
+def bleu_of(model_dir: Path, src: str, tgt: str) -> dict:
+    from xattn.evaluation import bleu
+
+    hyps, (_, refs) = hypotheses(model_dir, src, tgt), test_pairs(src, tgt)
+    cased, lower = bleu(hyps, refs), bleu(hyps, refs, lowercase=True)
+    return {"bleu": round(cased.score, 2), "bleu_lc": round(lower.score, 2), "signature": cased.signature,
+            "signature_lc": lower.signature}
+
+
+def significance(model_dir: Path, baseline: Path, src: str, tgt: str) -> float:
+    """p-value of sacreBLEU's paired bootstrap (1,000 resamples, its fixed seed), cased BLEU, against `baseline`."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    _, refs = test_pairs(src, tgt)
+    systems = [("baseline", hypotheses(baseline, src, tgt)), ("system", hypotheses(model_dir, src, tgt))]
+    _, scores = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=1000)()
+    return round(float(scores["BLEU"][1].p_value), 4)
+
+
+def run_record(child: Child, model_dir: Path) -> dict:
+    """What the table reports for one run, besides BLEU: parameters, bytes, time and steps."""
+    from xattn.checkpoint import load_model_dir
+    from xattn.transfer import parameter_table, trainable_names
+
+    model = load_model_dir(model_dir).model
+    strat = strategy(child.strategy)
+    side = strat.side or "src"
+    share = parameter_table(model, trainable_names(model, strat, side))[-1]
+    records = [json.loads(line) for line in (model_dir / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "valid_bleu" in r and "averaged" not in r]
+    kept = sorted(f for f in model_dir.iterdir() if f.is_file() and f.suffix in (".safetensors", ".model", ".json",
+                                                                                   ".yaml"))
+    return {"pair": f"{child.src}->{child.tgt}", "strategy": child.strategy,
+            "data": "all 29,000 pairs" if child.full_data else "5,000-pair slice",
+            "trained_parameters": share["trained"], "parameters": share["total"],
+            "trained_share": round(share["share"], 4),
+            "weights_bytes": (model_dir / "model.safetensors").stat().st_size,
+            "model_dir_bytes": sum(f.stat().st_size for f in kept),
+            "steps": max((r["step"] for r in records if "step" in r), default=0),
+            "minutes": round(max((r.get("seconds", 0) for r in records), default=0) / 60, 1),
+            "best_valid_bleu": round(max(e["valid_bleu"] for e in evals), 2),
+            "best_step": max(evals, key=lambda e: e["valid_bleu"])["step"], "dir": str(model_dir)}
+
+
+def body_of(child: Child) -> Child:
+    """The +body run that `child` is tested against (the parent is fr->en: the side whose language changed)."""
+    side = "tgt" if child.src == "fr" else "src"
+    return Child(child.src, child.tgt, f"{side}+body", child.lr, child.steps, child.full_data)
+
+
+def composed(name: str, **parts: Path) -> Path:
+    """A model from `xattn.transfer.compose`, kept in the cache under `name` and the parts' weights."""
+    from xattn.transfer import compose
+
+    key = hashlib.sha256("|".join(f"{k}={model_fingerprint(v)['tensors_sha256']}" for k, v in sorted(parts.items()))
+                         .encode()).hexdigest()[:12]
+    out = CACHE / f"transfer-{name}-{key}"
+    if not (out / "model.safetensors").is_file():
+        compose(out, **parts)
+    return out
+
+
+def report(lr: str, parent: Path) -> dict:
+    runs, dirs = [], {}
+    for child in children(lr):
+        out, _ = child_dir(child, parent)
+        if not (out / "model.safetensors").is_file():
+            print(f"{child.name}: not trained yet", file=sys.stderr)
+            continue
+        dirs[child] = out
+        runs.append(run_record(child, out) | bleu_of(out, child.src, child.tgt))
+    for row, (child, out) in zip(runs, dirs.items()):
+        if (baseline := dirs.get(body_of(child))) is not None and baseline != out:
+            row["p_vs_body"] = significance(out, baseline, child.src, child.tgt)
+    result = {"parent": model_fingerprint(parent) | bleu_of(parent, "fr", "en"), "runs": runs}
+    get = {(c.src, c.tgt, c.strategy, c.full_data): d for c, d in dirs.items()}
+    forgetting = []
+    for strat in ("src+xattn", "src+body"):
+        if (child := get.get(("de", "en", strat, False))) is not None:
+            back = composed(f"forget-{strat}", base=child, src_embeddings=parent)
+            forgetting.append({"child": strat, "fr->en": bleu_of(back, "fr", "en")})
+    result["forgetting"] = forgetting
+    zero_shot = []
+    for strat in ("xattn", "body"):
+        src_child, tgt_child = get.get(("de", "en", f"src+{strat}", False)), get.get(("fr", "cs", f"tgt+{strat}", False))
+        if src_child is not None and tgt_child is not None:
+            made = composed(f"zero-shot-de-cs-{strat}", base=tgt_child, src_embeddings=src_child)
+            zero_shot.append({"parts": f"de->en src+{strat} source embeddings into fr->cs tgt+{strat}",
+                              "de->cs": bleu_of(made, "de", "cs")})
+    if (scratch := get.get(("de", "cs", "scratch", False))) is not None:
+        zero_shot.append({"parts": "de->cs trained from scratch on the slice (supervised)",
+                          "de->cs": bleu_of(scratch, "de", "cs")})
+    result["zero_shot"] = zero_shot
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", choices=("sweep", "children", "report", "all"), required=True)
@@ -127,7 +255,19 @@ def main() -> int:
     lr = sweep(parent)
     if args.stage == "sweep":
         return 0
-    print(f"learning rate {lr}, warmup {WARMUP}", file=sys.stderr)
+    print(f"learning rate {lr}, warmup {WARMUP}", flush=True)
+    if args.stage in ("children", "all"):
+        for child in children(lr):
+            train_child(child, parent)
+    if args.stage in ("report", "all"):
+        lr_record = json.loads((RESULTS / "transfer_lr.json").read_text())
+        figures = report(lr, parent)
+        write_result("transfer", {
+            "what": "Gheini et al. (2021) on Multi30k: children of the fr->en parent; test_2016_flickr BLEU, beam 5",
+            "schedule": {"lr": lr, "warmup": WARMUP, "decay": "inverse square root", "chosen_by": "transfer_lr.json",
+                         "sweep_commit": lr_record["commit"]},
+            "budget": {"slice_steps": BUDGET, "eval_every": 100, "patience": 3, "full_data_minutes": FULL_MINUTES,
+                       "overrides": RUN + SLICE}, **figures})
     return 0
 
 
