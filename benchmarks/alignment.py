@@ -93,7 +93,7 @@ def direction_rows(d: Direction, gold) -> dict:
     top = ranking[0]
     stored_choice.save(d.model_dir, AlignSettings(HeadChoice.parse(top["layer"], top["heads"]), top["method"]),
                        {"aer": round(top["aer"], 4), "pairs": TUNE, "gold": str(HANSARDS / "gold.talp")})
-    stored = stored_choice.settings_for(d.model_dir, L, H)
+    stored = stored_choice.settings_for(d.model_dir, d.translator.model.cfg)
     full = [AlignSettings(c, m, t, e, p) for m in ("naive", "shift") for c in candidates(L, H)
             for t in THRESHOLDS for e in ("drop", "keep") for p in ("free", "match")]
     tuned, tuned_aer = d.best(full, gold)
@@ -194,7 +194,7 @@ def main() -> None:
     }
     fr_model = directions["fr->en"]
     cfg = fr_model.translator.model.cfg
-    timing = speed(fr_model, stored_choice.settings_for(fr_en, cfg.n_decoder_layers, cfg.n_heads), fr, en,
+    timing = speed(fr_model, stored_choice.settings_for(fr_en, cfg), fr, en,
                    args.repeats)
     path = write_result("alignment", {
         "gold": str(HANSARDS), "tune_pairs": TUNE, "test_pairs": len(en) - TUNE, "cache": str(CACHE),

@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = cached_model("multi30k-de-en", MODEL)
     tr = xattn.load(model_dir)
-    choice = settings_for(model_dir, tr.model.cfg.n_decoder_layers, tr.model.cfg.n_heads).choice
+    choice = settings_for(model_dir, tr.model.cfg).choice
     _, val_maps, val_chrf = translate(tr, "val")
     val_len = np.array([len(m.src_words) for m in val_maps])
     edges = np.percentile(val_len, [25, 50, 75])

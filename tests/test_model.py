@@ -15,9 +15,13 @@ def _model(**overrides):
     return xattn.Transformer(tiny_config(**overrides)).eval()
 
 
+HARD_CODED = [dict(attention={"enc_self": "gaussian", "dec_self": "gaussian"}),
+              dict(attention={"enc_self": "gaussian", "dec_self": "gaussian", "cross": "gaussian"}, length_ratio=1.3),
+              dict(attention={"enc_self": "gaussian", "dec_self": "gaussian"}, heads={"cross": [0, 1]}),
+              dict(attention={"cross": ["gaussian", "learned"]}, heads={"enc_self": [1, 2], "dec_self": 1})]
 VARIANTS = [dict(), dict(norm="pre"), dict(positions="learned"), dict(score="dot"), dict(score="general"),
             dict(score="additive"), dict(activation="gelu"),
-            dict(share_embeddings=True, tie_output=True, src_vocab_size=50)]
+            dict(share_embeddings=True, tie_output=True, src_vocab_size=50), *HARD_CODED]
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
@@ -56,7 +60,8 @@ def test_cached_incremental_decoding_equals_full_decoding(overrides):
         torch.testing.assert_close(torch.cat([s.cross_attn[layer] for s in steps], 2), full.cross_attn[layer],
                                    atol=1e-6, rtol=1e-5)
     assert cache.length == TGT.shape[1]
-    assert cache.layers[0].self_k.shape == (2, 2, 4, 8) and cache.layers[0].buffer_k.shape[0] >= 16
+    heads, width = model.cfg.heads_of("dec_self", 0), 0 if model.cfg.variant("dec_self", 0) == "gaussian" else 8
+    assert cache.layers[0].self_k.shape == (2, heads, 4, width) and cache.layers[0].buffer_k.shape[0] >= 16
 
 
 def test_cache_takes_several_positions_at_once_and_reorders():
@@ -150,9 +155,10 @@ def test_sinusoidal_positions_golden_values():
     torch.testing.assert_close(SinusoidalPositions(8)(5, 3), table[5:8])
 
 
-def test_grouped_cache_equals_copied_rows():
+@pytest.mark.parametrize("overrides", [dict(), HARD_CODED[1]], ids=["learned", "gaussian"])
+def test_grouped_cache_equals_copied_rows(overrides):
     """A beam's rows sharing one cross-attention K/V per source decode exactly like independent copies."""
-    model = _model()
+    model = _model(**overrides)
     K = 3
     steps = torch.tensor([[11, 12, 13], [14, 15, 16], [17, 18, 19], [20, 21, 22], [23, 24, 25], [26, 27, 28]])
     with torch.no_grad():
@@ -173,7 +179,7 @@ def test_grouped_cache_equals_copied_rows():
             b = model.decode(tokens, None, cache=copied, need_weights=True)
             torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(a.cross_attn[1], b.cross_attn[1], atol=1e-6, rtol=1e-5)
-    assert grouped.src_mask.shape[0] == 1 and grouped.layers[0].self_k.shape == (3, 2, 3, 8)
+    assert grouped.src_mask.shape[0] == 1 and grouped.layers[0].self_k.shape[:3] == (3, 2, 3)
 
 
 def test_cache_buffer_grows_past_its_capacity():

@@ -7,6 +7,8 @@ a query row with no key to attend gets all-zero weights (and a zero output), nev
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -86,17 +88,6 @@ class AdditiveScore(nn.Module):
         return (torch.tanh(wq + wk) @ self.v[None, :, None, :, None]).squeeze(-1)  # (B, H, T, S)
 
 
-def build_score(name: str, n_heads: int, head_dim: int) -> nn.Module:
-    """The score function module named in ModelConfig.score."""
-    table = {
-        "dot": lambda: DotScore(),
-        "scaled_dot": lambda: ScaledDotScore(head_dim),
-        "general": lambda: GeneralScore(n_heads, head_dim),
-        "additive": lambda: AdditiveScore(n_heads, head_dim),
-    }
-    return table[name]()
-
-
 # ------------------------------------------------------------------------------------------ attention
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Module,
@@ -111,15 +102,19 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Modul
     if not need_weights and score.sdpa_scale is not None and not _fused_is_slower(q):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=score.sdpa_scale)
         return out, None
-    scores = score(q, k).float()  # (B, H, T, S)
+    weights = masked_softmax(score(q, k), mask).to(v.dtype)  # (B, H, T, S)
+    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    return dropped @ v, (weights if need_weights else None)  # (B, H, T, Dh)
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax over the last axis of `scores` (float32) among the keys `mask` allows (True); a row with no
+    allowed key gets weights of exactly 0."""
+    scores = scores.float()
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
-    if mask is not None:
-        weights = weights * mask  # rows with no allowed key: uniform -> exactly 0
-    weights = weights.to(v.dtype)
-    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
-    return dropped @ v, (weights if need_weights else None)  # (B, H, T, Dh)
+    return weights * mask if mask is not None else weights  # rows with no allowed key: uniform -> exactly 0
 
 
 def _fused_is_slower(q: Tensor) -> bool:
@@ -130,26 +125,52 @@ def _fused_is_slower(q: Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
 
 
+@dataclass(frozen=True)
+class AttentionContext:
+    """What an attention module may need besides its queries, keys/values and mask (one per call)."""
+    need_weights: bool = False      # return the weights (B, H, T, S)
+    positions: Tensor | None = None  # (T,) absolute positions of the queries (of each folded query, see fold)
+    head_mask: Tensor | None = None  # (H,) factors on each head's output before the heads are merged
+
+
 @dataclass
 class AttentionOutput:
     out: Tensor                     # (B, T, D)
     weights: Tensor | None = None   # (B, H, T, S), only when asked for
 
 
+def linear(n_in: int, n_out: int) -> nn.Linear:
+    """nn.Linear, also with a side of 0 (every head of a layer pruned), which PyTorch warns about initialising."""
+    if n_in and n_out:
+        return nn.Linear(n_in, n_out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return nn.Linear(n_in, n_out)
+
+
+def merge_heads(out: Tensor, head_mask: Tensor | None) -> Tensor:
+    """(B, H, T, Dh) per-head outputs, each scaled by its entry of `head_mask` (H,) -> (B, T, H * Dh)."""
+    if head_mask is not None:
+        out = out * head_mask.to(out.dtype).view(1, -1, 1, 1)
+    B, H, T, Dh = out.shape
+    return out.transpose(1, 2).reshape(B, T, H * Dh)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention over a key-value memory: project, attend per head, concatenate, project.
 
     The same module serves encoder self-attention, decoder masked self-attention and cross-attention;
-    what differs is where keys/values come from (`project_kv`) and the mask.
+    what differs is where keys/values come from (`project_kv`) and the mask. Each of the H heads has
+    `head_dim` dimensions (D / H unless the model was pruned: then H * head_dim < D, and H may be 0).
     """
 
-    def __init__(self, d_model: int, n_heads: int, score: nn.Module, dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, score: nn.Module, dropout: float = 0.0,
+                 head_dim: int | None = None):
         super().__init__()
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.n_heads, self.head_dim = n_heads, head_dim or d_model // n_heads
+        inner = n_heads * self.head_dim
+        self.q_proj, self.k_proj, self.v_proj = linear(d_model, inner), linear(d_model, inner), linear(d_model, inner)
+        self.out_proj = linear(inner, d_model)
         self.score = score
         self.dropout = dropout
 
@@ -162,16 +183,29 @@ class MultiHeadAttention(nn.Module):
         return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
 
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
-                need_weights: bool = False) -> AttentionOutput:
+                ctx: AttentionContext = AttentionContext()) -> AttentionOutput:
         """query (B, T, D); kv from `project_kv`; mask (B, T or 1, S) bool -> AttentionOutput."""
-        B, T, D = query.shape
         q = self._split(self.q_proj(query))  # (B, H, T, Dh)
+        if self.n_heads == 0:  # every head pruned: only the output bias is left
+            B, T, S = q.shape[0], q.shape[2], kv[0].shape[2]
+            weights = q.new_zeros(B, 0, T, S) if ctx.need_weights else None
+            return AttentionOutput(self.out_proj(merge_heads(q, None)), weights)
         if mask is not None:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S)
         p = self.dropout if self.training else 0.0
-        out, weights = attend(q, kv[0], kv[1], mask, self.score, p, need_weights)
-        out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return AttentionOutput(self.out_proj(out), weights)
+        out, weights = attend(q, kv[0], kv[1], mask, self.score, p, ctx.need_weights)
+        return AttentionOutput(self.out_proj(merge_heads(out, ctx.head_mask)), weights)
+
+
+def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
+    """L weights (B, H_l, ...) -> (B, L, H, ...) with H the most heads of any layer; a layer with fewer heads
+    (a pruned model) has NaN in the places of the heads it lacks, so an average over heads is a nanmean."""
+    most = max(w.shape[1] for w in per_layer)
+    if all(w.shape[1] == most for w in per_layer):
+        return torch.stack(tuple(per_layer), dim=1)
+    padded = [torch.cat([w, w.new_full((w.shape[0], most - w.shape[1], *w.shape[2:]), float("nan"))], dim=1)
+              for w in per_layer]
+    return torch.stack(padded, dim=1)
 
 
 # ------------------------------------------------------------------------------------------- KV cache

@@ -166,7 +166,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
                           prefix[rows] if prefix is not None else None)
         lp = apply_all(rules, raw, state)  # (N * K, V)
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
-        cover = attn[:, :, -1].mean(dim=2) if beta > 0 else None  # (N, K, S)
+        cover = attn[:, :, -1].nanmean(dim=2).nan_to_num() if beta > 0 else None  # (N, K, S); NaN: pruned heads
         score, parent, token = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
         ended = token.eq(eos) & score.isfinite()
         ended[:, K:] = False  # an EOS finishes a hypothesis only when it ranks among the K best

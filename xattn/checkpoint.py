@@ -15,7 +15,6 @@ missing or whose weights are not the ones the child was made from.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -89,7 +88,7 @@ def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str], nam
     tensors = weights_of(model)
     if names is not None:
         tensors = {name: t for name, t in tensors.items() if name in names}
-    fingerprint = Fingerprint(dataclasses.asdict(model.cfg), tokenizers, tensors_digest(tensors))
+    fingerprint = Fingerprint(model.cfg.as_dict(), tokenizers, tensors_digest(tensors))
     # to bytes first: safetensors' own save_file writes through a temporary file of its own, which a
     # killed process would leave behind under a name that xattn does not know
     atomic_write_bytes(path, save(tensors, metadata=fingerprint.metadata()))
@@ -117,7 +116,7 @@ def check_fingerprint(fingerprint: Fingerprint | None, cfg: ModelConfig, tokeniz
     """The model config and tokenizer files must be the ones `path` was saved with."""
     if fingerprint is None:
         return
-    now = dataclasses.asdict(cfg)
+    now = cfg.as_dict()
     changed = [k for k in sorted(set(now) | set(fingerprint.model)) if now.get(k) != fingerprint.model.get(k)]
     if changed:
         k = changed[0]

@@ -1,16 +1,20 @@
 """Checks for config values: each field's type, then its range or choices, then the rules that tie
 fields together (those live in each dataclass's __post_init__). A failed check is a ConfigError that
-names `section.key`, which the CLI prints as one line.
+names `section.key`, which the CLI prints as one line. Also the conversion of YAML and command-line
+values to each field's type (`build`).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import re
 import types
 import typing
 from typing import Any, Callable
+
+import yaml
 
 from xattn.errors import XattnError
 
@@ -83,7 +87,71 @@ def _type_problem(value: Any, hint: Any) -> str | None:
         if not isinstance(value, tuple) or len(value) != len(args):
             return f"expected {len(args)} values, got {value!r}"
         return next((p for v, a in zip(value, args) if (p := _type_problem(v, a))), None)
-    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}[hint]
+    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,), dict: (dict,)}[hint]
     if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
         return f"expected {hint.__name__}, got {value!r}"
     return None
+
+
+# ------------------------------------------------------------------ values from YAML and overrides
+
+def nearest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert a YAML or command-line value to the field's declared type (ranges are checked by `validate`)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            return None
+        return _coerce(value, next(a for a in typing.get_args(hint) if a is not type(None)), where)
+    if value is None:
+        raise ConfigError(where, f"expected {getattr(hint, '__name__', hint)}, got null")
+    if hint is dict:  # a mapping, from YAML or from an override written as YAML: model.heads={cross: [8, 1, 8]}
+        try:
+            value = yaml.safe_load(value) if isinstance(value, str) else value
+        except yaml.YAMLError:
+            value = None
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"expected a mapping such as {{cross: gaussian}}, got {value!r}")
+        return value
+    if origin is tuple:
+        items = value if isinstance(value, (list, tuple)) else str(value).strip("()[]").split(",")
+        args = typing.get_args(hint)
+        if len(items) != len(args):
+            raise ConfigError(where, f"expected {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, where) for v, a in zip(items, args))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "yes", "1"):
+            return True
+        if str(value).lower() in ("false", "no", "0"):
+            return False
+        raise ConfigError(where, f"expected true or false, got {value!r}")
+    if isinstance(value, (bool, list, dict)) or (hint is str and not isinstance(value, (str, int, float))):
+        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}")
+    try:
+        if hint is int and isinstance(value, str) and "e" in value.lower():
+            number = float(value)
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if hint is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return hint(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}") from None
+
+
+def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> Any:
+    """Build dataclass `cls` from `values`, on top of `base` (an instance) if given."""
+    fields = hints(cls)
+    kwargs = dataclasses.asdict(base) if base is not None else {}
+    for key, value in values.items():
+        if key not in fields:
+            raise XattnError(f"unknown config key {section}.{key}{nearest(str(key), list(fields))}")
+        kwargs[key] = _coerce(value, fields[key], f"{section}.{key}")
+    return cls(**kwargs)

@@ -9,18 +9,16 @@ a ConfigError naming `section.key`; an unknown key names the nearest valid one.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
-from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, device_name, hints, one_of, validate, \
-    within
+from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
+    validate, within
 from xattn.errors import XattnError
+from xattn.variants import PLACES, SCORES, VARIANTS
 
 
 @dataclass(frozen=True)
@@ -40,6 +38,12 @@ class ModelConfig:
     positions: str = "sinusoidal"       # sinusoidal | learned
     max_positions: int = 1024           # learned positions only; sinusoidal ones extend as needed
     score: str = "scaled_dot"           # dot | scaled_dot | general | additive
+    attention: dict = field(default_factory=dict)  # per place (enc_self, dec_self, cross): a variant of
+    #   xattn.variants.VARIANTS (learned | gaussian), or a list with one per layer; places not named: learned
+    heads: dict = field(default_factory=dict)      # per place: heads per layer, a number or a list (a pruned
+    #   model); places not named: n_heads. Each head has d_model / n_heads dimensions
+    length_ratio: float | None = None   # gaussian cross-attention: source / target length (null: measured
+    #   on the training data when training starts)
     share_embeddings: bool = False      # one embedding matrix for source and target (joint vocabulary)
     tie_output: bool = False            # output projection reuses the target embedding
     pad_id: int = 0
@@ -51,8 +55,12 @@ class ModelConfig:
         n_encoder_layers=NON_NEGATIVE, n_decoder_layers=POSITIVE, d_ff=POSITIVE, max_positions=POSITIVE,
         dropout=FRACTION, attention_dropout=FRACTION, activation_dropout=FRACTION,
         activation=one_of("relu", "gelu", "swish"), norm=one_of("post", "pre"),
-        positions=one_of("sinusoidal", "learned"), score=one_of("dot", "scaled_dot", "general", "additive"),
-        pad_id=NON_NEGATIVE, bos_id=NON_NEGATIVE, eos_id=NON_NEGATIVE)
+        positions=one_of("sinusoidal", "learned"), score=lambda v: one_of(*SCORES)(v),
+        attention=lambda v: _per_place(v, lambda x: one_of(*VARIANTS)(x) if isinstance(x, str) else
+                                       f"expected a variant name, got {x!r}"),
+        heads=lambda v: _per_place(v, lambda x: None if isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                   else f"expected a number of heads >= 0, got {x!r}"),
+        pad_id=NON_NEGATIVE, bos_id=NON_NEGATIVE, eos_id=NON_NEGATIVE, length_ratio=within(0, lo_open=True))
 
     def __post_init__(self) -> None:
         validate(self, "model")
@@ -61,10 +69,61 @@ class ModelConfig:
                               f"model.n_heads ({self.n_heads})")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings", "needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
+        for key, default in (("attention", "learned"), ("heads", self.n_heads)):
+            object.__setattr__(self, key, self._per_layer(key, default))
         for name in ("pad_id", "bos_id", "eos_id"):
             if getattr(self, name) >= min(self.src_vocab_size, self.tgt_vocab_size):
                 raise ConfigError(f"model.{name}", f"{getattr(self, name)} is outside the vocabulary "
                                   f"({min(self.src_vocab_size, self.tgt_vocab_size)} ids)")
+
+
+    def _per_layer(self, key: str, default: Any) -> dict:
+        """model.attention or model.heads in one canonical form: only places that differ from `default`,
+        each as one value when all its layers agree, else a list with one per layer."""
+        canonical = {}
+        for place, value in getattr(self, key).items():
+            layers = self.layers_of(place)
+            values = value if isinstance(value, list) else [value] * layers
+            if len(values) != layers:
+                raise ConfigError(f"model.{key}", f"{place} has {layers} layers, but {len(values)} values are given")
+            if any(v != default for v in values):
+                canonical[place] = values[0] if len(set(values)) == 1 else list(values)
+        return canonical
+
+    def layers_of(self, place: str) -> int:
+        return self.n_encoder_layers if place == "enc_self" else self.n_decoder_layers
+
+    def variant(self, place: str, layer: int) -> str:
+        """The attention variant (xattn.variants.VARIANTS) of `place` in layer `layer`."""
+        value = self.attention.get(place, "learned")
+        return value[layer] if isinstance(value, list) else value
+
+    def heads_of(self, place: str, layer: int) -> int:
+        value = self.heads.get(place, self.n_heads)
+        return value[layer] if isinstance(value, list) else value
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as plain data, without the LATER keys at their defaults (so configs and fingerprints
+        written before those keys existed still compare equal)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.LATER or v != self.LATER[k]}
+
+    LATER: ClassVar[dict[str, Any]] = {"attention": {}, "heads": {}, "length_ratio": None}
+    """Keys added after models were first saved, with their defaults (`as_dict` leaves them out at those)."""
+
+
+def _per_place(value: dict, check: Check) -> str | None:
+    """A mapping from places (enc_self, dec_self, cross) to a value or a list of values, each passing `check`."""
+    for place, item in value.items():
+        if place not in PLACES:
+            return f"{place!r} is not a place; one of {', '.join(PLACES)}"
+        for x in item if isinstance(item, list) else [item]:
+            if problem := check(x):
+                return f"{place}: {problem}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -230,66 +289,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every section as plain data; `parent` only when the config names one."""
-        return {f.name: _plain(dataclasses.asdict(getattr(self, f.name))) for f in dataclasses.fields(self)
-                if f.name != "parent" or self.parent.named}
+        return {f.name: _plain(self.model.as_dict() if f.name == "model" else dataclasses.asdict(getattr(self, f.name)))
+                for f in dataclasses.fields(self) if f.name != "parent" or self.parent.named}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-def _nearest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Convert a YAML or command-line value to the field's declared type (ranges are checked by `validate`)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
-            return None
-        return _coerce(value, next(a for a in typing.get_args(hint) if a is not type(None)), where)
-    if value is None:
-        raise ConfigError(where, f"expected {getattr(hint, '__name__', hint)}, got null")
-    if origin is tuple:
-        items = value if isinstance(value, (list, tuple)) else str(value).strip("()[]").split(",")
-        args = typing.get_args(hint)
-        if len(items) != len(args):
-            raise ConfigError(where, f"expected {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, where) for v, a in zip(items, args))
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("true", "yes", "1"):
-            return True
-        if str(value).lower() in ("false", "no", "0"):
-            return False
-        raise ConfigError(where, f"expected true or false, got {value!r}")
-    if isinstance(value, (bool, list, dict)) or (hint is str and not isinstance(value, (str, int, float))):
-        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}")
-    try:
-        if hint is int and isinstance(value, str) and "e" in value.lower():
-            number = float(value)
-            if not number.is_integer():
-                raise ValueError
-            return int(number)
-        if hint is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        return hint(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(where, f"expected {hint.__name__}, got {value!r}") from None
-
-
-def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> Any:
-    """Build dataclass `cls` from `values`, on top of `base` (an instance) if given."""
-    fields = hints(cls)
-    kwargs = dataclasses.asdict(base) if base is not None else {}
-    for key, value in values.items():
-        if key not in fields:
-            raise XattnError(f"unknown config key {section}.{key}{_nearest(str(key), list(fields))}")
-        kwargs[key] = _coerce(value, fields[key], f"{section}.{key}")
-    return cls(**kwargs)
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
@@ -305,7 +310,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
         if not sep or not dot or not name:
             raise XattnError(f"override {item!r}: expected section.key=value, e.g. train.lr=5e-4")
         if section not in SECTIONS:
-            raise XattnError(f"override {item!r}: unknown section {section!r}{_nearest(section, list(SECTIONS))}")
+            raise XattnError(f"override {item!r}: unknown section {section!r}{nearest(section, list(SECTIONS))}")
         out.setdefault(section, {})[name] = value
     return out
 
@@ -358,7 +363,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise XattnError(f"{path}: expected a mapping with sections {', '.join(SECTIONS)}")
     for name, values in raw.items():
         if name not in SECTIONS:
-            raise XattnError(f"{path}: unknown config section {name!r}{_nearest(str(name), list(SECTIONS))}")
+            raise XattnError(f"{path}: unknown config section {name!r}{nearest(str(name), list(SECTIONS))}")
         if values is not None and not isinstance(values, dict):
             raise XattnError(f"{path}: section {name!r} must be a mapping of keys to values, got {values!r}")
     merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}

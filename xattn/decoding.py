@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from xattn.attention import DecoderCache
+from xattn.attention import DecoderCache, stack_layers
 from xattn.config import DecodeConfig
 from xattn.model import EncoderOutput, Transformer
 from xattn.processors import Processor, StepState, apply_all, constraints, warpers
@@ -50,7 +50,7 @@ def make_step(model: Transformer, need_weights: bool = False) -> Step:
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
         if not need_weights:
             return log_probs, None
-        return log_probs, torch.stack(out.cross_attn, dim=1)[:, :, :, -1].float()  # (N, L, H, S)
+        return log_probs, stack_layers(out.cross_attn)[:, :, :, -1].float()  # (N, L, H, S)
     return step
 
 

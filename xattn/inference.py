@@ -133,8 +133,8 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
             ffn.activation = identity
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, name, PackedLinear(child))
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.numel():
+                setattr(module, name, PackedLinear(child))  # (not a layer of a pruned-away attention: oneDNN refuses)
 
 
 def identity(x: Tensor) -> Tensor:

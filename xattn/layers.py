@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xattn.attention import LayerCache, MultiHeadAttention
+from xattn.attention import AttentionContext, LayerCache
 
 
 class FeedForward(nn.Module):
@@ -57,8 +57,7 @@ class LayerWeights:
 class EncoderLayer(nn.Module):
     """Self-attention over the source, then the FFN; each sublayer with residual + LayerNorm."""
 
-    def __init__(self, self_attn: MultiHeadAttention, ffn: FeedForward, norm: type[nn.LayerNorm],
-                 d_model: int, dropout: float):
+    def __init__(self, self_attn: nn.Module, ffn: FeedForward, norm: type[nn.LayerNorm], d_model: int, dropout: float):
         super().__init__()
         self.self_attn = self_attn
         self.self_attn_norm = norm(d_model)
@@ -66,10 +65,10 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = norm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, LayerWeights]:
+    def forward(self, x: Tensor, mask: Tensor, ctx: AttentionContext = AttentionContext()) -> tuple[Tensor, LayerWeights]:
         """x (B, S, D), mask (B, 1, S) -> (B, S, D)."""
         h = self.self_attn_norm.before(x)
-        a = self.self_attn(h, self.self_attn.project_kv(h), mask, need_weights)
+        a = self.self_attn(h, self.self_attn.project_kv(h), mask, ctx)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
         return x, LayerWeights(self_attn=a.weights)
@@ -78,8 +77,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, then the FFN."""
 
-    def __init__(self, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention, ffn: FeedForward,
-                 norm: type[nn.LayerNorm], d_model: int, dropout: float):
+    def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: FeedForward, norm: type[nn.LayerNorm],
+                 d_model: int, dropout: float):
         super().__init__()
         self.self_attn = self_attn
         self.self_attn_norm = norm(d_model)
@@ -89,22 +88,22 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = norm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, self_mask: Tensor, cross_mask: Tensor, cache: LayerCache,
-                need_weights: bool = False, grow_cache: bool = False, group: int = 1) -> tuple[Tensor, LayerWeights]:
+    def forward(self, x: Tensor, self_mask: Tensor, cross_mask: Tensor, cache: LayerCache, self_ctx: AttentionContext,
+                cross_ctx: AttentionContext, grow_cache: bool = False, group: int = 1) -> tuple[Tensor, LayerWeights]:
         """x (B, T, D), self_mask (1 or B, T, T_all), cross_mask (B / group, 1, S) -> (B, T, D).
 
         `cache` holds the cross-attention K/V, one per group of `group` rows (see DecoderCache);
         with `grow_cache` this step's self-attention K/V are appended to it and attention runs
-        over all steps so far.
+        over all steps so far. `cross_ctx` describes the folded queries (its positions repeat per row).
         """
         h = self.self_attn_norm.before(x)
         kv = self.self_attn.project_kv(h)
         if grow_cache:
             kv = cache.append(*kv)
-        a = self.self_attn(h, kv, self_mask, need_weights)
+        a = self.self_attn(h, kv, self_mask, self_ctx)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         h = self.cross_attn_norm.before(x)
-        c = self.cross_attn(fold(h, group), (cache.cross_k, cache.cross_v), cross_mask, need_weights)
+        c = self.cross_attn(fold(h, group), (cache.cross_k, cache.cross_v), cross_mask, cross_ctx)
         x = self.cross_attn_norm.after(x, self.dropout(c.out.view_as(x)))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
         return x, LayerWeights(self_attn=a.weights, cross_attn=unfold_weights(c.weights, group))

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from xattn.attention import DecoderCache, LayerCache, MultiHeadAttention, build_score, causal_mask, padding_mask
+from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_mask, padding_mask
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
@@ -76,13 +76,16 @@ class LearnedPositions(nn.Embedding):
 AttentionBuilder = Callable[[str, int], nn.Module]
 """(place, layer index) -> attention module; place is "enc_self", "dec_self" or "cross"."""
 
+HeadMask = dict[str, list[Tensor | None]]
+"""Per place (enc_self, dec_self, cross), per layer: a (H_l,) tensor of factors in [0, 1] on each head's
+output (None: that layer unmasked); see Transformer.head_mask."""
+
 
 def default_attention(cfg: ModelConfig) -> AttentionBuilder:
-    """Learned multi-head attention with the config's score function in all three places."""
-    def build(place: str, layer: int) -> nn.Module:
-        score = build_score(cfg.score, cfg.n_heads, cfg.d_model // cfg.n_heads)
-        return MultiHeadAttention(cfg.d_model, cfg.n_heads, score, cfg.attention_dropout)
-    return build
+    """The variant the config names for each place and layer (xattn.variants; learned by default)."""
+    from xattn.variants import build_attention
+
+    return lambda place, layer: build_attention(cfg, place, layer)
 
 
 class Stack(nn.Module):
@@ -119,6 +122,8 @@ class Transformer(nn.Module):
         self._init_weights()
         if cfg.tie_output:
             self.generator.weight = self.tgt_embed.weight
+        self.head_mask: HeadMask | None = None
+        """Applied by every forward pass while set (a differentiable tensor gives the mask's gradient)."""
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -138,9 +143,9 @@ class Transformer(nn.Module):
         """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token)."""
         mask = padding_mask(src, self.cfg.pad_id)
         x = self.dropout(self.src_embed(src) * self.embed_scale + self.src_pos(0, src.shape[1]))
-        weights = []
-        for layer in self.encoder.layers:
-            x, w = layer(x, mask.unsqueeze(1), need_weights)  # mask (B, 1, S)
+        weights, positions = [], torch.arange(src.shape[1], device=src.device)
+        for i, layer in enumerate(self.encoder.layers):
+            x, w = layer(x, mask.unsqueeze(1), self._context("enc_self", i, need_weights, positions))  # mask (B, 1, S)
             weights.append(w.self_attn)
         return EncoderOutput(self.encoder.norm(x), mask, tuple(weights) if need_weights else None)
 
@@ -176,8 +181,12 @@ class Transformer(nn.Module):
         self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
         cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)
         cross, selfw = [], []
-        for layer, lc in zip(self.decoder.layers, layer_caches):
-            x, w = layer(x, self_mask, cross_mask, lc, need_weights, cache is not None, cache.group if cache else 1)
+        group = cache.group if cache is not None else 1
+        positions = torch.arange(offset, offset + T, device=tgt.device)
+        for i, (layer, lc) in enumerate(zip(self.decoder.layers, layer_caches)):
+            self_ctx = self._context("dec_self", i, need_weights, positions)
+            cross_ctx = self._context("cross", i, need_weights, positions.repeat(group))
+            x, w = layer(x, self_mask, cross_mask, lc, self_ctx, cross_ctx, cache is not None, group)
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:
@@ -186,6 +195,10 @@ class Transformer(nn.Module):
         if not need_weights:
             return DecoderStates(states)
         return DecoderStates(states, tuple(cross), tuple(selfw))
+
+    def _context(self, place: str, layer: int, need_weights: bool, positions: Tensor) -> AttentionContext:
+        mask = self.head_mask.get(place, [None] * (layer + 1))[layer] if self.head_mask is not None else None
+        return AttentionContext(need_weights, positions, mask)
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False) -> DecoderOutput:
         """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token."""

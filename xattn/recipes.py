@@ -45,10 +45,19 @@ def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
     def build(ctx: dist.Context, new: bool) -> RunParts:
         corpus = prepare_corpus(cfg.data, Path(out_dir), ctx, new_tokenizers=new)
         tok = corpus.tokenizers
-        model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size)
+        model_cfg = dataclasses.replace(cfg.model, src_vocab_size=tok.src.vocab_size, tgt_vocab_size=tok.tgt.vocab_size,
+                                        length_ratio=cfg.model.length_ratio or length_ratio(cfg.model, corpus))
         torch.manual_seed(cfg.train.seed)
         return RunParts(dataclasses.replace(cfg, model=model_cfg), corpus, Transformer(model_cfg))
     return build
+
+
+def length_ratio(cfg, corpus: Corpus) -> float | None:
+    """Source over target tokens in the training data, which hard-coded (gaussian) cross-attention centres
+    its heads by; None when no cross-attention is hard-coded."""
+    if not any(cfg.variant("cross", i) == "gaussian" for i in range(cfg.n_decoder_layers)):
+        return None
+    return round(sum(corpus.train.src_lengths()) / max(1, sum(corpus.train.tgt_lengths())), 4)
 
 
 def freeze(model: Transformer, trainable: frozenset[str] | None) -> list[torch.nn.Parameter]:

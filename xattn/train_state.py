@@ -129,6 +129,6 @@ def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], p
     if data["train_subset"] is None:  # all the data: the subset's seed plays no part
         del data["train_subset"], data["subset_seed"]
     identity = {"tokenizers": tokenizers, "data": data | {"text_sha256": text_sha256},
-                "model": dataclasses.asdict(cfg.model),
+                "model": cfg.model.as_dict(),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
     return json.loads(json.dumps(identity))  # as the manifest stores it

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xattn.attention import stack_layers
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
@@ -71,13 +72,13 @@ def teacher_forced_attention(model: Transformer, enc: EncoderOutput, hyps: Seque
     enc = EncoderOutput(enc.states.index_select(0, index), enc.mask.index_select(0, index))  # (R, S, D), (R, S)
     with torch.inference_mode():
         out = model.decode_states(tgt, enc, need_weights=True)
-    cross = torch.stack(out.cross_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, S)
+    cross = stack_layers(out.cross_attn).float().cpu().numpy()  # (R, L, H, T, S)
     src_len = enc.mask.sum(dim=1).tolist()
     T = [len(h.tokens) + 1 for h in hyps]
     crosses = [cross[r, :, :, : T[r], : src_len[r]].copy() for r in range(len(hyps))]
     if not self_attention:
         return crosses, None
-    selfw = torch.stack(out.self_attn, dim=1).float().cpu().numpy()  # (R, L, H, T, T)
+    selfw = stack_layers(out.self_attn).float().cpu().numpy()  # (R, L, H, T, T)
     return crosses, [selfw[r, :, :, : T[r], : T[r]].copy() for r in range(len(hyps))]
 
 

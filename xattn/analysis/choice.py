@@ -35,10 +35,14 @@ DEFAULT_METHOD = "naive"
 in both directions of benchmarks/alignment.py (Hansards en-fr, Multi30k models); shift did best only at layer 0."""
 
 
-def default_choice(n_layers: int) -> HeadChoice:
+def default_choice(cfg) -> HeadChoice:
     """Without a stored choice: the mean of the heads of the second-to-last decoder layer (Garg et al. 2019
-    found the penultimate layer of a 6-layer Transformer aligns best)."""
-    return HeadChoice(max(n_layers - 2, 0))
+    found the penultimate layer of a 6-layer Transformer aligns best); in a pruned model, the nearest layer
+    below it (else above) with cross-attention heads left. `cfg`: the ModelConfig."""
+    layers = range(cfg.n_decoder_layers)
+    start = max(cfg.n_decoder_layers - 2, 0)
+    order = sorted(layers, key=lambda i: (i > start, abs(i - start)))
+    return HeadChoice(next((i for i in order if cfg.heads_of("cross", i) > 0), start))
 
 
 def read(model_dir: Path) -> dict:
@@ -56,7 +60,7 @@ def read(model_dir: Path) -> dict:
     return data or {}
 
 
-def stored(model_dir: str | Path, n_layers: int, n_heads: int) -> dict | None:
+def stored(model_dir: str | Path, cfg) -> dict | None:
     """The `alignment` section of analysis.yaml, checked, with its HeadChoice as "choice"; None when there is
     none, or when it was measured on other weights (with a warning)."""
     model_dir = Path(model_dir)
@@ -67,7 +71,7 @@ def stored(model_dir: str | Path, n_layers: int, n_heads: int) -> dict | None:
     try:
         heads = record["heads"]
         choice = HeadChoice(int(record["layer"]), None if heads == "mean" else tuple(int(h) for h in heads))
-        choice.check(n_layers, n_heads)
+        choice.check(cfg.n_decoder_layers, cfg.n_heads)
         settings = AlignSettings(choice, record["method"], record.get("threshold"), record.get("eos", "drop"),
                                  record.get("punct", "free"))
     except (TypeError, KeyError, ValueError, XattnError) as e:
@@ -80,17 +84,17 @@ def stored(model_dir: str | Path, n_layers: int, n_heads: int) -> dict | None:
     return {**record, "settings": settings}
 
 
-def settings_for(model_dir: str | Path, n_layers: int, n_heads: int, layer: int | None = None,
-                 heads: str | None = None, method: str | None = None, threshold: float | None = None,
-                 eos: str | None = None, punct: str | None = None) -> AlignSettings:
-    """AlignSettings from the flags; what a flag leaves unset comes from the stored record, else the default
-    (default_choice, DEFAULT_METHOD, argmax, eos drop, punct free)."""
-    record = stored(model_dir, n_layers, n_heads)
-    base = record["settings"] if record else AlignSettings(default_choice(n_layers), DEFAULT_METHOD)
+def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: str | None = None,
+                 method: str | None = None, threshold: float | None = None, eos: str | None = None,
+                 punct: str | None = None) -> AlignSettings:
+    """AlignSettings for the model of ModelConfig `cfg` from the flags; what a flag leaves unset comes from
+    the stored record, else the default (default_choice, DEFAULT_METHOD, argmax, eos drop, punct free)."""
+    record = stored(model_dir, cfg)
+    base = record["settings"] if record else AlignSettings(default_choice(cfg), DEFAULT_METHOD)
     choice = base.choice
     if layer is not None or heads is not None:
         choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
-    choice.check(n_layers, n_heads)
+    choice.check(cfg.n_decoder_layers, cfg.n_heads)
     return AlignSettings(choice, method or base.method, base.threshold if threshold is None else threshold,
                          eos or base.eos, punct or base.punct)
 

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
-from xattn.analysis.maps import AttentionMaps, HeadChoice
+from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
 from xattn.analysis.plots import TITLES
 from xattn.errors import XattnError
 from xattn.io import atomic_write_text
@@ -83,14 +83,14 @@ def _script_json(data) -> str:
 def _view(name: str, maps: AttentionMaps) -> dict:
     """One map as JSON: weights (L, H, R*C) and means (L, R*C) as integers, masked as a string of 0/1."""
     L, H, R, C = maps.weights.shape
-    weights = np.asarray(maps.weights, dtype=np.float64)
+    weights = np.asarray(maps.weights, dtype=np.float64)  # NaN: a pruned head, drawn as zeros
 
     def ints(a: np.ndarray) -> list:
         return np.rint(a * SCALE).astype(np.int64).reshape(*a.shape[:-2], R * C).tolist()
 
     masked = None if maps.masked is None else "".join("1" if m else "0" for m in np.asarray(maps.masked).ravel())
     return {"name": name, "kind": maps.kind, "rows": list(maps.rows), "cols": list(maps.cols),
-            "layers": L, "heads": H, "w": ints(weights), "mean": ints(weights.mean(axis=1)),
+            "layers": L, "heads": H, "w": ints(np.nan_to_num(weights)), "mean": ints(head_mean(weights)),
             "masked": masked, "links": [[int(c), int(r)] for c, r in maps.links], "linksLabel": maps.links_label}
 
 

@@ -55,10 +55,17 @@ class HeadChoice:
                 raise XattnError(f"--heads: {h} is not a head of this model (0 to {n_heads - 1})")
 
     def select(self, weights: np.ndarray) -> np.ndarray:
-        """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged."""
+        """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged. A head that is all NaN is
+        one the layer does not have (a pruned model, see attention.stack_layers)."""
         self.check(weights.shape[0], weights.shape[1])
         layer = weights[self.layer]  # (H, R, C)
-        return (layer if self.heads is None else layer[list(self.heads)]).mean(axis=0)
+        present = [h for h in range(layer.shape[0]) if not (layer[h].size and np.isnan(layer[h]).all())]
+        if not present:
+            raise XattnError(f"--layer: layer {self.layer} has no heads left (pruned); choose another layer")
+        if missing := [h for h in self.heads or () if h not in present]:
+            raise XattnError(f"--heads: layer {self.layer} has no head {missing[0]} (pruned); it has heads "
+                             f"{','.join(map(str, present))}")
+        return layer[list(self.heads) if self.heads is not None else present].mean(axis=0)
 
     def __str__(self) -> str:
         return f"layer {self.layer}, " + ("mean of heads" if self.heads is None else
@@ -66,6 +73,14 @@ class HeadChoice:
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "heads": "mean" if self.heads is None else list(self.heads)}
+
+
+def head_mean(weights: np.ndarray) -> np.ndarray:
+    """(L, H, R, C) -> (L, R, C): each layer's mean over the heads it has (NaN marks a pruned head); a layer
+    without heads gives zeros."""
+    present = ~np.isnan(weights).all(axis=(2, 3), keepdims=True) | (weights[0, 0].size == 0)  # (L, H, 1, 1)
+    total = np.where(present, np.nan_to_num(weights), 0.0).sum(axis=1)
+    return total / np.maximum(present.sum(axis=1), 1)
 
 
 # ---------------------------------------------------------------------------------------- what is drawn
@@ -281,6 +296,8 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
     """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
     import torch
 
+    from xattn.attention import stack_layers
+
     from xattn.translator import pad_batch, token_batches
 
     if len(sources) != len(targets):
@@ -297,9 +314,9 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
         with torch.inference_mode():
             enc = model.encode(src, need_weights="encoder-self" in kinds)
             dec = model.decode_states(tgt, enc, need_weights=True)
-        cross = torch.stack(dec.cross_attn, dim=1).float().cpu().numpy()  # (B, L, H, T, S)
-        selfw = torch.stack(dec.self_attn, dim=1).float().cpu().numpy() if "decoder-self" in kinds else None
-        encw = torch.stack(enc.self_attn, dim=1).float().cpu().numpy() if "encoder-self" in kinds else None
+        cross = stack_layers(dec.cross_attn).float().cpu().numpy()  # (B, L, H, T, S)
+        selfw = stack_layers(dec.self_attn).float().cpu().numpy() if "decoder-self" in kinds else None
+        encw = stack_layers(enc.self_attn).float().cpu().numpy() if "encoder-self" in kinds else None
         for b, i in enumerate(batch):
             S, T = len(src_ids[i]), len(tgt_ids[i])
             yield i, PairAttention.build(
@@ -332,8 +349,10 @@ def encoder_attention(translator: Translator, text: str) -> np.ndarray:
     """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>)."""
     import torch
 
+    from xattn.attention import stack_layers
+
     cfg = translator.model.cfg
     ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]
     with torch.inference_mode():
         enc = translator.inference.current().encode(torch.tensor([ids], device=translator.device), need_weights=True)
-    return torch.stack(enc.self_attn, dim=1)[0].float().cpu().numpy()
+    return stack_layers(enc.self_attn)[0].float().cpu().numpy()

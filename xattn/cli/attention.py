@@ -56,7 +56,7 @@ def run(args) -> int:
     pair = attention_pair(args, translator)
     links = []
     if args.kind == "cross" and not args.no_links:
-        settings = settings_for(args.model, cfg.n_decoder_layers, cfg.n_heads)
+        settings = settings_for(args.model, cfg)
         links = sorted(attention_links(pair, settings))
         label = f"alignment link ({settings.method}, {settings.choice})"
     maps = pair.maps(args.kind, words=args.words, links=links)

@@ -61,7 +61,7 @@ def alignment_settings(args, model_dir, cfg):
     """AlignSettings from the flags, then the model directory's stored choice, then the defaults."""
     from xattn.analysis.choice import settings_for
 
-    return settings_for(model_dir, cfg.n_decoder_layers, cfg.n_heads,
+    return settings_for(model_dir, cfg,
                         **{flag: getattr(args, flag, None) for flag in ALIGNMENT_FLAGS})
 
 

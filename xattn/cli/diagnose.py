@@ -53,7 +53,7 @@ def run(args) -> int:
     thresholds = replace(Thresholds(), **changes)
     translator = load_translator(args)
     cfg = translator.model.cfg
-    choice = settings_for(args.model, cfg.n_decoder_layers, cfg.n_heads, args.layer, args.heads).choice
+    choice = settings_for(args.model, cfg, args.layer, args.heads).choice
     if hyps is None:
         results = translator.translate(sources, decode_config(args, translator.decode_config),
                                        return_attention=True, attention_from="rescore")

@@ -66,6 +66,10 @@ def check_exportable(model: Transformer) -> None:
         if getattr(cfg, key) != want:
             raise XattnError(f"model.{key}={getattr(cfg, key)!r} cannot be exported to Marian, "
                              f"which needs model.{key}={want!r}")
+    for key, what in (("attention", "attention other than learned"), ("heads", "a pruned head count")):
+        if getattr(cfg, key):
+            raise XattnError(f"model.{key}={getattr(cfg, key)} ({what}) cannot be exported to Marian, which has "
+                             f"learned attention with model.n_heads={cfg.n_heads} heads everywhere")
     for name, module in model.named_modules():
         if name.endswith(("self_attn", "cross_attn")) and not (
                 isinstance(module, MultiHeadAttention) and isinstance(module.score, ScaledDotScore)):
