@@ -40,6 +40,9 @@ class DotScore(nn.Module):
 
     sdpa_scale: float | None = 1.0
 
+    def prune_heads(self, keep: list[int]) -> None:
+        """Keep only heads `keep` of any per-head parameters (this score has none)."""
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return q @ k.transpose(-2, -1)  # (B, H, T, S)
 
@@ -50,6 +53,9 @@ class ScaledDotScore(nn.Module):
     def __init__(self, head_dim: int):
         super().__init__()
         self.sdpa_scale = 1.0 / math.sqrt(head_dim)
+
+    def prune_heads(self, keep: list[int]) -> None:
+        """No per-head parameters."""
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return (q @ k.transpose(-2, -1)) * self.sdpa_scale  # (B, H, T, S)
@@ -63,6 +69,9 @@ class GeneralScore(nn.Module):
     def __init__(self, n_heads: int, head_dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.eye(head_dim).repeat(n_heads, 1, 1) / math.sqrt(head_dim))  # (H, Dh, Dh)
+
+    def prune_heads(self, keep: list[int]) -> None:
+        self.weight = nn.Parameter(self.weight.data[keep].clone())
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return (q @ self.weight.unsqueeze(0)) @ k.transpose(-2, -1)  # (B, H, T, S)
@@ -81,6 +90,10 @@ class AdditiveScore(nn.Module):
         bound = 1.0 / math.sqrt(head_dim)
         for p in (self.query, self.key, self.v):
             nn.init.uniform_(p, -bound, bound)
+
+    def prune_heads(self, keep: list[int]) -> None:
+        for name in ("query", "key", "v"):
+            setattr(self, name, nn.Parameter(getattr(self, name).data[keep].clone()))
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         wq = (q @ self.query.unsqueeze(0)).unsqueeze(3)  # (B, H, T, 1, Dh)
@@ -148,10 +161,27 @@ def linear(n_in: int, n_out: int) -> nn.Linear:
         return nn.Linear(n_in, n_out)
 
 
+def head_rows(keep: list[int], head_dim: int) -> Tensor:
+    """The rows of a (H * head_dim, D) projection that belong to heads `keep`."""
+    return torch.tensor([h * head_dim + i for h in keep for i in range(head_dim)], dtype=torch.long)
+
+
+def sliced(lin: nn.Linear, rows: Tensor | None = None, cols: Tensor | None = None) -> nn.Linear:
+    """A copy of `lin` with only output features `rows` and input features `cols` (None: all)."""
+    weight = lin.weight.data
+    weight = weight[rows] if rows is not None else weight
+    weight = weight[:, cols] if cols is not None else weight
+    out = linear(weight.shape[1], weight.shape[0]).to(weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        out.bias.copy_(lin.bias.data[rows] if rows is not None else lin.bias.data)
+    return out
+
+
 def merge_heads(out: Tensor, head_mask: Tensor | None) -> Tensor:
     """(B, H, T, Dh) per-head outputs, each scaled by its entry of `head_mask` (H,) -> (B, T, H * Dh)."""
     if head_mask is not None:
-        out = out * head_mask.to(out.dtype).view(1, -1, 1, 1)
+        out = out * head_mask.to(out.device, out.dtype).view(1, -1, 1, 1)
     B, H, T, Dh = out.shape
     return out.transpose(1, 2).reshape(B, T, H * Dh)
 
@@ -177,6 +207,14 @@ class MultiHeadAttention(nn.Module):
     def _split(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+    def prune_heads(self, keep: list[int]) -> None:
+        """Keep only heads `keep` (in that order): shrink the projections and the score's per-head parameters."""
+        rows = head_rows(keep, self.head_dim)
+        self.q_proj, self.k_proj, self.v_proj = (sliced(lin, rows=rows) for lin in (self.q_proj, self.k_proj, self.v_proj))
+        self.out_proj = sliced(self.out_proj, cols=rows)
+        self.score.prune_heads(keep)
+        self.n_heads = len(keep)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) memory -> keys and values, each (B, H, S, Dh)."""

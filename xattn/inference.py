@@ -91,6 +91,7 @@ class InferenceModel:
         stamp = weight_stamp(self.source)
         if self._copy is None or not same_stamp(stamp, self._stamp):
             self._copy, self._stamp = prepare(self.source, self.speedups), stamp
+        self._copy.head_mask = self.source.head_mask  # the source's, whenever it is set
         return self._copy
 
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore,
-                             MultiHeadAttention, ScaledDotScore, linear, masked_softmax, merge_heads)
+                             MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
+                             sliced)
 
 PLACES = ("enc_self", "dec_self", "cross")
 """Where attention sits: encoder self-attention, decoder (masked) self-attention, cross-attention."""
@@ -63,8 +64,15 @@ class GaussianAttention(nn.Module):
         self.n_heads, self.head_dim = n_heads, head_dim
         self.v_proj, self.out_proj = linear(d_model, n_heads * head_dim), linear(n_heads * head_dim, d_model)
         offsets = [self.OFFSETS[place][h % 2] for h in range(n_heads)]
-        self.register_buffer("offsets", torch.tensor(offsets).view(n_heads, 1, 1), persistent=False)  # (H, 1, 1)
+        self.register_buffer("offsets", torch.tensor(offsets).view(n_heads, 1, 1))  # (H, 1, 1), kept by pruning
         self.ratio = ratio if place == "cross" else 1.0
+
+    def prune_heads(self, keep: list[int]) -> None:
+        """Keep only heads `keep` (in that order), each with its own centre."""
+        rows = head_rows(keep, self.head_dim)
+        self.v_proj, self.out_proj = sliced(self.v_proj, rows=rows), sliced(self.out_proj, cols=rows)
+        self.offsets = self.offsets[keep].clone()
+        self.n_heads = len(keep)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) memory -> no keys (a zero-width tensor, for the cache) and values (B, H, S, Dh)."""

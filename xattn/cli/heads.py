@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
 from xattn.cli.align import read_pairs
@@ -13,7 +14,8 @@ from xattn.io import read_lines
 
 def register(sub) -> None:
     p = add_verb(sub, "heads", "Analyse attention heads: `heads align` finds the layer and heads whose "
-                 "cross-attention aligns best with gold word alignments.",
+                 "cross-attention aligns best with gold word alignments; `heads importance` scores every head of "
+                 "every place (Michel et al. 2019; Voita et al. 2019).",
                  "xattn heads align runs/multi30k-fr-en --pairs test.en-fr --reverse --gold gold.talp "
                  "--gold-one-indexed", None)
     subs = p.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", parser_class=Parser, required=True)
@@ -39,6 +41,23 @@ def register(sub) -> None:
     a.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     a.add_argument("--table", "-o", type=path_arg, help="also write the ranking as JSON lines to this file")
     a.add_argument("--no-store", action="store_true", help="print the ranking without writing analysis.yaml")
+    i = add_verb(subs, "importance", "Score every head of the encoder self-, decoder self- and cross-attention "
+                 "over sentence pairs: gradient (Michel et al. 2019: the expected absolute gradient of the loss with "
+                 "respect to the head's mask, normalised per layer) or confidence (Voita et al. 2019: the mean "
+                 "largest attention weight). Prints the table (layer, place, head, score; 0-based) and saves it, "
+                 "by default as head_importance.tsv in the model directory, where `xattn prune --fraction` reads it.",
+                 "xattn heads importance runs/multi30k-de-en --split val --sentences 500", run_importance)
+    i.prog = "xattn heads importance"
+    i.add_argument("model", type=path_arg, help="model directory")
+    i.add_argument("--method", choices=("gradient", "confidence"), default="gradient", help="default: gradient")
+    i.add_argument("--split", default="val", help="split of the model's dataset: val (default), test")
+    i.add_argument("--src", type=path_arg, help="source file (instead of --split)")
+    i.add_argument("--ref", type=path_arg, help="reference file (with --src)")
+    i.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
+    i.add_argument("--sentences", type=int, help="use the first N pairs only")
+    i.add_argument("--max-tokens", type=int, default=2048, help="token budget of one batch (default 2048)")
+    i.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    i.add_argument("--output", "-o", type=path_arg, help="where to save the table (default: MODEL/head_importance.tsv)")
 
 
 def run_align(args) -> int:
@@ -80,4 +99,28 @@ def run_align(args) -> int:
         path = save(args.model, settings, {"aer": round(best["aer"], 4), "pairs": len(first), "gold": str(args.gold)})
         print(f"stored {best['method']}, layer {best['layer']}, heads {best['heads']} "
               f"(AER {100 * best['aer']:.1f}) in {path}")
+    return 0
+
+
+def run_importance(args) -> int:
+    from pathlib import Path
+
+    from xattn.analysis.importance import IMPORTANCE_FILE, batches, format_table, head_importance
+    from xattn.cli.evaluate import test_pairs
+    from xattn.devices import resolve_device
+    from xattn.translator import Translator
+
+    if args.sentences is not None and args.sentences < 1:
+        raise XattnError(f"--sentences: must be >= 1, got {args.sentences}")
+    if args.max_tokens < 1:
+        raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
+    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
+    src, ref = test_pairs(args, translator.config.data)
+    src, ref = src[: args.sentences], ref[: args.sentences]
+    rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)
+    lines = format_table(rows)
+    write_output_lines(None, lines)
+    output = args.output or str(Path(args.model) / IMPORTANCE_FILE)
+    write_output_lines(output, lines)
+    print(f"{args.method} importance of {len(rows)} heads over {len(src)} pairs saved in {output}", file=sys.stderr)
     return 0

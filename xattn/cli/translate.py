@@ -57,6 +57,9 @@ def add_decode_flags(p) -> None:
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decoder step (slower than the default on CPU: see the README)")
+    p.add_argument("--head-mask", type=path_arg, metavar="FILE",
+                   help="scale each attention head's output by a factor in [0, 1]: a YAML file such as "
+                        "`cross: [[1, 0, 1, 1], null, null]` (per place, per layer, per head; 0-based order)")
 
 
 def decode_config(args, base):
@@ -90,12 +93,17 @@ def decode_config(args, base):
 
 
 def load_translator(args):
-    """The model directory of `args.model` on `--device`, with `--quantize` and `--compile`."""
+    """The model directory of `args.model` on `--device`, with `--quantize`, `--compile` and `--head-mask`."""
     from xattn.devices import resolve_device
     from xattn.translator import Translator
 
     device = resolve_device(args.device or "auto", "--device")
-    return Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile)
+    translator = Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile)
+    if getattr(args, "head_mask", None):
+        from xattn.analysis.pruning import read_head_mask
+
+        translator.model.head_mask = read_head_mask(args.head_mask, translator.model.cfg)
+    return translator
 
 
 def run(args) -> int:

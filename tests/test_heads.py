@@ -1,0 +1,216 @@
+"""Head masks, head importance (Michel et al. 2019; Voita et al. 2019) and physical pruning."""
+import pytest
+import torch
+
+import xattn
+from tests.conftest import tiny_config
+from xattn.analysis.importance import confidence_scores, gradient_scores, head_importance
+from xattn.analysis.pruning import mask_of_removal, prune_model, read_head_mask, removal_of_mask
+from xattn.data import collate
+
+SRC = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+TGT = torch.tensor([[1, 11, 12, 13], [1, 14, 15, 0]])
+REMOVAL = {"enc_self": [[1, 3], []], "dec_self": [[], [0, 1, 2, 3]], "cross": [[2], [0, 3]]}
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return xattn.Transformer(tiny_config(n_heads=4, **overrides)).eval()
+
+
+CONFIGS = [dict(), dict(score="general"), dict(score="additive"), dict(norm="pre"),
+           dict(attention={"enc_self": "gaussian", "dec_self": "gaussian", "cross": ["gaussian", "learned"]})]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=str)
+def test_a_mask_of_ones_changes_nothing(overrides):
+    model = _model(**overrides)
+    with torch.no_grad():
+        plain = model(SRC, TGT, need_weights=True)
+        model.head_mask = {place: [torch.ones(4), torch.ones(4)] for place in ("enc_self", "dec_self", "cross")}
+        masked = model(SRC, TGT, need_weights=True)
+    torch.testing.assert_close(masked.logits, plain.logits, rtol=0, atol=0)
+    torch.testing.assert_close(masked.cross_attn[1], plain.cross_attn[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=str)
+def test_zeroing_heads_equals_removing_them(overrides):
+    model = _model(**overrides)
+    pruned = prune_model(model, REMOVAL)
+    assert pruned.cfg.heads == {"enc_self": [2, 4], "dec_self": [4, 0], "cross": [3, 2]}
+    assert [n for n, _ in pruned.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert pruned.decoder.layers[1].cross_attn.q_proj.weight.shape[0] == 2 * model.cfg.head_dim
+    with torch.no_grad():
+        model.head_mask = mask_of_removal(model.cfg, REMOVAL)
+        masked, small = model(SRC, TGT), pruned(SRC, TGT, need_weights=True)
+    torch.testing.assert_close(small.logits, masked.logits, atol=1e-5, rtol=1e-5)
+    assert small.cross_attn[1].shape[1] == 2 and pruned.head_mask is None
+    from xattn.decoding import search
+
+    with torch.no_grad():  # beam search, cached: the same translations
+        a, b = (search(m, SRC, xattn.DecodeConfig(beam_size=3)) for m in (model, pruned))
+    assert [[h.tokens for h in n_best] for n_best in a] == [[h.tokens for h in n_best] for n_best in b]
+
+
+def test_a_pruned_model_saves_reloads_and_prunes_again(tmp_path):
+    from tests.conftest import tiny_model_dir
+    from xattn.analysis.pruning import prune_dir
+    from xattn.checkpoint import load_model_dir
+
+    model, _ = tiny_model_dir(tmp_path / "m")
+    H = model.cfg.n_heads
+    removal = {"cross": [[0]], "enc_self": [list(range(H))]}
+    pruned = prune_dir(tmp_path / "m", removal, tmp_path / "p")
+    loaded = load_model_dir(tmp_path / "p")
+    assert loaded.config.model.heads == {"cross": H - 1, "enc_self": 0}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(SRC[:, :3], TGT).logits, pruned(SRC[:, :3], TGT).logits)
+    again = prune_model(loaded.model, {"cross": [[0]]})
+    assert again.cfg.heads == {"cross": H - 2, "enc_self": 0}
+    out = xattn.load(tmp_path / "p").translate(["word1 word2"], xattn.DecodeConfig(beam_size=2))
+    assert len(out) == 1
+
+
+def test_importance_gradient_agrees_with_finite_differences():
+    torch.manual_seed(0)
+    model = xattn.Transformer(tiny_config(n_heads=4)).double().eval()
+    batch = collate([[5, 6, 7], [9, 10]], [[11, 12, 13], [14, 15]], [0, 1])
+    scores = gradient_scores(model, [batch], normalise=False)
+
+    def loss(place, layer, head, delta):
+        mask = {p: [torch.ones(4, dtype=torch.float64) for _ in range(2)] for p in ("enc_self", "dec_self", "cross")}
+        mask[place][layer][head] += delta
+        model.head_mask = mask
+        with torch.no_grad():
+            logits = model(batch.src, batch.tgt_in).logits
+        model.head_mask = None
+        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0,
+                                                reduction="sum")  # in float64, for the finite difference
+        return float(nll) / batch.n_tgt_tokens
+
+    eps = 1e-5
+    for place, layer, head in (("enc_self", 0, 1), ("dec_self", 1, 2), ("cross", 0, 0), ("cross", 1, 2)):
+        numeric = (loss(place, layer, head, eps) - loss(place, layer, head, -eps)) / (2 * eps)
+        assert scores[place][layer][head].item() == pytest.approx(abs(numeric), rel=1e-4, abs=1e-8)
+    normalised = gradient_scores(model, [batch])
+    for place in normalised:
+        for layer in normalised[place]:
+            assert float(layer.norm()) == pytest.approx(1.0)
+
+
+def test_confidence_is_the_mean_largest_weight():
+    model = _model()
+    batch = collate([[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14]], [0, 1])
+    scores = confidence_scores(model, [batch])
+    with torch.no_grad():
+        out = model(batch.src, batch.tgt_in, need_weights=True)
+    real = batch.tgt_in.ne(0)
+    top = out.cross_attn[1].amax(-1)  # (B, H, T)
+    expected = torch.stack([top[:, h][real].mean() for h in range(4)])
+    torch.testing.assert_close(scores["cross"][1], expected)
+    rows = head_importance(model, [batch], "confidence")
+    assert len(rows) == 3 * 2 * 4 and all(0 < r["score"] <= 1 for r in rows)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cros: [[1, 1, 1, 1], null]", "'cros' is not a place"),
+    ("cross: [[1, 1, 1, 1]]", "cross: expected a list of 2 layers"),
+    ("cross: [[1, 1, 1], null]", "cross layer 0: expected 4 factors"),
+    ("cross: [[1, 1, 2, 1], null]", "cross layer 0: factors must be numbers in [0, 1]"),
+    ("[1, 2]", "expected a mapping of places"),
+])
+def test_bad_mask_files_are_one_line(tmp_path, text, message):
+    path = tmp_path / "mask.yaml"
+    path.write_text(text)
+    with pytest.raises(xattn.XattnError) as e:
+        read_head_mask(path, tiny_config(n_heads=4))
+    assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_pruning_mask_holds_zeros_and_ones_only(tmp_path):
+    path = tmp_path / "mask.yaml"
+    path.write_text("cross: [[1, 0, 1, 1], null]\n")
+    cfg = tiny_config(n_heads=4)
+    assert removal_of_mask(read_head_mask(path, cfg), str(path)) == {"cross": [[1], []]}
+    path.write_text("cross: [[1, 0.5, 1, 1], null]\n")
+    with pytest.raises(xattn.XattnError, match="pruning needs factors of 0"):
+        removal_of_mask(read_head_mask(path, cfg), str(path))
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+@pytest.fixture(scope="module")
+def four_heads(tmp_path_factory):
+    """A numbers model with 4 heads per attention and 2 decoder layers, trained for 3 steps."""
+    from tests.conftest import NUMBERS_TINY
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    out = tmp_path_factory.mktemp("heads") / "model"
+    train(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["model.n_heads=4", "model.n_decoder_layers=2",
+                                                                        "train.max_steps=3"]), out, quiet=True)
+    return out
+
+
+def cli(capsys, *argv):
+    from xattn.cli.main import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_importance_then_prune_then_translate_like_the_masked_model(four_heads, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(four_heads, model)
+    code, out, _ = cli(capsys, "heads", "importance", model, "--sentences", "20")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "layer\tplace\thead\tscore" and len(lines) == 1 + 4 * (1 + 2 + 2)
+    assert (model / "head_importance.tsv").read_text().splitlines() == lines
+    code, out, _ = cli(capsys, "heads", "importance", model, "--method", "confidence", "-o", tmp_path / "c.tsv")
+    assert code == 0 and (tmp_path / "c.tsv").is_file()
+    code, _, err = cli(capsys, "prune", model, "--fraction", "0.5", "--places", "cross", "--out", tmp_path / "p")
+    assert code == 0 and "removed 4 heads" in err
+    import yaml
+
+    heads = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())["model"]["heads"]
+    assert set(heads) == {"cross"} and sum(heads["cross"] if isinstance(heads["cross"], list) else [heads["cross"]] * 2) == 4
+    # the removed heads as a mask file: translating under it equals translating with the pruned model
+    from xattn.analysis.importance import read_table
+    from xattn.analysis.pruning import least_important
+
+    cfg = xattn.load(model).model.cfg
+    removal = least_important(cfg, read_table(model / "head_importance.tsv"), ["cross"], 0.5, "t")
+    rows = [[0 if h in removal["cross"][i] else 1 for h in range(4)] for i in range(2)]
+    (tmp_path / "mask.yaml").write_text(yaml.safe_dump({"cross": rows}))
+    (tmp_path / "in.txt").write_text("drei\nsieben hundert zwei\nneun\n")
+    code, masked, _ = cli(capsys, "translate", model, "-i", tmp_path / "in.txt", "--head-mask", tmp_path / "mask.yaml")
+    code2, small, _ = cli(capsys, "translate", tmp_path / "p", "-i", tmp_path / "in.txt")
+    assert code == code2 == 0 and masked == small
+    code, _, _ = cli(capsys, "prune", model, "--heads", tmp_path / "mask.yaml", "--out", tmp_path / "p2")
+    assert code == 0
+    from xattn.checkpoint import read_weights
+
+    by_fraction, by_mask = (read_weights(tmp_path / d / "model.safetensors") for d in ("p", "p2"))
+    assert by_fraction[1] == by_mask[1]  # the same fingerprint: config, tokenizers and tensors
+    code, out, _ = cli(capsys, "evaluate", model, "--split", "val", "--head-mask", tmp_path / "mask.yaml", "--json")
+    assert code == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fraction", "1.5", "--out", "{tmp}/x"], "--fraction: must be in [0, 1]"),
+    (["--fraction", "0.5", "--places", "crosss", "--out", "{tmp}/x"], "--places: 'crosss' is not a place"),
+    (["--fraction", "0.5", "--importance", "{tmp}/none.tsv", "--out", "{tmp}/x"], "no importance table"),
+    (["--fraction", "0.5", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "bad.tsv: line 2: expected layer"),
+    (["--fraction", "0.5", "--heads", "{tmp}/m.yaml", "--out", "{tmp}/x"], "not allowed with argument"),
+])
+def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
+    (tmp_path / "bad.tsv").write_text("layer\tplace\thead\tscore\n0\tcross\tzero\t0.5\n")
+    code, _, err = cli(capsys, "prune", four_heads, *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,168 @@
+"""Head masks and physical pruning (Michel, Levy & Neubig 2019).
+
+A head mask (model.HeadMask) scales each head's output before the heads are merged; a mask file says it
+per place and layer, in YAML:
+
+    cross: [[1, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]   # one list per layer, one factor per head in [0, 1]
+    enc_self: [[1, 1, 1, 0], null, null]                 # null: that layer unmasked; places left out: unmasked
+
+Pruning removes heads for good: `prune_model` shrinks each attention module (`prune_heads`: the query,
+key, value and output projections and the score function's per-head parameters) and describes the result
+in model.heads, so the smaller model saves, loads and translates like any other; its output equals the
+model's under the mask with 0 on the removed heads. Layers and heads are numbered from 0.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from xattn.config import ModelConfig
+from xattn.errors import XattnError
+from xattn.model import HeadMask, Transformer
+from xattn.variants import PLACES
+
+Removal = dict[str, list[list[int]]]
+"""Per place, per layer: the heads to remove."""
+
+
+def attention_module(model: Transformer, place: str, layer: int) -> torch.nn.Module:
+    stack = model.encoder if place == "enc_self" else model.decoder
+    return getattr(stack.layers[layer], "cross_attn" if place == "cross" else "self_attn")
+
+
+def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
+    """The head mask in the YAML file `path`, checked against the model's layers and heads."""
+    from xattn.config import read_yaml
+
+    path = Path(path)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise XattnError(f"{path}: expected a mapping of places ({', '.join(PLACES)}) to per-layer lists of factors")
+    mask: HeadMask = {}
+    for place, layers in data.items():
+        if place not in PLACES:
+            raise XattnError(f"{path}: {place!r} is not a place; one of {', '.join(PLACES)}")
+        n = cfg.layers_of(place)
+        if not isinstance(layers, list) or len(layers) != n:
+            raise XattnError(f"{path}: {place}: expected a list of {n} layers (a list of factors or null each)")
+        mask[place] = [None if factors is None else _factors(factors, cfg.heads_of(place, i), f"{path}: {place} "
+                                                             f"layer {i}") for i, factors in enumerate(layers)]
+    return mask
+
+
+def _factors(value, heads: int, where: str) -> torch.Tensor:
+    if not isinstance(value, list) or len(value) != heads:
+        raise XattnError(f"{where}: expected {heads} factors (one per head), got {value!r}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+               for v in value):
+        raise XattnError(f"{where}: factors must be numbers in [0, 1], got {value!r}")
+    return torch.tensor([float(v) for v in value])
+
+
+def removal_of_mask(mask: HeadMask, where: str) -> Removal:
+    """The heads a 0/1 mask removes (its zeros); any other factor is an error naming `where`."""
+    removal: Removal = {}
+    for place, layers in mask.items():
+        removal[place] = []
+        for i, factors in enumerate(layers):
+            values = [] if factors is None else factors.tolist()
+            if any(v not in (0.0, 1.0) for v in values):
+                raise XattnError(f"{where}: {place} layer {i}: pruning needs factors of 0 (remove) or 1 (keep)")
+            removal[place].append([h for h, v in enumerate(values) if v == 0.0])
+    return removal
+
+
+def mask_of_removal(cfg: ModelConfig, removal: Removal) -> HeadMask:
+    """The 0/1 head mask that zeroes the heads of `removal` (the masked equivalent of pruning them)."""
+    mask: HeadMask = {}
+    for place, layers in removal.items():
+        mask[place] = []
+        for i, heads in enumerate(layers):
+            factors = torch.ones(cfg.heads_of(place, i))
+            factors[list(heads)] = 0.0
+            mask[place].append(factors)
+    return mask
+
+
+def prune_model(model: Transformer, removal: Removal) -> Transformer:
+    """A copy of `model` without the heads of `removal`; its config's model.heads describes what is left."""
+    cfg = model.cfg
+    heads = {place: [cfg.heads_of(place, i) for i in range(cfg.layers_of(place))] for place in PLACES}
+    pruned = copy.deepcopy(model)
+    for place, layers in removal.items():
+        for i, remove in enumerate(layers):
+            if bad := [h for h in remove if not 0 <= h < heads[place][i]]:
+                raise XattnError(f"{place} layer {i} has no head {bad[0]} (heads 0 to {heads[place][i] - 1})")
+            if remove:
+                keep = [h for h in range(heads[place][i]) if h not in set(remove)]
+                attention_module(pruned, place, i).prune_heads(keep)
+                heads[place][i] = len(keep)
+    pruned.cfg = dataclasses.replace(cfg, heads=heads)  # made canonical: unchanged places drop out
+    pruned.head_mask = None
+    return pruned
+
+
+def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> Transformer:
+    """Write the pruned model of `model_dir` to `out_dir`: config, tokenizers and whole weights (a pruned child
+    no longer fits its parent), and the stored alignment head choice with its heads renumbered, or dropped
+    when it loses a head. Returns the pruned model."""
+    from xattn.analysis import choice
+    from xattn.checkpoint import load_model_dir, save_model_dir
+    from xattn.config import ParentConfig
+    from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, vocab_file
+
+    model_dir, out = Path(model_dir), Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise XattnError(f"--out {out}: exists and is not empty; prune into a new directory")
+    loaded = load_model_dir(model_dir)
+    pruned = prune_model(loaded.model, removal)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL):
+        for f in (name, vocab_file(name)):
+            if (model_dir / f).is_file():
+                shutil.copyfile(model_dir / f, out / f)
+    cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig())
+    save_model_dir(out, pruned, cfg)
+    record = choice.stored(model_dir, loaded.model.cfg)
+    if record is not None:
+        layer = record["settings"].choice.layer
+        settings = remapped(record["settings"], removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
+        if settings is not None:
+            choice.save(out, settings, {k: record[k] for k in ("aer", "pairs", "gold") if k in record})
+    return pruned
+
+
+def remapped(settings, removed: list[list[int]] | None, heads_before: int):
+    """AlignSettings with its heads renumbered after removing `removed` (per layer) from the cross-attention;
+    None when a chosen head, or every head of the chosen layer (`heads_before` of them), is gone."""
+    gone = set(removed[settings.choice.layer]) if removed else set()
+    if not gone:
+        return settings
+    chosen = set(settings.choice.heads) if settings.choice.heads is not None else set(range(heads_before))
+    if (settings.choice.heads is not None and gone & chosen) or chosen <= gone:
+        return None
+    if settings.choice.heads is None:
+        return settings
+    heads = tuple(h - sum(g < h for g in gone) for h in settings.choice.heads)
+    return dataclasses.replace(settings, choice=dataclasses.replace(settings.choice, heads=heads))
+
+
+def least_important(cfg: ModelConfig, table: list[dict], places: list[str], fraction: float, where: str) -> Removal:
+    """The round(fraction * heads) heads of `places` with the lowest scores in `table` (rows of
+    importance.head_importance, which must cover exactly the model's heads), ranked together."""
+    heads = {(p, i, h) for p in PLACES for i in range(cfg.layers_of(p)) for h in range(cfg.heads_of(p, i))}
+    scored = {(r["place"], r["layer"], r["head"]): r["score"] for r in table}
+    if set(scored) != heads:
+        odd = sorted(set(scored) ^ heads)[0]
+        raise XattnError(f"{where}: the table does not list this model's heads ({odd[0]} layer {odd[1]} head {odd[2]} "
+                         f"{'is not in the model' if odd in scored else 'is missing'}); run `xattn heads importance` again")
+    pool = sorted((score, key) for key, score in scored.items() if key[0] in places)
+    removal: Removal = {p: [[] for _ in range(cfg.layers_of(p))] for p in places}
+    for _, (place, layer, head) in pool[: round(fraction * len(pool))]:
+        removal[place][layer].append(head)
+    return removal
