@@ -80,7 +80,7 @@ def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
     (["train", "numbers-de-en", "train.max_step=3"], "did you mean 'max_steps'"),
     (["train", "numbers-de-en", "model.d_model=100", "model.n_heads=3"], "divisible"),
     (["train", "numbers-de-en", "lr=3"], "expected section.key=value"),
-    (["train", "numbers-de-em"], "presets: multi30k-de-en, multi30k-en-de, multi30k-en-fr, multi30k-fr-en, numbers-de-en"),
+    (["train", "numbers-de-em"], "presets: multi30k-de-en, multi30k-de-en-8heads, multi30k-en-de, multi30k-en-fr, multi30k-fr-en, numbers-de-en"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
