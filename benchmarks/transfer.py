@@ -44,7 +44,7 @@ SLICE = ["data.train_subset=5000", "data.subset_seed=1", "data.vocab_size=4000"]
 BUDGET = 800
 """Steps of 4,096 tokens on the slice (about 40 epochs)."""
 SWEEP_BUDGET = 400
-RATES = ("1e-3", "3e-4", "1e-4")
+RATES = ("2e-3", "1e-3", "3e-4", "1e-4")
 """Peak learning rates tried by the sweep; warmup WARMUP steps, then inverse square root decay."""
 WARMUP = 100
 FULL_MINUTES = 30
@@ -102,8 +102,8 @@ def best_valid(model_dir: Path) -> dict:
 def sweep(parent: Path) -> str:
     """Train the sweep runs; write transfer_lr.json; return the chosen peak rate."""
     path = RESULTS / "transfer_lr.json"
-    if path.is_file():
-        return json.loads(path.read_text())["chosen_lr"]
+    if path.is_file() and (done := json.loads(path.read_text())).get("rates") == list(RATES):
+        return done["chosen_lr"]
     rows = []
     for lr in RATES:
         for strat in ("src+body", "src+xattn"):
@@ -114,7 +114,8 @@ def sweep(parent: Path) -> str:
     write_result("transfer_lr", {
         "what": f"de->en children on the 5,000-pair slice, {SWEEP_BUDGET} steps, warmup {WARMUP}; best greedy "
                 "validation BLEU per run; the chosen rate has the best mean over src+body and src+xattn",
-        "parent": model_fingerprint(parent), "runs": rows, "mean_valid_bleu": mean, "chosen_lr": chosen,
+        "parent": model_fingerprint(parent), "rates": list(RATES), "runs": rows, "mean_valid_bleu": mean,
+        "chosen_lr": chosen,
         "warmup": WARMUP})
     return chosen
 
