@@ -214,3 +214,26 @@ def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
     code, _, err = cli(capsys, "prune", four_heads, *[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("removed, stored, left", [
+    ([0], (1,), (0,)),        # the chosen head is renumbered
+    ([1], (1,), None),        # the chosen head is gone: the choice is dropped
+    ([0], None, "mean"),      # the mean of the heads left
+])
+def test_pruning_renumbers_or_drops_the_stored_head_choice(tmp_path, removed, stored, left):
+    from tests.conftest import tiny_model_dir
+    from xattn.analysis import choice
+    from xattn.analysis.alignment import AlignSettings
+    from xattn.analysis.maps import HeadChoice
+    from xattn.analysis.pruning import prune_dir
+
+    tiny_model_dir(tmp_path / "m")  # 1 decoder layer, 2 heads
+    choice.save(tmp_path / "m", AlignSettings(HeadChoice(0, stored), "shift"), {"aer": 0.3})
+    pruned = prune_dir(tmp_path / "m", {"cross": [removed]}, tmp_path / "p")
+    record = choice.stored(tmp_path / "p", pruned.cfg)
+    if left is None:
+        assert record is None
+    else:
+        assert record["heads"] == (list(left) if left != "mean" else "mean") and record["method"] == "shift"
+        assert record["aer"] == 0.3

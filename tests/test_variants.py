@@ -115,5 +115,9 @@ def test_a_hard_coded_model_trains_saves_reloads_and_translates_from_the_cli(tmp
         assert main(["translate", str(out), "-i", str(tmp_path / "in.txt"), *flags]) == 0
         assert len(capsys.readouterr().out.splitlines()) == 2
     assert main(["attention", str(out), "drei", "--output", str(tmp_path / "a.svg"), "--layer", "1"]) == 0
+    assert main(["attention", str(out), "drei", "--output", str(tmp_path / "a.png"), "--grid"]) == 0
+    assert main(["attention", str(out), "drei", "--output", str(tmp_path / "a.html")]) == 0
+    (tmp_path / "pairs.txt").write_text("drei ||| three\n")
+    assert main(["align", str(out), "--pairs", str(tmp_path / "pairs.txt")]) == 0
     assert main(["export", str(out), str(tmp_path / "hf")]) == 2
     assert "cannot be exported to Marian" in capsys.readouterr().err

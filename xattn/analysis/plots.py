@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xattn.analysis.fonts import fonts_for
-from xattn.analysis.maps import AttentionMaps, HeadChoice
+from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
 from xattn.errors import XattnError
 from xattn.io import atomic_write
 
@@ -126,13 +126,16 @@ def _grid(maps: AttentionMaps, title: str) -> Figure:
     size = MIN_FONT
     fig = Figure(figsize=_figsize(maps, size, (L, H + 1)), layout="constrained")
     axes = fig.subplots(L, H + 1, sharex=True, sharey=True, squeeze=False)
+    means = head_mean(maps.weights)  # (L, R, C); a pruned head is NaN in maps.weights and drawn blank
     for layer in range(L):
         for head in range(H + 1):
             ax = axes[layer, head]
             mean = head == H
-            view = HeadChoice(layer, None if mean else (head,)).select(maps.weights)
+            view = means[layer] if mean else maps.weights[layer, head]
             image = _heatmap(ax, maps, view, size)
-            ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}"), fontsize=size + 1)
+            gone = not mean and view.size and np.isnan(view).all()
+            ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}" + (" (pruned)" if gone else "")),
+                         fontsize=size + 1)
             _label(ax, maps, size, rows=head == 0, cols=layer == L - 1)
     fig.suptitle(_wrap(fig, title, MAX_FONT), fontsize=MAX_FONT)
     fig.colorbar(image, ax=axes, label="attention weight", fraction=0.03, pad=0.01, aspect=40)
