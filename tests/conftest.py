@@ -68,3 +68,29 @@ def tiny_model():
 
 # Tests use tiny models; one thread avoids contention on small machines and keeps results repeatable.
 torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------ a real browser (Debian's Chromium)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+
+
+def _unavailable(reason: str):
+    """Without a browser the view is untested: an error in CI, a skip elsewhere."""
+    pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -e '.[test]')")
+    if not Path(CHROMIUM).is_file():
+        _unavailable(f"{CHROMIUM} is missing (Debian: apt-get install chromium)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

@@ -1,8 +1,6 @@
 import json
-import os
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +9,6 @@ from xattn.analysis.html import render, save
 from xattn.analysis.maps import AttentionMaps, HeadChoice
 from xattn.errors import XattnError
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
 HOSTILE = ["<script>alert(1)</script>", "a & b", "</script><!--", "chat"]
 
 
@@ -116,25 +111,6 @@ def test_save_wants_an_html_name(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- in a browser
-
-def _unavailable(reason: str):
-    """Without a browser the view is untested: an error in CI, a skip elsewhere."""
-    pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed (pip install -e '.[test]')")
-    if not Path(CHROMIUM).is_file():
-        _unavailable(f"{CHROMIUM} is missing (Debian: apt-get install chromium)")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
 
 @pytest.fixture
 def open_view(browser, tmp_path):

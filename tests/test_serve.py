@@ -1,0 +1,233 @@
+"""`xattn serve` through an in-process client: every endpoint, every error status, LibreTranslate's fields,
+and the batcher (concurrent requests share translate calls, each gets what translate([its text]) gives)."""
+import dataclasses
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import xattn  # noqa: E402
+from xattn.serve import app as app_module  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.limits import Limits  # noqa: E402
+
+
+def started(app) -> TestClient:
+    client = TestClient(app)
+    client.__enter__()
+    for _ in range(200):
+        if client.get("/health").status_code == 200:
+            return client
+        time.sleep(0.02)
+    raise AssertionError(client.get("/health").json())
+
+
+@pytest.fixture(scope="module")
+def client(numbers_model):
+    c = started(create_app(str(numbers_model)))
+    yield c
+    c.__exit__(None, None, None)
+
+
+def error(response, status: int, fragment: str, error_type: str | None = None):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "error_type"} and fragment in body["error"], body
+    assert error_type is None or body["error_type"] == error_type
+
+
+def test_translate_answers_like_libretranslate_and_like_translate(client, numbers_model):
+    translator = xattn.load(numbers_model)
+    expected = translator.translate(["drei"], translator.decode_config)[0]
+    r = client.post("/translate", json={"q": "drei", "source": "de", "target": "en"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["translatedText"] == expected.text and "detectedLanguage" not in body and "alternatives" not in body
+    result = body["results"][0]
+    assert result["source_tokens"] == expected.src_tokens and result["target_tokens"] == expected.tgt_tokens
+    assert result["source_words"] == ["drei"] and "attention" not in result and "alignment" not in result
+    form = client.post("/translate", data={"q": "drei", "source": "auto", "target": "en"}).json()
+    assert form["translatedText"] == expected.text
+    assert form["detectedLanguage"] == {"language": "de", "confidence": 100.0}
+    many = client.post("/translate", json={"q": ["drei", "vier"], "source": "auto", "target": "en",
+                                           "alternatives": 2}).json()
+    assert isinstance(many["translatedText"], list) and len(many["alternatives"]) == 2
+    assert all(len(a) == 2 for a in many["alternatives"]) and len(many["detectedLanguage"]) == 2
+
+
+def test_attention_and_alignment_on_request(client, numbers_model):
+    translator = xattn.load(numbers_model)
+    expected = translator.translate(["sieben hundert"], translator.decode_config, return_attention=True)[0]
+    full = client.post("/translate", json={"q": "sieben hundert", "attention": "full", "alignment": True}).json()
+    result = full["results"][0]
+    L, H, T, S = expected.cross_attention.shape
+    assert [len(result["attention"]), len(result["attention"][0]), len(result["attention"][0][0])] == [L, H, T]
+    assert result["attention"][0][0][0] == pytest.approx(expected.cross_attention[0, 0, 0].tolist(), abs=1e-4)
+    assert all(0 <= i < 2 and 0 <= j < len(result["target_words"]) for i, j in result["alignment"])
+    mean = client.post("/translate", json={"q": "sieben hundert", "attention": "mean"}).json()["results"][0]
+    assert mean["attention"][0][0] == pytest.approx(expected.cross_attention[0, :, 0].mean(0).tolist(), abs=1e-4)
+
+
+def test_languages_info_health_openapi_and_the_page(client):
+    assert client.get("/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]},
+                                                {"code": "en", "name": "English", "targets": []}]
+    info = client.get("/info").json()
+    assert info["source"] == "de" and info["target"] == "en" and info["limits"]["max_items"] == 32
+    assert client.get("/health").json() == {"status": "ok"}
+    schema = client.get("/openapi.json").json()
+    assert "q" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "properties"]
+    for path in ("/", "/static/app.js", "/static/app.css"):
+        page = client.get(path)
+        assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
+        text = page.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not a request
+        assert "http://" not in text and "https://" not in text and "//cdn" not in text
+    assert client.get("/docs").status_code == 404  # no interactive docs page: it would load its assets from a CDN
+    error(client.get("/static/../app.py"), 404, "")
+
+
+@pytest.mark.parametrize("body, status, fragment, error_type", [
+    ({"q": "drei", "target": "fr"}, 400, "target: 'fr' is not this model's target language (en)", "unsupported_language"),
+    ({"q": "drei", "source": "cs"}, 400, "source: 'cs' is not this model's source language", "unsupported_language"),
+    ({"q": "drei", "format": "html"}, 400, "format: 'html' is not supported", "unsupported_format"),
+    ({"q": ["eins"] * 33}, 413, "q: 33 texts, over the limit of 32", "too_many_items"),
+    ({"q": "drei " * 1001}, 413, "characters, over the limit of 5000", "too_many_characters"),
+    ({"q": "drei " * 300}, 413, "q[0]: 300 source tokens, over the limit of 256", "too_many_tokens"),
+    ({"q": "drei", "beam_size": 17}, 422, "beam_size: 17, over the limit of 16", "limit_exceeded"),
+    ({"q": "drei", "beam_size": 0}, 422, "beam_size: must be in [1, 1024]", "invalid_request"),
+    ({"q": "drei", "n_best": 9, "beam_size": 9}, 422, "n_best: 9, over the limit of 8", "limit_exceeded"),
+    ({"q": "drei", "sampling": True, "num_samples": 9}, 422, "num_samples: 9, over the limit of 8", "limit_exceeded"),
+    ({"q": "drei", "max_len_b": 600}, 422, "over the limit of 512", "limit_exceeded"),
+    ({"q": "drei", "beem_size": 2}, 422, "beem_size: Extra inputs are not permitted", "invalid_request"),
+    ({"q": 5}, 422, "q", "invalid_request"),
+    ({"source": "de"}, 422, "q: Field required", "invalid_request"),
+    ({"q": []}, 422, "q: an empty list", "invalid_request"),
+    ({"q": "drei", "attention": "some"}, 422, "attention: Input should be 'none', 'mean' or 'full'", "invalid_request"),
+    ([1, 2], 422, "must be a JSON object", "invalid_request"),
+])
+def test_every_client_mistake_is_a_json_error_with_its_status(client, body, status, fragment, error_type):
+    error(client.post("/translate", json=body), status, fragment, error_type)
+
+
+def test_malformed_and_oversized_bodies(client):
+    error(client.post("/translate", content=b"{bad json", headers={"Content-Type": "application/json"}), 422,
+          "body: not valid JSON", "invalid_request")
+    error(client.post("/translate", content=b"\xff\xfe", headers={"Content-Type": "application/x-www-form-urlencoded"}),
+          422, "not UTF-8")
+    error(client.post("/translate", content=b"x" * 200_000, headers={"Content-Type": "application/json"}), 413,
+          "the body is over", "too_large")
+    error(client.get("/translate"), 405, "Method Not Allowed", "method_not_allowed")
+
+
+def test_api_key_and_cors(numbers_model):
+    c = started(create_app(str(numbers_model), api_key="s3cret", cors_origin="http://example.org"))
+    try:
+        error(c.post("/translate", json={"q": "drei"}), 403, "an API key is required", "unauthorized")
+        error(c.post("/translate", json={"q": "drei", "api_key": "wrong"}), 403, "invalid API key", "unauthorized")
+        assert c.post("/translate", json={"q": "drei", "api_key": "s3cret"}).status_code == 200
+        assert c.post("/translate", json={"q": "drei"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        ok = c.post("/translate", json={"q": "drei", "api_key": "s3cret"}, headers={"Origin": "http://example.org"})
+        assert ok.headers["access-control-allow-origin"] == "http://example.org"
+        assert c.get("/info").json()["api_key_required"] is True
+    finally:
+        c.__exit__(None, None, None)
+
+
+def test_a_full_attention_response_has_a_size_limit(numbers_model):
+    c = started(create_app(str(numbers_model), dataclasses.replace(Limits(), max_attention_values=1000)))
+    try:
+        error(c.post("/translate", json={"q": ["drei vier"] * 20, "attention": "full"}), 413,
+              "attention: full attention could hold up to", "too_large")
+        assert c.post("/translate", json={"q": ["drei vier"] * 20, "attention": "mean"}).status_code == 200
+    finally:
+        c.__exit__(None, None, None)
+
+
+def test_no_cors_header_by_default(client):
+    response = client.post("/translate", json={"q": "drei"}, headers={"Origin": "http://example.org"})
+    assert "access-control-allow-origin" not in response.headers
+
+
+class Gate:
+    """Replaces Model so that loading and translating wait until released."""
+
+    def __init__(self):
+        self.load, self.translate = threading.Event(), threading.Event()
+
+
+@pytest.fixture
+def gated(numbers_model, monkeypatch):
+    gate = Gate()
+    real = app_module.Model
+
+    class Slow(real):
+        def __init__(self, *args):
+            gate.load.wait(10)
+            super().__init__(*args)
+
+        def translate(self, texts, settings):
+            gate.translate.wait(10)
+            return super().translate(texts, settings)
+
+    monkeypatch.setattr(app_module, "Model", Slow)
+    return gate
+
+
+def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_timeout(numbers_model, gated):
+    limits = dataclasses.replace(Limits(), queue_size=1, timeout_s=0.5, batch_wait_ms=0)
+    with TestClient(create_app(str(numbers_model), limits)) as c:
+        response = c.get("/health")
+        error(response, 503, "the model is loading", "unavailable")
+        assert response.headers["retry-after"] == "1"
+        error(c.post("/translate", json={"q": "drei"}), 503, "the model is loading")
+        gated.load.set()
+        for _ in range(200):
+            if c.get("/health").status_code == 200:
+                break
+            time.sleep(0.02)
+        with ThreadPoolExecutor(4) as pool:  # one translating (blocked), one queued, the rest turned away
+            futures = [pool.submit(c.post, "/translate", json={"q": "drei"}) for _ in range(4)]
+            time.sleep(0.3)
+            codes = sorted(f.result().status_code for f in futures)
+        assert 429 in codes and codes.count(504) >= 1, codes
+        busy = next(f.result() for f in futures if f.result().status_code == 429)
+        error(busy, 429, "the server is busy", "busy")
+        assert busy.headers["retry-after"] == "1"
+        error(next(f.result() for f in futures if f.result().status_code == 504), 504, "no translation within 0.5 s")
+        gated.translate.set()  # the batcher drains the queue (skipping what timed out) and keeps serving
+        codes = []
+        for _ in range(100):
+            codes.append(c.post("/translate", json={"q": "drei"}).status_code)
+            if codes[-1] == 200:
+                break
+            time.sleep(0.02)
+        assert codes[-1] == 200 and set(codes) <= {200, 429}, codes
+
+
+def test_concurrent_requests_share_batches_and_get_what_translate_gives_each(numbers_model):
+    limits = dataclasses.replace(Limits(), batch_wait_ms=100)
+    texts = ["eins", "zwei", "drei hundert", "vier", "fünf tausend", "sechs", "sieben", "acht neun",
+             "neun", "zehn", "elf", "zwölf"]
+    with TestClient(create_app(str(numbers_model), limits)) as c:
+        while c.get("/health").status_code != 200:
+            time.sleep(0.02)
+        calls_before = app_state_calls(c)
+        with ThreadPoolExecutor(len(texts)) as pool:
+            replies = list(pool.map(lambda t: c.post("/translate", json={"q": t, "beam_size": 3}), texts))
+        calls = app_state_calls(c) - calls_before
+    translator = xattn.load(numbers_model)
+    cfg = dataclasses.replace(translator.decode_config, beam_size=3)
+    for text, reply in zip(texts, replies):
+        alone = translator.translate([text], cfg)[0]
+        assert reply.json()["translatedText"] == alone.text
+        assert reply.json()["results"][0]["score"] == pytest.approx(alone.score, abs=1e-4)
+    assert calls < len(texts), calls
+
+
+def app_state_calls(client) -> int:
+    """Translate calls the app's batcher has made so far."""
+    return client.app.state.xattn["model"].batcher.calls

@@ -1,0 +1,76 @@
+"""`xattn serve MODEL`: the HTTP API and the live attention page (needs the `serve` extra)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from xattn.cli.common import add_verb, path_arg
+from xattn.errors import XattnError
+
+LIMIT_FLAGS = {
+    "--max-chars": ("max_chars", int, "characters per request, all texts together"),
+    "--max-items": ("max_items", int, "texts per request"),
+    "--max-source-tokens": ("max_source_tokens", int, "subword tokens of one text"),
+    "--max-beam": ("max_beam", int, "beam size"),
+    "--max-n-best": ("max_n_best", int, "n-best hypotheses (and alternatives + 1)"),
+    "--max-samples": ("max_samples", int, "samples per text"),
+    "--max-output-tokens": ("max_output_tokens", int, "max_len_a * source tokens + max_len_b"),
+    "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
+    "--queue-size": ("queue_size", int, "requests waiting before 429"),
+    "--timeout": ("timeout_s", float, "seconds before 504"),
+    "--batch-size": ("max_batch", int, "sentences per translate call"),
+    "--batch-wait-ms": ("batch_wait_ms", float, "milliseconds the batcher waits for more requests"),
+}
+
+
+def register(sub) -> None:
+    from xattn.serve.limits import Limits
+
+    defaults = Limits()
+    p = add_verb(sub, "serve", "Serve a model over HTTP: POST /translate (LibreTranslate-compatible, plus decoding "
+                 "settings, cross-attention and word alignment), GET /languages, /health, /info, /openapi.json, "
+                 "and at / a page that shows the cross-attention of each translation. Concurrent requests share "
+                 "batches. Needs: pip install 'xattn[serve]'.",
+                 "xattn serve runs/multi30k-de-en --port 8000\n"
+                 "  curl -s localhost:8000/translate -H 'Content-Type: application/json' "
+                 "-d '{\"q\": \"Ein Hund rennt.\", \"source\": \"de\", \"target\": \"en\"}'", run)
+    p.add_argument("model", type=path_arg, help="model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+    p.add_argument("--threads", type=int, help="PyTorch threads for translation (default: the CPU's cores)")
+    p.add_argument("--api-key", help="require this key (api_key in the body, or Authorization: Bearer KEY)")
+    p.add_argument("--cors-origin", help="allow browser requests from this origin (default: none)")
+    for flag, (name, kind, help) in LIMIT_FLAGS.items():
+        p.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"{help} (default {getattr(defaults, name)})")
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from xattn.serve.app import create_app
+    except ImportError as e:
+        raise XattnError(f"xattn serve needs FastAPI and uvicorn ({e.name} is missing): pip install 'xattn[serve]'") \
+            from None
+    import torch
+
+    from xattn.checkpoint import check_model_dir
+    from xattn.devices import resolve_device
+    from xattn.serve.limits import Limits
+
+    check_model_dir(args.model)
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in LIMIT_FLAGS.items()}
+    for flag, (name, _, _) in LIMIT_FLAGS.items():
+        if values[name] <= 0 and name != "batch_wait_ms" or values[name] < 0:
+            raise XattnError(f"{flag}: must be > 0, got {values[name]}")
+    if not 0 < args.port < 65536:
+        raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
+    threads = args.threads or os.cpu_count() or 1
+    if threads < 1:
+        raise XattnError(f"--threads: must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    device = str(resolve_device(args.device, "--device"))
+    app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", workers=1)
+    return 0

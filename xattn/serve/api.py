@@ -1,0 +1,172 @@
+"""What `POST /translate` accepts and answers: the request (LibreTranslate's fields plus xattn's decoding
+settings), the limits, the errors (a JSON body {"error", "error_type"} with the right status) and the response.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from xattn.config import DecodeConfig
+from xattn.errors import XattnError
+from xattn.serve.limits import ApiError, Limits
+
+
+DECODE_FIELDS = ("beam_size", "sampling", "temperature", "top_k", "top_p", "num_samples", "seed", "length_penalty",
+                 "coverage_penalty", "n_best", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
+                 "early_stopping")
+
+
+class TranslateRequest(BaseModel):
+    """The body of POST /translate (JSON or form-encoded)."""
+    model_config = ConfigDict(extra="forbid")
+
+    q: str | list[str] = Field(description="the text, or a list of texts")
+    source: str = Field("auto", description="the model's source language, or auto")
+    target: str | None = Field(None, description="the model's target language (default: it)")
+    format: str = Field("text", description="text; html is refused")
+    alternatives: int = Field(0, ge=0, description="alternative translations per text (LibreTranslate)")
+    api_key: str | None = Field(None, description="the API key, when the server has one (or a Bearer header)")
+    attention: Literal["none", "mean", "full"] = Field(
+        "none", description="cross-attention per result: mean (per layer, over heads: L x T x S) or full (L x H x T x S)")
+    alignment: bool = Field(False, description="word alignment links [source word, target word], 0-based")
+    beam_size: int | None = None
+    sampling: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    num_samples: int | None = None
+    seed: int | None = None
+    length_penalty: float | None = None
+    coverage_penalty: float | None = None
+    n_best: int | None = None
+    min_len: int | None = None
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    no_repeat_ngram_size: int | None = None
+    early_stopping: bool | None = None
+
+
+def parse_request(data: dict) -> TranslateRequest:
+    """A TranslateRequest from a parsed body; a malformed one is 422 naming the field."""
+    if not isinstance(data, dict):
+        raise ApiError(422, "the body must be a JSON object (or a form) with the field q", "invalid_request")
+    try:
+        return TranslateRequest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise ApiError(422, f"{where}: {first['msg']}", "invalid_request") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a translate call needs besides the texts; equal settings may share a call."""
+    decode: DecodeConfig
+    attention: bool                    # carry the cross-attention (for attention or alignment)
+
+
+def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: tuple[str, str],
+         token_counts, maps: int) -> tuple[list[str], Settings]:
+    """The texts and settings of a request, checked against the model's languages and the limits.
+    `token_counts(texts)`: source tokens of each text; `maps`: attention maps per sentence (layers x heads)."""
+    texts = [req.q] if isinstance(req.q, str) else list(req.q)
+    src, tgt = languages
+    if req.source not in ("auto", src):
+        raise ApiError(400, f"source: {req.source!r} is not this model's source language ({src}; or auto)",
+                       "unsupported_language")
+    if req.target not in (None, tgt):
+        raise ApiError(400, f"target: {req.target!r} is not this model's target language ({tgt})",
+                       "unsupported_language")
+    if req.format != "text":
+        raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
+                       "unsupported_format")
+    if not texts:
+        raise ApiError(422, "q: an empty list; send at least one text", "invalid_request")
+    if len(texts) > limits.max_items:
+        raise ApiError(413, f"q: {len(texts)} texts, over the limit of {limits.max_items}", "too_many_items")
+    chars = sum(len(t) for t in texts)
+    if chars > limits.max_chars:
+        raise ApiError(413, f"q: {chars} characters, over the limit of {limits.max_chars}", "too_many_characters")
+    counts = token_counts(texts)
+    if (longest := max(counts)) > limits.max_source_tokens:
+        item = counts.index(longest)
+        raise ApiError(413, f"q[{item}]: {longest} source tokens, over the limit of {limits.max_source_tokens}",
+                       "too_many_tokens")
+    decode = decode_config(req, base)
+    check_decode(decode, limits)
+    if decode.max_len_a * longest + decode.max_len_b > limits.max_output_tokens:
+        raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
+                       f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
+                       f"{limits.max_output_tokens}", "limit_exceeded")
+    if req.attention == "full":
+        values = sum((decode.max_len_a * n + decode.max_len_b + 1) * (n + 1) for n in counts) * maps
+        if values > limits.max_attention_values:
+            raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
+                           f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
+    return texts, Settings(decode, req.attention != "none" or req.alignment)
+
+
+def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
+    """The model's decoding settings with the request's; `alternatives` asks for that many more hypotheses."""
+    given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
+    if req.alternatives:
+        sampling = given.get("sampling", base.sampling)
+        key = "num_samples" if sampling else "n_best"
+        given[key] = max(given.get(key, 1), req.alternatives + 1)
+        if not sampling:
+            given["beam_size"] = max(given.get("beam_size", base.beam_size), given["n_best"])
+    try:
+        return dataclasses.replace(base, **given)
+    except XattnError as e:  # a ConfigError "decode.beam_size: must be ..."
+        raise ApiError(422, str(e).removeprefix("decode."), "invalid_request") from None
+
+
+def check_decode(cfg: DecodeConfig, limits: Limits) -> None:
+    for name, value, limit in (("beam_size", cfg.beam_size, limits.max_beam), ("n_best", cfg.n_best, limits.max_n_best),
+                               ("num_samples", cfg.num_samples, limits.max_samples)):
+        if value > limit:
+            raise ApiError(422, f"{name}: {value}, over the limit of {limit}", "limit_exceeded")
+
+
+def rounded(a: np.ndarray, digits: int = 4) -> list:
+    """Nested lists of `a` rounded; NaN (a head a pruned layer lacks) becomes null."""
+    return [rounded(x, digits) for x in a] if a.ndim else (None if math.isnan(float(a)) else round(float(a), digits))
+
+
+def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
+    """One item of `results`: score, tokens and words of both sides, attention and alignment when asked."""
+    out = {"translatedText": translation.text, "score": round(float(translation.score), 4),
+           "source_tokens": translation.src_tokens, "target_tokens": translation.tgt_tokens,
+           "source_words": text.split(), "target_words": translation.text.split()}
+    if req.attention != "none":
+        weights = translation.cross_attention  # (L, H, T, S)
+        if req.attention == "mean":
+            present = ~np.isnan(weights).all(axis=(2, 3), keepdims=True)
+            weights = np.where(present, np.nan_to_num(weights), 0).sum(1) / np.maximum(present.sum(1), 1)
+        out["attention"] = rounded(weights)
+    if req.alignment:
+        out["alignment"] = sorted([int(i), int(j)] for i, j in links(translation, text))
+    if translation.alternatives:
+        out["alternatives"] = [{"translatedText": a.text, "score": round(float(a.score), 4)}
+                               for a in translation.alternatives[1:]]
+    return out
+
+
+def response(req: TranslateRequest, texts: list[str], translations: list, links, source_lang: str) -> dict:
+    """LibreTranslate's fields (translatedText, alternatives, detectedLanguage), then xattn's `results`."""
+    results = [result_of(t, text, req, links) for t, text in zip(translations, texts)]
+    single = isinstance(req.q, str)
+    body: dict = {"translatedText": results[0]["translatedText"] if single else [r["translatedText"] for r in results]}
+    if req.alternatives:
+        alts = [[a["translatedText"] for a in r.get("alternatives", [])][: req.alternatives] for r in results]
+        body["alternatives"] = alts[0] if single else alts
+    if req.source == "auto":  # one model, one source language: nothing is detected, it is the model's
+        detected = {"language": source_lang, "confidence": 100.0}
+        body["detectedLanguage"] = detected if single else [detected] * len(results)
+    body["results"] = results
+    return body

@@ -1,0 +1,198 @@
+"""The FastAPI app of `xattn serve`: POST /translate (LibreTranslate-compatible, plus xattn's settings and the
+cross-attention), GET /languages, /health, /info, /openapi.json, and the page at / (static/, no network).
+
+The model loads in the background: /health answers 503 until it is ready, so do the other model routes.
+Every error is a JSON body {"error", "error_type"} with its status (api.ApiError); a client mistake is never
+a 500 and never an error with status 200.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.exceptions import HTTPException
+
+from xattn.errors import XattnError
+from xattn.serve.api import TranslateRequest, parse_request, plan, response
+from xattn.serve.limits import ApiError, Limits
+from xattn.serve.batcher import Batcher, QueueFull
+
+STATIC = Path(__file__).parent / "static"
+PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+CSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'"
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "es": "Spanish", "it": "Italian",
+                  "pt": "Portuguese", "nl": "Dutch", "ro": "Romanian", "ru": "Russian", "zh": "Chinese",
+                  "ja": "Japanese", "digits": "Digits"}
+
+
+class Model:
+    """The translator and what the routes need of it, once loaded."""
+
+    def __init__(self, model_dir: str, device: str, limits: Limits):
+        from xattn.analysis.choice import settings_for
+        from xattn.translator import Translator
+
+        self.translator = Translator.from_dir(model_dir, device=device)
+        cfg = self.translator.model.cfg
+        self.name, self.data = Path(model_dir).name, self.translator.config.data
+        self.languages = (self.data.src_lang, self.data.tgt_lang)
+        self.alignment = settings_for(model_dir, cfg)
+        self.maps = sum(cfg.heads_of("cross", i) for i in range(cfg.n_decoder_layers))
+        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size)
+
+    def translate(self, texts, settings):
+        return self.translator.translate(texts, settings.decode, return_attention=settings.attention,
+                                         attention_from="rescore")
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
+
+    def links(self, translation, text: str):
+        from xattn.analysis.alignment import attention_links
+        from xattn.analysis.maps import PairAttention
+
+        pair = PairAttention.from_translation(translation, text, None, self.translator.tokenizers.src)
+        return attention_links(pair, self.alignment)
+
+
+def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = None, cors_origin: str | None = None,
+               device: str = "cpu") -> FastAPI:
+    state: dict = {"model": None, "error": None}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async def load() -> None:
+            try:
+                model = await asyncio.to_thread(Model, model_dir, device, limits)
+            except (XattnError, OSError) as e:
+                state["error"] = str(e)
+                return
+            model.batcher.start()
+            state["model"] = model
+        loader = asyncio.get_running_loop().create_task(load())
+        yield
+        loader.cancel()
+        if state["model"] is not None:
+            await state["model"].batcher.stop()
+
+    app = FastAPI(title="xattn", description="Translation with the cross-attention to see. LibreTranslate-compatible "
+                  "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.xattn = state  # {"model": Model once loaded, "error": why it failed}
+    if cors_origin:
+        app.add_middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+    def ready() -> Model:
+        if state["model"] is None:
+            message = f"the model failed to load: {state['error']}" if state["error"] else "the model is loading"
+            raise ApiError(503, message, "unavailable", {"Retry-After": "1"})
+        return state["model"]
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return JSONResponse(e.body(), e.status, headers=e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        names = {404: "not_found", 405: "method_not_allowed"}
+        return JSONResponse({"error": str(e.detail), "error_type": names.get(e.status_code, "http_error")},
+                            e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse({"error": f"{where}: {first['msg']}", "error_type": "invalid_request"}, 422)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Content-Security-Policy": CSP})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str):
+        if name not in PAGE_FILES:
+            raise ApiError(404, f"/static/{name}: no such file", "not_found")
+        return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers={"Content-Security-Policy": CSP})
+
+    @app.get("/health")
+    async def health():
+        ready()
+        return {"status": "ok"}
+
+    @app.get("/languages")
+    async def languages():
+        src, tgt = ready().languages
+        return [{"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
+                {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []}]
+
+    @app.get("/info")
+    async def info():
+        model = ready()
+        cfg = model.translator.model.cfg
+        return {"model": model.name, "source": model.languages[0], "target": model.languages[1],
+                "layers": cfg.n_decoder_layers, "heads": [cfg.heads_of("cross", i) for i in range(cfg.n_decoder_layers)],
+                "alignment": {"layer": model.alignment.choice.layer, "method": model.alignment.method},
+                "decode": dataclasses.asdict(model.translator.decode_config), "limits": dataclasses.asdict(limits),
+                "api_key_required": api_key is not None}
+
+    @app.post("/translate", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": TranslateRequest.model_json_schema()},
+        "application/x-www-form-urlencoded": {"schema": TranslateRequest.model_json_schema()}}}})
+    async def translate(request: Request):
+        model = ready()
+        req = parse_request(await read_body(request, limits))
+        if api_key is not None:
+            given = req.api_key or request.headers.get("authorization", "").removeprefix("Bearer ").strip() or None
+            if given != api_key:
+                raise ApiError(403, "invalid API key" if given else "an API key is required (api_key, or an "
+                               "Authorization: Bearer header)", "unauthorized")
+        texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
+                               model.maps)
+        try:
+            done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
+                                          limits.timeout_s)
+        except QueueFull:
+            raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
+                           "busy", {"Retry-After": "1"}) from None
+        except asyncio.TimeoutError:
+            raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
+        try:
+            return response(req, texts, done, model.links, model.languages[0])
+        except XattnError as e:  # words the alignment cannot place
+            raise ApiError(422, f"q: {e}", "invalid_request") from None
+
+    return app
+
+
+async def read_body(request: Request, limits: Limits) -> dict:
+    """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap."""
+    cap = 8 * limits.max_chars + 65536  # UTF-8 and JSON escapes of max_chars characters, and the other fields
+    if int(request.headers.get("content-length") or 0) > cap:
+        raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        form = await request.form()
+        return {k: (form.getlist(k) if k == "q" and len(form.getlist(k)) > 1 else form[k]) for k in form.keys()}
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > cap:
+            raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+    if kind == "application/x-www-form-urlencoded":
+        try:
+            fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True)
+        except UnicodeDecodeError:
+            raise ApiError(422, "body: the form is not UTF-8", "invalid_request") from None
+        return {k: (v if k == "q" and len(v) > 1 else v[-1]) for k, v in fields.items()}
+    try:
+        return json.loads(bytes(raw) or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None

@@ -1,0 +1,106 @@
+"""Cross-request batching: requests with the same decoding settings share one `Translator.translate` call.
+
+Requests wait in a bounded queue. One collector task takes the first, then whatever else arrives within
+`max_wait` seconds, up to `max_batch` sentences, groups them by settings and runs one translate call per
+group on a dedicated thread, so the event loop never blocks and concurrent clients share batches. A
+sampling request is never merged with another: its random draws would then depend on its neighbours.
+A request whose client gave up (timeout, disconnect) before its batch started is dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+
+class QueueFull(Exception):
+    """The queue holds `queue_size` requests already."""
+
+
+@dataclass
+class Job:
+    texts: list[str]
+    settings: Hashable                # requests with equal settings may share a call
+    mergeable: bool
+    future: asyncio.Future = field(repr=False)
+
+
+class Batcher:
+    """Runs `translate(texts, settings) -> results` (one per text) for queued requests, batched."""
+
+    def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.002,
+                 queue_size: int = 256):
+        self.translate, self.max_batch, self.max_wait = translate, max_batch, max_wait
+        self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="xattn-translate")
+        self.calls = 0                  # translate calls made (tests compare it with requests)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True) -> list:
+        """The results for `texts`; raises QueueFull at once when the queue is full."""
+        job = Job(texts, settings, mergeable, asyncio.get_running_loop().create_future())
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise QueueFull from None
+        return await job.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await self.queue.get()]
+            size, deadline = len(jobs[0].texts), loop.time() + self.max_wait
+            while size < self.max_batch:
+                try:
+                    job = self.queue.get_nowait() if loop.time() >= deadline else \
+                        await asyncio.wait_for(self.queue.get(), deadline - loop.time())
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                jobs.append(job)
+                size += len(job.texts)
+            for group in self._groups(jobs):
+                await self._call(loop, group)
+
+    @staticmethod
+    def _groups(jobs: list[Job]) -> list[list[Job]]:
+        """Live jobs grouped by settings, in arrival order; unmergeable ones alone."""
+        groups: dict[Hashable, list[Job]] = {}
+        alone: list[list[Job]] = []
+        for job in jobs:
+            if job.future.done():  # its client gave up
+                continue
+            if job.mergeable:
+                groups.setdefault(job.settings, []).append(job)
+            else:
+                alone.append([job])
+        return list(groups.values()) + alone
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
+        texts = [t for job in group for t in job.texts]
+        try:
+            results = await loop.run_in_executor(self.executor, self.translate, texts, group[0].settings)
+        except Exception as e:  # noqa: BLE001 - handed to each waiting request
+            for job in group:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            return
+        finally:
+            self.calls += 1
+        start = 0
+        for job in group:
+            part, start = results[start: start + len(job.texts)], start + len(job.texts)
+            if not job.future.done():
+                job.future.set_result(part)

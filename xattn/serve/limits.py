@@ -1,0 +1,32 @@
+"""The limits of `xattn serve` and its client-facing error, importable without the `serve` extra."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; `xattn serve` has a flag for each."""
+    max_chars: int = 5000              # characters of all items together
+    max_items: int = 32                # items of a list `q`
+    max_source_tokens: int = 256       # subword tokens of one item
+    max_beam: int = 16
+    max_n_best: int = 8                # also `alternatives` + 1
+    max_samples: int = 8
+    max_output_tokens: int = 512       # decode.max_len_a * source tokens + max_len_b
+    max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
+    queue_size: int = 256              # requests waiting: more is 429
+    timeout_s: float = 30.0            # a request not answered by then is 504
+    max_batch: int = 64                # sentences in one translate call
+    batch_wait_ms: float = 2.0         # how long the batcher waits for more requests to join a batch
+
+
+class ApiError(Exception):
+    """A client-facing error: HTTP status, message and type (the JSON body), extra headers."""
+
+    def __init__(self, status: int, message: str, error_type: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.error_type, self.headers = status, message, error_type, headers or {}
+
+    def body(self) -> dict:
+        return {"error": self.message, "error_type": self.error_type}

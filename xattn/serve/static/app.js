@@ -1,0 +1,125 @@
+// The page of `xattn serve`: translate on submit, draw the cross-attention as an SVG heatmap with a layer
+// and head picker, highlight the word pair under the pointer, draw the alignment links. No framework.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg";
+let current = null;  // the last result: tokens, attention (L x H x T x S), alignment, words
+
+function el(name, attrs, text) {
+  const node = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = false;
+}
+
+async function translate(event) {
+  event.preventDefault();
+  $("error").hidden = true;
+  const body = {q: $("text").value, attention: "full", alignment: true,
+                alternatives: Number($("alternatives").value) || 0};
+  if ($("sample").checked) {
+    Object.assign(body, {sampling: true, temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
+  } else {
+    body.beam_size = Number($("beam").value);
+  }
+  $("go").disabled = true;
+  try {
+    const reply = await fetch("/translate", {method: "POST", headers: {"Content-Type": "application/json"},
+                                             body: JSON.stringify(body)});
+    let data;
+    try { data = await reply.json(); } catch (e) { data = {error: `HTTP ${reply.status} without a JSON body`}; }
+    if (!reply.ok) { showError(data.error || `HTTP ${reply.status}`); return; }
+    show(data.results[0], data.alternatives || []);
+  } catch (e) {
+    showError(`the server cannot be reached (${e.message})`);
+  } finally {
+    $("go").disabled = false;
+  }
+}
+
+function show(result, alternatives) {
+  current = result;
+  $("result").hidden = false;
+  $("translation").textContent = result.translatedText;
+  $("alts").replaceChildren(...alternatives.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
+  const layers = result.attention.length, heads = result.attention[0].length;
+  const keep = Math.min(Number($("layer").value || layers - 1), layers - 1);
+  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => new Option(String(l), String(l))));
+  $("layer").value = String(keep);
+  $("head").replaceChildren(new Option("mean", "mean"), ...[...Array(heads).keys()].map((h) => new Option(String(h), String(h))));
+  draw();
+}
+
+function view() {
+  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has (null: a pruned head)
+  const layer = current.attention[Number($("layer").value)];
+  const head = $("head").value;
+  if (head !== "mean") return layer[Number(head)].map((row) => row.map((w) => w ?? 0));
+  const present = layer.filter((h) => h[0] && h[0][0] !== null);
+  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / Math.max(present.length, 1)));
+}
+
+function draw() {
+  if (!current) return;
+  const weights = view(), rows = current.target_tokens, cols = current.source_tokens;
+  const cell = 22, left = 8 + 7 * Math.max(...rows.map((r) => r.length)), top = 8 + 7 * Math.max(...cols.map((c) => c.length));
+  const svg = $("heatmap");
+  svg.replaceChildren();
+  svg.setAttribute("width", left + cell * cols.length + 8);
+  svg.setAttribute("height", top + cell * rows.length + 8);
+  cols.forEach((c, s) => svg.append(el("text", {x: left + cell * s + cell / 2, y: top - 4, "data-col": s,
+    transform: `rotate(-60 ${left + cell * s + cell / 2} ${top - 4})`}, c)));
+  rows.forEach((r, t) => svg.append(el("text", {x: left - 4, y: top + cell * t + cell * 0.7, "text-anchor": "end", "data-row": t}, r)));
+  weights.forEach((row, t) => row.forEach((w, s) => {
+    const shade = Math.round(255 * (1 - w));
+    const rect = el("rect", {class: "cell", x: left + cell * s, y: top + cell * t, width: cell - 1, height: cell - 1,
+                             fill: `rgb(${shade},${shade},255)`, "data-row": t, "data-col": s, "data-weight": w.toFixed(3)});
+    rect.addEventListener("mouseenter", () => hover(t, s, w));
+    svg.append(rect);
+  }));
+  drawLinks();
+}
+
+function hover(t, s, w) {
+  for (const node of $("heatmap").querySelectorAll(".hot")) node.classList.remove("hot");
+  for (const node of $("heatmap").querySelectorAll(`text[data-row="${t}"], text[data-col="${s}"], rect[data-row="${t}"][data-col="${s}"]`)) {
+    node.classList.add("hot");
+  }
+  $("pair").textContent = `${current.target_tokens[t]} ← ${current.source_tokens[s]}: ${w.toFixed(3)}`;
+}
+
+function drawLinks() {
+  const svg = $("links"), src = current.source_words, tgt = current.target_words;
+  svg.replaceChildren();
+  if (!$("show-links").checked) { svg.setAttribute("height", 0); return; }
+  const width = Math.max(src.length, tgt.length) * 80 + 20;
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", 90);
+  const x = (i, n) => 10 + (i + 0.5) * (width - 20) / n;
+  src.forEach((w, i) => svg.append(el("text", {x: x(i, src.length), y: 14, "text-anchor": "middle"}, w)));
+  tgt.forEach((w, j) => svg.append(el("text", {x: x(j, tgt.length), y: 84, "text-anchor": "middle"}, w)));
+  for (const [i, j] of current.alignment) {
+    svg.append(el("line", {class: "link", x1: x(i, src.length), y1: 20, x2: x(j, tgt.length), y2: 70}));
+  }
+}
+
+async function languages() {
+  try {
+    const reply = await fetch("/info");
+    const info = await reply.json();
+    if (reply.ok) $("langs").textContent = `${info.source} → ${info.target}`;
+    else showError(info.error || `HTTP ${reply.status}`);
+  } catch (e) { showError(`the server cannot be reached (${e.message})`); }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("form").addEventListener("submit", translate);
+  for (const id of ["layer", "head"]) $(id).addEventListener("change", draw);
+  $("show-links").addEventListener("change", drawLinks);
+  languages();
+});
