@@ -165,9 +165,10 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
         except asyncio.TimeoutError:
             raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
         try:
-            return response(req, texts, done, model.links, model.languages[0])
+            body = response(req, texts, done, model.links, model.languages[0])
         except XattnError as e:  # words the alignment cannot place
             raise ApiError(422, f"q: {e}", "invalid_request") from None
+        return JSONResponse(body)  # plain JSON types already: no jsonable_encoder pass
 
     return app
 

@@ -1,8 +1,11 @@
 """Cross-request batching: requests with the same decoding settings share one `Translator.translate` call.
 
-Requests wait in a bounded queue. One collector task takes the first, then whatever else arrives within
-`max_wait` seconds, up to `max_batch` sentences, groups them by settings and runs one translate call per
-group on a dedicated thread, so the event loop never blocks and concurrent clients share batches. A
+Requests wait in a bounded queue. One collector task takes the first, then whatever else is queued, up to
+`max_batch` sentences, groups them by settings and runs one translate call per group on a dedicated
+thread, so the event loop never blocks and concurrent clients share batches. Under load (the last batch
+merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
+clients of a batch send their next requests just after its answers go out, and would otherwise be split
+over several small batches; a lone client never waits. A
 sampling request is never merged with another: its random draws would then depend on its neighbours.
 A request whose client gave up (timeout, disconnect) before its batch started is dropped.
 """
@@ -29,7 +32,7 @@ class Job:
 class Batcher:
     """Runs `translate(texts, settings) -> results` (one per text) for queued requests, batched."""
 
-    def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.002,
+    def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.005,
                  queue_size: int = 256):
         self.translate, self.max_batch, self.max_wait = translate, max_batch, max_wait
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
@@ -60,17 +63,20 @@ class Batcher:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        last = 1  # requests in the last batch
         while True:
             jobs = [await self.queue.get()]
-            size, deadline = len(jobs[0].texts), loop.time() + self.max_wait
+            size, deadline = len(jobs[0].texts), loop.time() + (self.max_wait if last > 1 else 0.0)
             while size < self.max_batch:
                 try:
-                    job = self.queue.get_nowait() if loop.time() >= deadline else \
-                        await asyncio.wait_for(self.queue.get(), deadline - loop.time())
+                    waiting = len(jobs) < last and loop.time() < deadline
+                    job = await asyncio.wait_for(self.queue.get(), deadline - loop.time()) if waiting else \
+                        self.queue.get_nowait()
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
                 jobs.append(job)
                 size += len(job.texts)
+            last = len(jobs)
             for group in self._groups(jobs):
                 await self._call(loop, group)
 

@@ -18,7 +18,7 @@ class Limits:
     queue_size: int = 256              # requests waiting: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
     max_batch: int = 64                # sentences in one translate call
-    batch_wait_ms: float = 2.0         # how long the batcher waits for more requests to join a batch
+    batch_wait_ms: float = 5.0         # under load, how long the batcher may wait for a batch as large as the last
 
 
 class ApiError(Exception):

@@ -1,0 +1,200 @@
+"""`xattn serve` under load: throughput and latency against offline batch translation, on the same model.
+
+Model: Multi30k de->en (the 20-minute model of the decoding benchmarks, in the benchmark cache). Sentences:
+test_2016_flickr (de), 1,000, sent one per request. Every part runs in its own process with THREADS PyTorch
+threads: the server (`xattn serve`), the offline baseline (one `Translator.translate` call over all the
+sentences, same settings), the direct single-sentence baseline (`translate([s])` per sentence, in one
+process) and the client (a single-threaded asyncio process keeping CONCURRENCY requests in flight, whose CPU
+time is reported). Greedy and beam 5; concurrency 1, 8 and 32; REPEATS interleaved repetitions, medians.
+Bars (greedy): at concurrency 32 the server reaches >= 70% of offline throughput; at concurrency 1 its p50
+latency is <= 1.2x the direct single-sentence call's.
+
+usage: python benchmarks/serve_load.py [--repeats 3] [--sentences 1000] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
+
+MODEL = ["train.max_minutes=20"]
+MODES = {"greedy": 1, "beam5": 5}
+CONCURRENCY = (1, 8, 32)
+
+
+def sentences(n: int) -> list[str]:
+    from xattn.datasets import load_pairs
+
+    return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())][:n]
+
+
+# ----------------------------------------------------------------------------------------- workers
+
+def client_worker(url: str, texts_file: str, beam: int, concurrency: int) -> None:
+    """Send every sentence as one request, `concurrency` in flight; print JSON figures."""
+    import httpx
+
+    texts = json.loads(Path(texts_file).read_text())
+
+    async def run() -> dict:
+        latencies, answers = [], {}
+        queue = list(enumerate(texts))[::-1]
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+            async def worker():
+                while queue:
+                    i, text = queue.pop()
+                    start = time.perf_counter()
+                    r = await client.post("/translate", json={"q": text, "beam_size": beam})
+                    latencies.append(time.perf_counter() - start)
+                    if r.status_code != 200:
+                        raise SystemExit(f"HTTP {r.status_code}: {r.text}")
+                    answers[i] = r.json()["translatedText"]
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            wall = time.perf_counter() - start
+        return {"wall_s": wall, "latencies": latencies, "answers": [answers[i] for i in range(len(texts))]}
+
+    out = asyncio.run(run())
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    lat = sorted(out["latencies"])
+    print(json.dumps({"wall_s": round(out["wall_s"], 3), "sentences_per_s": round(len(texts) / out["wall_s"], 1),
+                      "p50_ms": round(1000 * lat[len(lat) // 2], 2), "p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
+                      "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                      "answers_sha": hash_texts(out["answers"])}))
+
+
+def offline_worker(model: str, texts_file: str, beam: int, single: bool) -> None:
+    """One translate call over all the sentences (or, `single`, one call per sentence); print JSON figures."""
+    import xattn
+
+    texts = json.loads(Path(texts_file).read_text())
+    translator = xattn.load(model)
+    cfg = dataclasses.replace(translator.decode_config, beam_size=beam)
+    translator.translate(texts[:50], cfg)  # warm up
+    if single:
+        latencies, answers = [], []
+        for text in texts:
+            start = time.perf_counter()
+            answers.append(translator.translate([text], cfg)[0].text)
+            latencies.append(time.perf_counter() - start)
+        lat = sorted(latencies)
+        print(json.dumps({"p50_ms": round(1000 * lat[len(lat) // 2], 2), "p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
+                          "sentences_per_s": round(len(texts) / sum(latencies), 1), "answers_sha": hash_texts(answers)}))
+        return
+    start = time.perf_counter()
+    answers = [t.text for t in translator.translate(texts, cfg)]
+    wall = time.perf_counter() - start
+    print(json.dumps({"wall_s": round(wall, 3), "sentences_per_s": round(len(texts) / wall, 1),
+                      "answers_sha": hash_texts(answers)}))
+
+
+def hash_texts(texts: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+def run_worker(args: list[str], threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
+                         cwd=ROOT / "benchmarks")
+    if out.returncode:
+        raise SystemExit(f"worker {args[:2]} failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
+                               str(threads), "--queue-size", "1024"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return server, url
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the server did not start")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=1, help="PyTorch threads of the server and of the baselines")
+    ap.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--offline", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        client_worker(args.client[0], args.client[1], int(args.client[2]), int(args.client[3]))
+        return 0
+    if args.offline:
+        offline_worker(args.offline[0], args.offline[1], int(args.offline[2]), args.offline[3] == "single")
+        return 0
+    model = cached_model("multi30k-de-en", MODEL)
+    texts_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load_{os.getpid()}.json"
+    texts_file.write_text(json.dumps(sentences(args.sentences)))
+    runs: dict = {mode: {"offline": [], "direct": [], **{f"c{c}": [] for c in CONCURRENCY}} for mode in MODES}
+    server, url = start_server(model, args.threads)
+    try:
+        for r in range(args.repeats):
+            order = list(MODES) if r % 2 == 0 else list(MODES)[::-1]
+            for mode in order:
+                beam = str(MODES[mode])
+                parts = [("offline", ["--offline", str(model), str(texts_file), beam, "batch"]),
+                         ("direct", ["--offline", str(model), str(texts_file), beam, "single"])]
+                parts += [(f"c{c}", ["--client", url, str(texts_file), beam, str(c)]) for c in CONCURRENCY]
+                for name, worker in (parts if r % 2 == 0 else parts[::-1]):
+                    figures = run_worker(worker, args.threads if name in ("offline", "direct") else 1)
+                    runs[mode][name].append(figures)
+                    print(f"repeat {r + 1} {mode} {name}: {figures}", flush=True)
+    finally:
+        server.terminate()
+        server.wait(10)
+        texts_file.unlink(missing_ok=True)
+    summary = {}
+    for mode, parts in runs.items():
+        med = lambda name, key: statistics.median(x[key] for x in parts[name])  # noqa: E731
+        offline = med("offline", "sentences_per_s")
+        summary[mode] = {"offline_sentences_per_s": offline, "direct_p50_ms": med("direct", "p50_ms"),
+                         "direct_p99_ms": med("direct", "p99_ms"),
+                         "server": {f"c{c}": {"sentences_per_s": med(f"c{c}", "sentences_per_s"),
+                                              "share_of_offline": round(med(f"c{c}", "sentences_per_s") / offline, 3),
+                                              "p50_ms": med(f"c{c}", "p50_ms"), "p99_ms": med(f"c{c}", "p99_ms"),
+                                              "client_cpu_s": med(f"c{c}", "client_cpu_s")} for c in CONCURRENCY},
+                         "same_translations_as_offline": all(x["answers_sha"] == parts["offline"][0]["answers_sha"]
+                                                              for name in parts for x in parts[name])}
+        summary[mode]["c1_p50_over_direct"] = round(summary[mode]["server"]["c1"]["p50_ms"] / summary[mode]["direct_p50_ms"], 3)
+    greedy = summary["greedy"]
+    bars = {"c32_share_of_offline >= 0.70": greedy["server"]["c32"]["share_of_offline"] >= 0.70,
+            "c1_p50_over_direct <= 1.2": greedy["c1_p50_over_direct"] <= 1.2}
+    write_result("serve_load", {"model": model_fingerprint(model) | {"overrides": MODEL}, "sentences": args.sentences,
+                                "threads": args.threads, "repeats": args.repeats, "summary": summary, "bars_greedy": bars,
+                                "runs": runs})
+    print(json.dumps({"summary": summary, "bars_greedy": bars}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
