@@ -35,6 +35,7 @@ from xattn.training import train
 from xattn.transfer import child_factory, strategy
 
 PARENT = "multi30k-fr-en"
+PARENT_PAIR = ("fr", "en")
 RUN = ["train.max_minutes=0", "train.eval_every=100", "train.patience=3", "train.threads=1"]
 """Every child: validation (greedy BLEU on all 1,014 pairs) every 100 steps, early stopping after 3
 evaluations without a better BLEU, one thread."""
@@ -86,7 +87,10 @@ def child_dir(child: Child, parent: Path) -> tuple[Path, object]:
 def train_child(child: Child, parent: Path) -> Path:
     out, cfg = child_dir(child, parent)
     print(f"[{time.strftime('%H:%M:%S')}] {child.name} lr {child.lr}, {child.steps} steps -> {out}", flush=True)
-    progress = train(cfg, out, quiet=True, factory=child_factory(parent, strategy(child.strategy), cfg, out))
+    # de->cs changes both of the fr->en parent's languages: not a child, a model of its own with the same shape
+    own = child.src != PARENT_PAIR[0] and child.tgt != PARENT_PAIR[1]
+    factory = None if own else child_factory(parent, strategy(child.strategy), cfg, out)
+    progress = train(cfg, out, quiet=True, factory=factory)
     if progress.stop_reason == "interrupted":
         raise SystemExit(f"training {out} was interrupted; run again to resume it")
     print(f"[{time.strftime('%H:%M:%S')}] {child.name}: {progress.stop_reason} at step {progress.step}, best valid "
