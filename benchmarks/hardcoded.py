@@ -40,8 +40,9 @@ MEMORY_STEPS = 10
 
 
 def steps_of(model_dir: Path) -> int:
+    """The step a run stopped at (its last record: the final validation)."""
     records = [json.loads(line) for line in (model_dir / "log.jsonl").read_text().splitlines()]
-    return max(r["step"] for r in records if "loss" in r)
+    return max(r["step"] for r in records if "step" in r)
 
 
 def overrides(name: str, steps: int | None) -> list[str]:
