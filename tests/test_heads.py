@@ -237,3 +237,11 @@ def test_pruning_renumbers_or_drops_the_stored_head_choice(tmp_path, removed, st
     else:
         assert record["heads"] == (list(left) if left != "mean" else "mean") and record["method"] == "shift"
         assert record["aer"] == 0.3
+
+
+def test_pruning_keeps_frozen_parameters_frozen():
+    model = _model()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    pruned = prune_model(model, REMOVAL)
+    assert not any(p.requires_grad for p in pruned.parameters())

@@ -231,3 +231,83 @@ def test_concurrent_requests_share_batches_and_get_what_translate_gives_each(num
 def app_state_calls(client) -> int:
     """Translate calls the app's batcher has made so far."""
     return client.app.state.xattn["model"].batcher.calls
+
+
+def test_a_request_the_model_refuses_does_not_fail_the_requests_batched_with_it(numbers_model, monkeypatch):
+    real = app_module.Model
+
+    class Picky(real):
+        def translate(self, texts, settings):
+            if "boom" in texts:
+                raise xattn.XattnError("boom: this text cannot be translated")
+            return super().translate(texts, settings)
+
+    monkeypatch.setattr(app_module, "Model", Picky)
+    with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), batch_wait_ms=100))) as c:
+        while c.get("/health").status_code != 200:
+            time.sleep(0.02)
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda t: c.post("/translate", json={"q": t}), ["eins", "boom", "zwei", "drei"]))
+    assert [r.status_code for r in replies] == [200, 422, 200, 200]
+    error(replies[1], 422, "q: boom: this text cannot be translated", "invalid_request")
+
+
+def test_alternatives_over_the_limit_name_alternatives(client):
+    error(client.post("/translate", json={"q": "drei", "alternatives": 20}), 422,
+          "alternatives: 20, over the limit of 7", "limit_exceeded")
+
+
+def test_a_text_longer_than_learned_positions_is_413():
+    from xattn.serve.api import parse_request, plan
+    from xattn.serve.limits import ApiError
+
+    with pytest.raises(ApiError) as e:
+        plan(parse_request({"q": "a b c"}), xattn.DecodeConfig(), Limits(), ("de", "en"), lambda t: [3], 4, 3)
+    assert e.value.status == 413 and "do not fit the model's 3 positions" in e.value.message
+
+
+def test_multipart_forms_and_a_lowercase_bearer(numbers_model):
+    c = started(create_app(str(numbers_model), api_key="k"))
+    try:
+        ok = c.post("/translate", data={"q": "drei"}, headers={"Authorization": "bearer k"})
+        assert ok.status_code == 200
+        multipart = c.post("/translate", files={"q": (None, "drei"), "api_key": (None, "k")})
+        assert multipart.status_code == 200 and multipart.json()["translatedText"] == ok.json()["translatedText"]
+        error(c.post("/translate", files={"q": ("a.txt", b"drei"), "api_key": (None, "k")}), 422, "body:")
+    finally:
+        c.__exit__(None, None, None)
+
+
+def test_the_request_takes_every_decoding_setting():
+    from xattn.serve.api import DECODE_FIELDS, TranslateRequest
+
+    assert set(DECODE_FIELDS) <= set(TranslateRequest.model_fields)
+    assert "max_tokens" not in TranslateRequest.model_fields  # the server's batch budget is its own
+
+
+def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits_2(numbers_model, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken"
+    shutil.copytree(numbers_model, broken)
+    data = bytearray((broken / "model.safetensors").read_bytes())
+    data[-8:] = b"\x00\x00\xc0\x7f" * 2  # NaN in the last tensor
+    (broken / "model.safetensors").write_bytes(bytes(data))
+    with TestClient(create_app(str(broken))) as c:
+        for _ in range(200):
+            body = c.get("/health").json()
+            if "failed" in body["error"]:
+                break
+            time.sleep(0.02)
+        assert "the model failed to load" in body["error"] and "model.safetensors" in body["error"]
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "xattn", "serve", str(broken), "--port", str(port)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the model failed to load" in out.stderr

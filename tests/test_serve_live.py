@@ -180,3 +180,36 @@ def test_load_with_faults_mixed_in(server):
     with urllib.request.urlopen(server + "/health", timeout=5) as r:  # it keeps serving
         assert r.status == 200
     assert post(server, {"q": "drei hundert"})[1]["translatedText"] == expected["drei hundert"]
+
+
+def test_the_page_asks_for_the_key_a_server_requires(browser, numbers_model):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(numbers_model), "--port", str(port),
+                                "--threads", "1", "--api-key", "k3y", "--max-attention-values", "10"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(url + "/")
+        page.wait_for_selector("#key-field:not([hidden])")
+        page.fill("#text", "drei")
+        page.click("#go")
+        page.wait_for_selector("#error:not([hidden])")
+        assert "API key is required" in page.text_content("#error")
+        page.fill("#key", "k3y")
+        page.click("#go")  # full attention is over this server's limit: the page falls back to the mean
+        page.wait_for_selector("#result:not([hidden])")
+        assert page.locator("#head option").all_text_contents() == ["mean"]
+        assert page.locator("#heatmap rect.cell").count() > 0
+        context.close()
+    finally:
+        process.terminate()
+        process.wait(10)

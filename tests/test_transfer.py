@@ -296,3 +296,29 @@ def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_child_found_through_a_symlink_finds_its_parent(children, tmp_path):
+    link = tmp_path / "elsewhere" / "child"
+    link.parent.mkdir()
+    link.symlink_to(children / "fr-en")
+    xattn.load(link).translate(["un deux"], xattn.DecodeConfig(beam_size=1))
+
+
+def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_path):
+    from xattn.analysis.pruning import prune_dir
+    from xattn.checkpoint import load_model_dir
+    from xattn.config import load_config, resolve_config
+    from xattn.training import train
+
+    hard = TINY + ["model.n_heads=4", "model.attention={enc_self: gaussian, dec_self: gaussian, cross: gaussian}"]
+    train(load_config(resolve_config("numbers-de-en"), hard + ["train.max_steps=1"]), tmp_path / "p0", quiet=True)
+    prune_dir(tmp_path / "p0", {"cross": [[0]]}, tmp_path / "parent")  # centres (+1, -1, +1): not the defaults
+    from xattn.cli.main import main
+
+    assert main(["finetune", "--parent", str(tmp_path / "parent"), "--strategy", "src+xattn", "numbers-de-en", *hard,
+                 "data.src_lang=fr", "train.max_steps=1", "--out", str(tmp_path / "child"), "--quiet"]) == 0
+    centres = lambda d: load_model_dir(d).model.decoder.layers[0].cross_attn.offsets.flatten().tolist()  # noqa: E731
+    assert centres(tmp_path / "parent") == centres(tmp_path / "child") == [1.0, -1.0, 1.0]
+    compose(tmp_path / "back", base=tmp_path / "child", src_embeddings=tmp_path / "parent")
+    assert centres(tmp_path / "back") == [1.0, -1.0, 1.0]

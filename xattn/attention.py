@@ -171,10 +171,12 @@ def sliced(lin: nn.Linear, rows: Tensor | None = None, cols: Tensor | None = Non
     weight = lin.weight.data
     weight = weight[rows] if rows is not None else weight
     weight = weight[:, cols] if cols is not None else weight
-    out = linear(weight.shape[1], weight.shape[0]).to(weight.dtype)
+    out = linear(weight.shape[1], weight.shape[0]).to(weight.device, weight.dtype)
     with torch.no_grad():
         out.weight.copy_(weight)
         out.bias.copy_(lin.bias.data[rows] if rows is not None else lin.bias.data)
+    out.weight.requires_grad_(lin.weight.requires_grad)
+    out.bias.requires_grad_(lin.bias.requires_grad)
     return out
 
 

@@ -186,7 +186,7 @@ def changed_names(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor
 
 def parent_dir(child: Path, parent: ParentConfig) -> Path:
     """The parent directory that `parent.path` names, relative to the child's directory unless absolute."""
-    return Path(os.path.normpath(Path(child) / parent.path))
+    return Path(os.path.normpath(Path(child).resolve() / parent.path))  # relative to where the child really is
 
 
 def parent_link(child: Path, parent: Path, tensors: str, delta: bool = True) -> ParentConfig:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from xattn.errors import XattnError
 
@@ -107,3 +109,18 @@ def split_lines(raw: bytes, where: str) -> list[str]:
 def one_line(text: str) -> str:
     """`text` with any "\\n" or "\\r" replaced by a space, so that it prints as exactly one line."""
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Write a new directory as a whole: yields a temporary sibling to fill, renamed to `path` at the end
+    (`path` must not exist, or be empty); on an error the temporary one is removed and `path` untouched."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -222,8 +222,12 @@ class Transformer(nn.Module):
         """
         groups: dict[str, list[str]] = {name: [] for name in ("src", "tgt", "enc", "dec", "xattn")}
         for name, _ in self.named_parameters():
-            group = next((g for g, pattern in self.GROUP_PATTERNS if pattern.match(name)), None)
-            if group is None:
-                raise RuntimeError(f"parameter {name} belongs to no group")
-            groups[group].append(name)
+            groups[self.group_of(name)].append(name)
         return groups
+
+    def group_of(self, name: str) -> str:
+        """The group of a parameter or persistent buffer name (a hard-coded head's centres go with its module)."""
+        group = next((g for g, pattern in self.GROUP_PATTERNS if pattern.match(name)), None)
+        if group is None:
+            raise RuntimeError(f"{name} belongs to no group")
+        return group

@@ -160,9 +160,9 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
 def inherit_weights(model: Transformer, parent: dict[str, torch.Tensor], fresh: tuple[str, ...]) -> None:
     """Copy the parent's tensors into `model`, except the parameters of the `fresh` groups, which keep their
     random initialisation. What is copied must be exactly the model's other parameters, shape for shape."""
-    groups = model.parameter_groups()
-    keep_fresh = {name for group in fresh for name in groups[group]}
-    wanted = {name: p for name, p in model.named_parameters() if name not in keep_fresh}
+    state = model.state_dict()  # parameters and persistent buffers (a hard-coded head's centres)
+    named = dict(model.named_parameters()) | {n: b for n, b in model.named_buffers() if n in state}
+    wanted = {name: p for name, p in named.items() if model.group_of(name) not in fresh}
     missing = sorted(set(wanted) - set(parent))
     if missing:
         raise XattnError(f"the parent lacks parameters the child takes from it: {', '.join(missing[:5])}")
@@ -182,13 +182,18 @@ PARTS = {"base": GROUPS, "encoder": ("src", "enc"), "decoder": ("xattn", "dec", 
 encoder, a decoder side the cross-attention, the decoder and the target embeddings; later parts win."""
 
 
-def compose(out_dir: str | Path, full: bool = False, **parts: str | Path | None) -> RunConfig:
-    """Build a model directory from parts of models that share a parent (`parts`: keys of PARTS, each a
-    model directory or None), e.g. compose(out, base=child, src_embeddings=parent) or compose(out,
-    encoder=de_en, decoder=fr_cs). The result names the shared parent and stores what differs from it
-    (or, `full` or when the parent is not at hand, its whole weights). Returns its config."""
+def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None = None,
+            encoder: str | Path | None = None, decoder: str | Path | None = None,
+            src_embeddings: str | Path | None = None, tgt_embeddings: str | Path | None = None) -> RunConfig:
+    """Build a model directory from parts of models that share a parent (each a model directory or None; what
+    each gives: PARTS), e.g. compose(out, base=child, src_embeddings=parent) or compose(out, encoder=de_en,
+    decoder=fr_cs). The result names the shared parent and stores what differs from it (or, `full` or when
+    the parent is not at hand, its whole weights). Returns its config."""
+    parts = {"base": base, "encoder": encoder, "decoder": decoder, "src_embeddings": src_embeddings,
+             "tgt_embeddings": tgt_embeddings}
     from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, parent_dir, parent_link, read_model, save_model_dir,
-                                  tensors_digest)
+                                  tensors_digest, weights_of)
+    from xattn.io import atomic_dir
     from xattn.tokenizer import SRC_MODEL, TGT_MODEL, vocab_file
 
     side_files = {"src": SRC_MODEL, "tgt": TGT_MODEL}
@@ -223,23 +228,22 @@ def compose(out_dir: str | Path, full: bool = False, **parts: str | Path | None)
     src_cfg, tgt_cfg = models[source["src"]][0], models[source["tgt"]][0]
     model_cfg = dataclasses.replace(tgt_cfg.model, src_vocab_size=src_cfg.model.src_vocab_size)
     model = Transformer(model_cfg)
-    groups = model.parameter_groups()
-    tensors = {name: models[source[g]][1][name] for g in GROUPS for name in groups[g]}
+    tensors = {name: models[source[model.group_of(name)]][1][name] for name in weights_of(model)}  # buffers too
     apply_weights(model, tensors, out / WEIGHTS)
     digest, root = roots[first]
-    base = None
+    base_weights = None
     if not full and (root / CONFIG).is_file():
-        _, base = read_model(root)
-        base = base if tensors_digest(base) == digest else None  # the parent has moved on: store the whole
-    out.mkdir(parents=True, exist_ok=True)
-    for side, name in side_files.items():
-        for f in (name, vocab_file(name)):
-            if (source[side] / f).is_file():
-                shutil.copyfile(source[side] / f, out / f)
-    link = parent_link(out, root, digest, delta=base is not None)
+        _, base_weights = read_model(root)
+        base_weights = base_weights if tensors_digest(base_weights) == digest else None  # the parent has moved on
+    link = parent_link(out, root, digest, delta=base_weights is not None)
     data = dataclasses.replace(tgt_cfg.data, src_lang=src_cfg.data.src_lang, tgt_lang=tgt_cfg.data.tgt_lang)
     cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=data, parent=link)
-    save_model_dir(out, model, cfg, base=base)
+    with atomic_dir(out) as tmp:  # all or nothing
+        for side, name in side_files.items():
+            for f in (name, vocab_file(name)):
+                if (source[side] / f).is_file():
+                    shutil.copyfile(source[side] / f, tmp / f)
+        save_model_dir(tmp, model, cfg, base=base_weights)
     return cfg
 
 

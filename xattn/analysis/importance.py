@@ -10,6 +10,7 @@ Layers and heads are numbered from 0, as everywhere in xattn.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -113,6 +114,8 @@ def read_table(path) -> list[dict]:
             layer, place, head, score = int(parts[0]), parts[1], int(parts[2]), float(parts[3])
         except (IndexError, ValueError):
             raise XattnError(f"{path}: line {n}: expected layer, place, head and score, got {line!r}") from None
+        if not math.isfinite(score):
+            raise XattnError(f"{path}: line {n}: the score {parts[3]!r} is not a finite number")
         if place not in PLACES:
             raise XattnError(f"{path}: line {n}: {place!r} is not a place; one of {', '.join(PLACES)}")
         rows.append({"place": place, "layer": layer, "head": head, "score": score})

@@ -114,6 +114,7 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
     from xattn.analysis import choice
     from xattn.checkpoint import load_model_dir, save_model_dir
     from xattn.config import ParentConfig
+    from xattn.io import atomic_dir
     from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, vocab_file
 
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -121,19 +122,19 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
         raise XattnError(f"--out {out}: exists and is not empty; prune into a new directory")
     loaded = load_model_dir(model_dir)
     pruned = prune_model(loaded.model, removal)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL):
-        for f in (name, vocab_file(name)):
-            if (model_dir / f).is_file():
-                shutil.copyfile(model_dir / f, out / f)
     cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig())
-    save_model_dir(out, pruned, cfg)
     record = choice.stored(model_dir, loaded.model.cfg)
-    if record is not None:
-        layer = record["settings"].choice.layer
-        settings = remapped(record["settings"], removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
-        if settings is not None:
-            choice.save(out, settings, {k: record[k] for k in ("aer", "pairs", "gold") if k in record})
+    with atomic_dir(out) as tmp:  # all or nothing
+        for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL):
+            for f in (name, vocab_file(name)):
+                if (model_dir / f).is_file():
+                    shutil.copyfile(model_dir / f, tmp / f)
+        save_model_dir(tmp, pruned, cfg)
+        if record is not None:
+            layer = record["settings"].choice.layer
+            settings = remapped(record["settings"], removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
+            if settings is not None:
+                choice.save(tmp, settings, {k: record[k] for k in ("aer", "pairs", "gold") if k in record})
     return pruned
 
 

@@ -5,6 +5,7 @@ import json
 import sys
 
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
+from xattn.analysis.importance import METHODS as IMPORTANCE_METHODS
 from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, path_arg, write_output_lines
 from xattn.cli.main import Parser
@@ -49,7 +50,7 @@ def register(sub) -> None:
                  "xattn heads importance runs/multi30k-de-en --split val --sentences 500", run_importance)
     i.prog = "xattn heads importance"
     i.add_argument("model", type=path_arg, help="model directory")
-    i.add_argument("--method", choices=("gradient", "confidence"), default="gradient", help="default: gradient")
+    i.add_argument("--method", choices=IMPORTANCE_METHODS, default="gradient", help="default: gradient")
     i.add_argument("--split", default="val", help="split of the model's dataset: val (default), test")
     i.add_argument("--src", type=path_arg, help="source file (instead of --split)")
     i.add_argument("--ref", type=path_arg, help="reference file (with --src)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from xattn.cli.common import add_verb, path_arg
@@ -62,15 +63,20 @@ def run(args) -> int:
     check_model_dir(args.model)
     values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in LIMIT_FLAGS.items()}
     for flag, (name, _, _) in LIMIT_FLAGS.items():
-        if values[name] <= 0 and name != "batch_wait_ms" or values[name] < 0:
-            raise XattnError(f"{flag}: must be > 0, got {values[name]}")
+        value = values[name]
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_wait_ms"):
+            raise XattnError(f"{flag}: must be {'>= 0' if name == 'batch_wait_ms' else '> 0'}, got {value}")
     if not 0 < args.port < 65536:
         raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
-    threads = args.threads or os.cpu_count() or 1
-    if threads < 1:
-        raise XattnError(f"--threads: must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
+    if args.threads is not None and args.threads < 1:
+        raise XattnError(f"--threads: must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = str(resolve_device(args.device, "--device"))
-    app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", workers=1)
+    servers: list = []  # the uvicorn server, stopped if the model fails to load
+    app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
+                     on_load_error=lambda reason: setattr(servers[0], "should_exit", True))
+    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")))
+    servers[0].run()
+    if app.state.xattn["error"]:
+        raise XattnError(f"{args.model}: the model failed to load: {app.state.xattn['error']}")
     return 0

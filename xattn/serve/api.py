@@ -4,7 +4,6 @@ settings), the limits, the errors (a JSON body {"error", "error_type"} with the 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,9 +15,8 @@ from xattn.errors import XattnError
 from xattn.serve.limits import ApiError, Limits
 
 
-DECODE_FIELDS = ("beam_size", "sampling", "temperature", "top_k", "top_p", "num_samples", "seed", "length_penalty",
-                 "coverage_penalty", "n_best", "min_len", "max_len_a", "max_len_b", "no_repeat_ngram_size",
-                 "early_stopping")
+DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
+"""The decoding settings a request may give (all of DecodeConfig but the server's batch budget)."""
 
 
 class TranslateRequest(BaseModel):
@@ -71,9 +69,10 @@ class Settings:
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: tuple[str, str],
-         token_counts, maps: int) -> tuple[list[str], Settings]:
+         token_counts, maps: int, max_positions: int | None = None) -> tuple[list[str], Settings]:
     """The texts and settings of a request, checked against the model's languages and the limits.
-    `token_counts(texts)`: source tokens of each text; `maps`: attention maps per sentence (layers x heads)."""
+    `token_counts(texts)`: source tokens of each text; `maps`: attention maps per sentence (layers x heads);
+    `max_positions`: the positions a model with learned positions has (None: any length)."""
     texts = [req.q] if isinstance(req.q, str) else list(req.q)
     src, tgt = languages
     if req.source not in ("auto", src):
@@ -97,6 +96,11 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         item = counts.index(longest)
         raise ApiError(413, f"q[{item}]: {longest} source tokens, over the limit of {limits.max_source_tokens}",
                        "too_many_tokens")
+    if max_positions is not None and longest + 1 > max_positions:
+        item = counts.index(longest)
+        raise ApiError(413, f"q[{item}]: {longest} source tokens and </s> do not fit the model's {max_positions} "
+                       "positions", "too_many_tokens")
+    check_alternatives(req, base, limits)
     decode = decode_config(req, base)
     check_decode(decode, limits)
     if decode.max_len_a * longest + decode.max_len_b > limits.max_output_tokens:
@@ -126,6 +130,13 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
         raise ApiError(422, str(e).removeprefix("decode."), "invalid_request") from None
 
 
+def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits) -> None:
+    sampling = req.sampling if req.sampling is not None else base.sampling
+    limit = limits.max_samples if sampling else min(limits.max_n_best, limits.max_beam)
+    if req.alternatives + 1 > limit:
+        raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
+
+
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:
     for name, value, limit in (("beam_size", cfg.beam_size, limits.max_beam), ("n_best", cfg.n_best, limits.max_n_best),
                                ("num_samples", cfg.num_samples, limits.max_samples)):
@@ -135,7 +146,13 @@ def check_decode(cfg: DecodeConfig, limits: Limits) -> None:
 
 def rounded(a: np.ndarray, digits: int = 4) -> list:
     """Nested lists of `a` rounded; NaN (a head a pruned layer lacks) becomes null."""
-    return [rounded(x, digits) for x in a] if a.ndim else (None if math.isnan(float(a)) else round(float(a), digits))
+    values = np.round(np.asarray(a, dtype=np.float64), digits)
+    missing = np.isnan(values)
+    if not missing.any():
+        return values.tolist()
+    values = values.astype(object)
+    values[missing] = None
+    return values.tolist()
 
 
 def result_of(translation, text: str, req: TranslateRequest, links) -> dict:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Callable
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
@@ -46,6 +48,7 @@ class Model:
         self.languages = (self.data.src_lang, self.data.tgt_lang)
         self.alignment = settings_for(model_dir, cfg)
         self.maps = sum(cfg.heads_of("cross", i) for i in range(cfg.n_decoder_layers))
+        self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size)
 
     def translate(self, texts, settings):
@@ -64,7 +67,9 @@ class Model:
 
 
 def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = None, cors_origin: str | None = None,
-               device: str = "cpu") -> FastAPI:
+               device: str = "cpu", on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """The app; it loads the model in the background once started (app.state.xattn: {"model", "error"}). When
+    loading fails, /health says why with 503, and `on_load_error(reason)` is called (xattn serve stops then)."""
     state: dict = {"model": None, "error": None}
 
     @asynccontextmanager
@@ -72,8 +77,10 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
         async def load() -> None:
             try:
                 model = await asyncio.to_thread(Model, model_dir, device, limits)
-            except (XattnError, OSError) as e:
-                state["error"] = str(e)
+            except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
+                state["error"] = " ".join(str(e).split()) or type(e).__name__
+                if on_load_error is not None:
+                    on_load_error(state["error"])
                 return
             model.batcher.start()
             state["model"] = model
@@ -85,7 +92,7 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
 
     app = FastAPI(title="xattn", description="Translation with the cross-attention to see. LibreTranslate-compatible "
                   "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.xattn = state  # {"model": Model once loaded, "error": why it failed}
+    app.state.xattn = state
     if cors_origin:
         app.add_middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
@@ -96,6 +103,14 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
             raise ApiError(503, message, "unavailable", {"Retry-After": "1"})
         return state["model"]
 
+    add_error_handlers(app)
+    add_page(app)
+    add_model_routes(app, ready, limits, api_key)
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as {"error", "error_type"} with its status."""
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
         return JSONResponse(e.body(), e.status, headers=e.headers)
@@ -112,6 +127,12 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"error": f"{where}: {first['msg']}", "error_type": "invalid_request"}, 422)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):  # a bug of the server, never a client's mistake
+        return JSONResponse({"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
+
+
+def add_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Content-Security-Policy": CSP})
@@ -122,6 +143,8 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
             raise ApiError(404, f"/static/{name}: no such file", "not_found")
         return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers={"Content-Security-Policy": CSP})
 
+
+def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -> None:
     @app.get("/health")
     async def health():
         ready()
@@ -143,19 +166,16 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
                 "decode": dataclasses.asdict(model.translator.decode_config), "limits": dataclasses.asdict(limits),
                 "api_key_required": api_key is not None}
 
+    schema = TranslateRequest.model_json_schema()
+
     @app.post("/translate", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": TranslateRequest.model_json_schema()},
-        "application/x-www-form-urlencoded": {"schema": TranslateRequest.model_json_schema()}}}})
+        "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}})
     async def translate(request: Request):
         model = ready()
         req = parse_request(await read_body(request, limits))
-        if api_key is not None:
-            given = req.api_key or request.headers.get("authorization", "").removeprefix("Bearer ").strip() or None
-            if given != api_key:
-                raise ApiError(403, "invalid API key" if given else "an API key is required (api_key, or an "
-                               "Authorization: Bearer header)", "unauthorized")
+        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
         texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
-                               model.maps)
+                               model.maps, model.max_positions)
         try:
             done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
                                           limits.timeout_s)
@@ -164,13 +184,25 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
                            "busy", {"Retry-After": "1"}) from None
         except asyncio.TimeoutError:
             raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
-        try:
-            body = response(req, texts, done, model.links, model.languages[0])
+        except XattnError as e:  # what the model cannot take (checked before where it can be)
+            raise ApiError(422, f"q: {e}", "invalid_request") from None
+        try:  # off the event loop: alignment and a large attention take time
+            body = await asyncio.to_thread(response, req, texts, done, model.links, model.languages[0])
         except XattnError as e:  # words the alignment cannot place
             raise ApiError(422, f"q: {e}", "invalid_request") from None
         return JSONResponse(body)  # plain JSON types already: no jsonable_encoder pass
 
-    return app
+
+def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:
+    """With a key set, the body's api_key or an `Authorization: Bearer KEY` header must give it."""
+    if expected is None:
+        return
+    scheme, _, token = authorization.partition(" ")
+    given = in_body or (token.strip() if scheme.lower() == "bearer" else "") or None
+    if given is None:
+        raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(403, "invalid API key", "unauthorized")
 
 
 async def read_body(request: Request, limits: Limits) -> dict:
@@ -179,8 +211,12 @@ async def read_body(request: Request, limits: Limits) -> dict:
     if int(request.headers.get("content-length") or 0) > cap:
         raise ApiError(413, f"the body is over {cap} bytes", "too_large")
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if kind == "multipart/form-data":
-        form = await request.form()
+    if kind == "multipart/form-data":  # fields only, each within the cap
+        try:
+            form = await request.form(max_files=0, max_fields=64, max_part_size=cap)
+        except HTTPException as e:
+            raise ApiError(413 if "size" in str(e.detail).lower() else 422, f"body: {e.detail}", "invalid_request") \
+                from None
         return {k: (form.getlist(k) if k == "q" and len(form.getlist(k)) > 1 else form[k]) for k in form.keys()}
     raw = bytearray()
     async for chunk in request.stream():

@@ -98,10 +98,13 @@ class Batcher:
         texts = [t for job in group for t in job.texts]
         try:
             results = await loop.run_in_executor(self.executor, self.translate, texts, group[0].settings)
-        except Exception as e:  # noqa: BLE001 - handed to each waiting request
-            for job in group:
-                if not job.future.done():
-                    job.future.set_exception(e)
+        except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+            if len(group) > 1:  # one request's text must not fail the others: each alone
+                for job in group:
+                    await self._call(loop, [job])
+                return
+            if not group[0].future.done():
+                group[0].future.set_exception(e)
             return
         finally:
             self.calls += 1

@@ -29,12 +29,13 @@ async function translate(event) {
   }
   $("go").disabled = true;
   try {
-    const reply = await fetch("/translate", {method: "POST", headers: {"Content-Type": "application/json"},
-                                             body: JSON.stringify(body)});
-    let data;
-    try { data = await reply.json(); } catch (e) { data = {error: `HTTP ${reply.status} without a JSON body`}; }
+    let [reply, data] = await post(body);
+    if (reply.status === 413 && data.error_type === "too_large") {  // full attention over the server's limit
+      body.attention = "mean";
+      [reply, data] = await post(body);
+    }
     if (!reply.ok) { showError(data.error || `HTTP ${reply.status}`); return; }
-    show(data.results[0], data.alternatives || []);
+    show(data.results[0], data.alternatives || [], body.attention);
   } catch (e) {
     showError(`the server cannot be reached (${e.message})`);
   } finally {
@@ -42,7 +43,17 @@ async function translate(event) {
   }
 }
 
-function show(result, alternatives) {
+async function post(body) {
+  const headers = {"Content-Type": "application/json"};
+  if ($("key").value) headers.Authorization = `Bearer ${$("key").value}`;
+  const reply = await fetch("/translate", {method: "POST", headers, body: JSON.stringify(body)});
+  let data;
+  try { data = await reply.json(); } catch (e) { data = {error: `HTTP ${reply.status} without a JSON body`}; }
+  return [reply, data];
+}
+
+function show(result, alternatives, kind) {
+  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
   current = result;
   $("result").hidden = false;
   $("translation").textContent = result.translatedText;
@@ -51,7 +62,8 @@ function show(result, alternatives) {
   const keep = Math.min(Number($("layer").value || layers - 1), layers - 1);
   $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => new Option(String(l), String(l))));
   $("layer").value = String(keep);
-  $("head").replaceChildren(new Option("mean", "mean"), ...[...Array(heads).keys()].map((h) => new Option(String(h), String(h))));
+  const single = kind === "mean" ? [] : [...Array(heads).keys()].map((h) => new Option(String(h), String(h)));
+  $("head").replaceChildren(new Option("mean", "mean"), ...single);
   draw();
 }
 
@@ -112,7 +124,10 @@ async function languages() {
   try {
     const reply = await fetch("/info");
     const info = await reply.json();
-    if (reply.ok) $("langs").textContent = `${info.source} → ${info.target}`;
+    if (reply.ok) {
+      $("langs").textContent = `${info.source} → ${info.target}`;
+      $("key-field").hidden = !info.api_key_required;
+    }
     else showError(info.error || `HTTP ${reply.status}`);
   } catch (e) { showError(`the server cannot be reached (${e.message})`); }
 }
