@@ -191,7 +191,7 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     the parent is not at hand, its whole weights). Returns its config."""
     parts = {"base": base, "encoder": encoder, "decoder": decoder, "src_embeddings": src_embeddings,
              "tgt_embeddings": tgt_embeddings}
-    from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, parent_dir, parent_link, read_model, save_model_dir,
+    from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, parent_link, read_model, save_model_dir,
                                   tensors_digest, weights_of)
     from xattn.io import atomic_dir
     from xattn.tokenizer import SRC_MODEL, TGT_MODEL, vocab_file
@@ -210,27 +210,12 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     if len(set(source.values())) == 1:
         raise XattnError(f"every part comes from {source['src']}; there is nothing to compose")
     models = {path: read_model(path) for path in dict.fromkeys(source.values())}
-    roots = {}
-    for path, (cfg, tensors) in models.items():
-        if cfg.model.share_embeddings or not (path / side_files["src"]).is_file():
-            raise XattnError(f"{path}: shares one vocabulary between source and target, so its sides cannot be "
-                             "taken apart")
-        roots[path] = (cfg.parent.tensors, parent_dir(path, cfg.parent)) if cfg.parent.named \
-            else (tensors_digest(tensors), path)
-    first = next(iter(models))
-    for path in models:
-        if roots[path][0] != roots[first][0]:
-            raise XattnError(f"{first} comes from the parent model {roots[first][0][:12]} and {path} from "
-                             f"{roots[path][0][:12]}; only parts of children of one parent fit together")
-        shape = _shape_difference(models[first][0].model, models[path][0].model)
-        if shape:
-            raise XattnError(f"{first} and {path} differ in model.{shape}")
+    digest, root = _common_parent(models)
     src_cfg, tgt_cfg = models[source["src"]][0], models[source["tgt"]][0]
     model_cfg = dataclasses.replace(tgt_cfg.model, src_vocab_size=src_cfg.model.src_vocab_size)
     model = Transformer(model_cfg)
     tensors = {name: models[source[model.group_of(name)]][1][name] for name in weights_of(model)}  # buffers too
     apply_weights(model, tensors, out / WEIGHTS)
-    digest, root = roots[first]
     base_weights = None
     if not full and (root / CONFIG).is_file():
         _, base_weights = read_model(root)
@@ -245,6 +230,30 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
                     shutil.copyfile(source[side] / f, tmp / f)
         save_model_dir(tmp, model, cfg, base=base_weights)
     return cfg
+
+
+def _common_parent(models: dict) -> tuple[str, Path]:
+    """The weights digest and directory of the parent that the parts `models` ({dir: (config, tensors)}) share
+    (a part without a parent is its own); parts of other parents, of other shapes or with one shared
+    vocabulary are refused."""
+    from xattn.checkpoint import parent_dir, tensors_digest
+    from xattn.tokenizer import SRC_MODEL
+
+    roots = {}
+    for path, (cfg, tensors) in models.items():
+        if cfg.model.share_embeddings or not (path / SRC_MODEL).is_file():
+            raise XattnError(f"{path}: shares one vocabulary between source and target, so its sides cannot be "
+                             "taken apart")
+        roots[path] = (cfg.parent.tensors, parent_dir(path, cfg.parent)) if cfg.parent.named \
+            else (tensors_digest(tensors), path)
+    first = next(iter(models))
+    for path in models:
+        if roots[path][0] != roots[first][0]:
+            raise XattnError(f"{first} comes from the parent model {roots[first][0][:12]} and {path} from "
+                             f"{roots[path][0][:12]}; only parts of children of one parent fit together")
+        if shape := _shape_difference(models[first][0].model, models[path][0].model):
+            raise XattnError(f"{first} and {path} differ in model.{shape}")
+    return roots[first]
 
 
 def _shape_difference(a, b) -> str | None:
