@@ -186,8 +186,10 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
             raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
         except XattnError as e:  # what the model cannot take (checked before where it can be)
             raise ApiError(422, f"q: {e}", "invalid_request") from None
-        try:  # off the event loop: alignment and a large attention take time
-            body = await asyncio.to_thread(response, req, texts, done, model.links, model.languages[0])
+        try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
+            heavy = req.alignment or req.attention != "none"
+            args = (req, texts, done, model.links, model.languages[0])
+            body = await asyncio.to_thread(response, *args) if heavy else response(*args)
         except XattnError as e:  # words the alignment cannot place
             raise ApiError(422, f"q: {e}", "invalid_request") from None
         return JSONResponse(body)  # plain JSON types already: no jsonable_encoder pass
