@@ -143,7 +143,7 @@ def test_pairs(src: str, tgt: str) -> tuple[list[str], list[str]]:
     from xattn.datasets import load_pairs
 
     pairs = load_pairs("multi30k", src, tgt, "test_2016_flickr", data_dir())
-    return [p.src for p in pairs], [p.tgt for p in pairs]
+    return [s for s, _ in pairs], [t for _, t in pairs]
 
 
 def hypotheses(model_dir: Path, src: str, tgt: str) -> list[str]:
@@ -188,7 +188,7 @@ def run_record(child: Child, model_dir: Path) -> dict:
     side = strat.side or "src"
     share = parameter_table(model, trainable_names(model, strat, side))[-1]
     records = [json.loads(line) for line in (model_dir / "log.jsonl").read_text().splitlines()]
-    evals = [r for r in records if "valid_bleu" in r and "averaged" not in r]
+    evals = [r for r in records if "valid_bleu" in r]  # the average of the last checkpoints too, when it was kept
     kept = sorted(f for f in model_dir.iterdir() if f.is_file() and f.suffix in (".safetensors", ".model", ".json",
                                                                                    ".yaml"))
     return {"pair": f"{child.src}->{child.tgt}", "strategy": child.strategy,
