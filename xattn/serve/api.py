@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from xattn.checks import hints
 from xattn.config import DecodeConfig
 from xattn.errors import XattnError
 from xattn.serve.limits import ApiError, Limits
@@ -19,8 +20,8 @@ DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name
 """The decoding settings a request may give (all of DecodeConfig but the server's batch budget)."""
 
 
-class TranslateRequest(BaseModel):
-    """The body of POST /translate (JSON or form-encoded)."""
+class RequestFields(BaseModel):
+    """LibreTranslate's fields and xattn's own; TranslateRequest adds every decoding setting (DECODE_FIELDS)."""
     model_config = ConfigDict(extra="forbid")
 
     q: str | list[str] = Field(description="the text, or a list of texts")
@@ -32,21 +33,12 @@ class TranslateRequest(BaseModel):
     attention: Literal["none", "mean", "full"] = Field(
         "none", description="cross-attention per result: mean (per layer, over heads: L x T x S) or full (L x H x T x S)")
     alignment: bool = Field(False, description="word alignment links [source word, target word], 0-based")
-    beam_size: int | None = None
-    sampling: bool | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    num_samples: int | None = None
-    seed: int | None = None
-    length_penalty: float | None = None
-    coverage_penalty: float | None = None
-    n_best: int | None = None
-    min_len: int | None = None
-    max_len_a: float | None = None
-    max_len_b: int | None = None
-    no_repeat_ngram_size: int | None = None
-    early_stopping: bool | None = None
+
+
+TranslateRequest = create_model(
+    "TranslateRequest", __base__=RequestFields, __doc__="The body of POST /translate (JSON or form-encoded).",
+    **{name: (hint | None, Field(None, description=f"decoding: DecodeConfig.{name} (default: the model's)"))
+       for name, hint in hints(DecodeConfig).items() if name in DECODE_FIELDS})
 
 
 def parse_request(data: dict) -> TranslateRequest:
