@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,11 +69,21 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def tokenizer_files(directory: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> list[Path]:
+    """The tokenizer files of `directory` among models `names` and their id tables, those that exist."""
+    files = [Path(directory) / n for n in names] + [vocab_file(Path(directory) / n) for n in names]
+    return [f for f in files if f.is_file()]
+
+
 def tokenizer_hashes(directory: Path) -> dict[str, str]:
     """SHA-256 of each tokenizer file in `directory` (models and their id tables), by file name."""
-    names = [JOINT_MODEL, SRC_MODEL, TGT_MODEL]
-    files = [directory / n for n in names] + [vocab_file(directory / n) for n in names]
-    return {f.name: sha256_file(f) for f in files if f.is_file()}
+    return {f.name: sha256_file(f) for f in tokenizer_files(directory)}
+
+
+def copy_tokenizers(directory: Path, out: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> None:
+    """Copy the tokenizer files of `directory` (models `names` and their id tables) into `out`."""
+    for f in tokenizer_files(directory, names):
+        shutil.copyfile(f, Path(out) / f.name)
 
 
 def weights_of(model: Transformer) -> dict[str, torch.Tensor]:

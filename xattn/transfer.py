@@ -15,7 +15,6 @@ is asked to store its weights whole.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,12 +190,11 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     the parent is not at hand, its whole weights). Returns its config."""
     parts = {"base": base, "encoder": encoder, "decoder": decoder, "src_embeddings": src_embeddings,
              "tgt_embeddings": tgt_embeddings}
-    from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, parent_link, read_model, save_model_dir,
-                                  tensors_digest, weights_of)
+    from xattn.checkpoint import (CONFIG, WEIGHTS, apply_weights, copy_tokenizers, parent_link, read_model,
+                                  save_model_dir, tensors_digest, weights_of)
     from xattn.io import atomic_dir
-    from xattn.tokenizer import SRC_MODEL, TGT_MODEL, vocab_file
+    from xattn.tokenizer import SRC_MODEL, TGT_MODEL
 
-    side_files = {"src": SRC_MODEL, "tgt": TGT_MODEL}
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise XattnError(f"--out {out}: exists and is not empty; compose into a new directory")
@@ -224,10 +222,8 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     data = dataclasses.replace(tgt_cfg.data, src_lang=src_cfg.data.src_lang, tgt_lang=tgt_cfg.data.tgt_lang)
     cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=data, parent=link)
     with atomic_dir(out) as tmp:  # all or nothing
-        for side, name in side_files.items():
-            for f in (name, vocab_file(name)):
-                if (source[side] / f).is_file():
-                    shutil.copyfile(source[side] / f, tmp / f)
+        for side, name in (("src", SRC_MODEL), ("tgt", TGT_MODEL)):
+            copy_tokenizers(source[side], tmp, [name])
         save_model_dir(tmp, model, cfg, base=base_weights)
     return cfg
 

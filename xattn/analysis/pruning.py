@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import shutil
 from pathlib import Path
 
 import torch
@@ -112,10 +111,9 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
     no longer fits its parent), and the stored alignment head choice with its heads renumbered, or dropped
     when it loses a head. Returns the pruned model."""
     from xattn.analysis import choice
-    from xattn.checkpoint import load_model_dir, save_model_dir
+    from xattn.checkpoint import copy_tokenizers, load_model_dir, save_model_dir
     from xattn.config import ParentConfig
     from xattn.io import atomic_dir
-    from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, vocab_file
 
     model_dir, out = Path(model_dir), Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -125,10 +123,7 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
     cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig())
     record = choice.stored(model_dir, loaded.model.cfg)
     with atomic_dir(out) as tmp:  # all or nothing
-        for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL):
-            for f in (name, vocab_file(name)):
-                if (model_dir / f).is_file():
-                    shutil.copyfile(model_dir / f, tmp / f)
+        copy_tokenizers(model_dir, tmp)
         save_model_dir(tmp, pruned, cfg)
         if record is not None:
             layer = record["settings"].choice.layer

@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from xattn.analysis.maps import head_mean
 from xattn.checks import hints
 from xattn.config import DecodeConfig
 from xattn.errors import XattnError
@@ -155,8 +156,7 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
     if req.attention != "none":
         weights = translation.cross_attention  # (L, H, T, S)
         if req.attention == "mean":
-            present = ~np.isnan(weights).all(axis=(2, 3), keepdims=True)
-            weights = np.where(present, np.nan_to_num(weights), 0).sum(1) / np.maximum(present.sum(1), 1)
+            weights = head_mean(weights)  # over the heads each layer has
         out["attention"] = rounded(weights)
     if req.alignment:
         out["alignment"] = sorted([int(i), int(j)] for i, j in links(translation, text))
