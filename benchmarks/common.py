@@ -107,3 +107,28 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times), times
+
+
+def interleaved_speed(models: dict, sources: list[str], repeats: int, baseline: str) -> dict:
+    """Sentences/s of each Translator in `models` on `sources`, greedy and beam 5, side by side: a warm-up,
+    then `repeats` repetitions taking turns (the order reversed every other repetition); medians, and each
+    model's speed over the `baseline` model's."""
+    import xattn
+
+    result = {}
+    for mode, beam in (("greedy", 1), ("beam5", 5)):
+        cfg = xattn.DecodeConfig(beam_size=beam)
+        times = {name: [] for name in models}
+        for translator in models.values():
+            translator.translate(sources[:50], cfg)
+        for r in range(repeats):
+            for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
+                start = time.perf_counter()
+                models[name].translate(sources, cfg)
+                times[name].append(round(time.perf_counter() - start, 3))
+        base = statistics.median(times[baseline])
+        result[mode] = {name: {"sentences_per_s": round(len(sources) / statistics.median(t), 1),
+                               f"speed_over_{baseline}": round(base / statistics.median(t), 3), "times_s": t}
+                        for name, t in times.items()}
+        print(f"{mode}: " + ", ".join(f"{n} {v[f'speed_over_{baseline}']}x" for n, v in result[mode].items()), flush=True)
+    return result

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
+from common import ROOT, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
 
 PRESET = "multi30k-de-en-8heads"
 LEARNED = ["train.threads=1"]
@@ -103,29 +103,6 @@ def memory(model_dir: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def decode_speed(dirs: dict[str, Path], sources: list[str], repeats: int) -> dict:
-    import xattn
-
-    models = {name: xattn.load(d) for name, d in dirs.items()}
-    result = {}
-    for mode, beam in (("greedy", 1), ("beam5", 5)):
-        cfg = xattn.DecodeConfig(beam_size=beam)
-        times = {name: [] for name in models}
-        for translator in models.values():
-            translator.translate(sources[:50], cfg)
-        for r in range(repeats):
-            order = list(models) if r % 2 == 0 else list(models)[::-1]
-            for name in order:
-                start = time.perf_counter()
-                models[name].translate(sources, cfg)
-                times[name].append(round(time.perf_counter() - start, 3))
-        base = statistics.median(times["a_learned"])
-        result[mode] = {name: {"sentences_per_s": round(len(sources) / statistics.median(t), 1),
-                               "speed_over_learned": round(base / statistics.median(t), 3), "times_s": t}
-                        for name, t in times.items()}
-    return result
-
-
 def report(dirs: dict[str, Path], repeats: int) -> dict:
     import xattn
     from xattn.datasets import load_pairs
@@ -134,12 +111,12 @@ def report(dirs: dict[str, Path], repeats: int) -> dict:
     test = load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())
     sources, refs = [s for s, _ in test], [t for _, t in test]
     steps = steps_of(dirs["a_learned"])
-    runs = {}
+    runs, models = {}, {name: xattn.load(d) for name, d in dirs.items()}
     for name, d in dirs.items():
-        hyps = [t.text for t in xattn.load(d).translate(sources, xattn.DecodeConfig(beam_size=5))]
+        hyps = [t.text for t in models[name].translate(sources, xattn.DecodeConfig(beam_size=5))]
         records = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
         rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-        cfg = xattn.load(d).config.model
+        cfg = models[name].config.model
         runs[name] = {"overrides": overrides(name, steps), "bleu": round(bleu(hyps, refs).score, 2),
                       "bleu_lc": round(bleu(hyps, refs, lowercase=True).score, 2),
                       "train_tokens_per_s_median": round(statistics.median(rates), 1), "steps": steps_of(d),
@@ -147,7 +124,7 @@ def report(dirs: dict[str, Path], repeats: int) -> dict:
                       "length_ratio": cfg.length_ratio, "memory": memory(d),
                       "model": model_fingerprint(d)}
         print(f"{name}: BLEU {runs[name]['bleu']}", flush=True)
-    return {"runs": runs, "decoding": decode_speed(dirs, sources, repeats)}
+    return {"runs": runs, "decoding": interleaved_speed(models, sources, repeats, "a_learned")}
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ Model: preset multi30k-de-en-8heads (8 heads in each of the 3 + 3 + 3 attention 
    by BLEU on val (an oracle, like Michel et al.'s Table 2, chosen on val and reported on test) and to its most
    important head.
 4. Speed: the model with half of all its heads physically pruned (`xattn prune --fraction 0.5`) against the
-   whole model, greedy and beam 5 on test, side by side, REPEATS alternating repetitions, medians.
+   whole model, greedy and beam 5 on test, side by side (common.interleaved_speed), medians.
 Writes results/heads.json and results/heads_pruning.png.
 
 usage: python benchmarks/heads.py [--model DIR] [--sentences N] [--repeats 3]
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, cached_model, data_dir, model_fingerprint, write_result
+from common import RESULTS, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
 
 import xattn
 from xattn.analysis.importance import batches, head_importance
@@ -108,26 +108,6 @@ def single_heads(translator, table, val, test) -> list[dict]:
     return rows
 
 
-def speed(model_dir: Path, pruned_dir: Path, sources: list[str], repeats: int) -> dict:
-    models = {"whole": xattn.load(model_dir), "pruned": xattn.load(pruned_dir)}
-    results = {}
-    for mode, beam in (("greedy", 1), ("beam5", 5)):
-        cfg = xattn.DecodeConfig(beam_size=beam)
-        times = {name: [] for name in models}
-        for name, translator in models.items():
-            translator.translate(sources[:50], cfg)  # warm up
-        for r in range(repeats):
-            for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
-                start = time.perf_counter()
-                models[name].translate(sources, cfg)
-                times[name].append(round(time.perf_counter() - start, 3))
-        med = {name: statistics.median(t) for name, t in times.items()}
-        results[mode] = {"times_s": times, "sentences_per_s": {n: round(len(sources) / m, 1) for n, m in med.items()},
-                         "speed_pruned_over_whole": round(med["whole"] / med["pruned"], 3)}
-        print(f"{mode}: pruned {results[mode]['speed_pruned_over_whole']}x", flush=True)
-    return results
-
-
 def plot(figures: dict, path: Path) -> None:
     import matplotlib
 
@@ -172,7 +152,8 @@ def main() -> int:
         removal = least_important(translator.model.cfg, table, list(PLACES), 0.5, "importance")
         pruned = prune_dir(model_dir, removal, Path(tmp) / "pruned")
         half = {"heads_left": pruned.cfg.heads, "test": score(xattn.load(Path(tmp) / "pruned"), None, *test),
-                "speed": speed(model_dir, Path(tmp) / "pruned", test[0], args.repeats)}
+                "speed": interleaved_speed({"whole": translator, "pruned": xattn.load(Path(tmp) / "pruned")}, test[0],
+                                           args.repeats, "whole")}
     png = RESULTS / f"{args.result}_pruning.png"
     plot(pruning, png)
     cross_drop = {p: pruning[p]["importance"][-1]["bleu"] for p in PLACES}

@@ -20,6 +20,7 @@ usage: python benchmarks/transfer.py --stage sweep|children|report|all
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -139,6 +140,7 @@ def children(lr: str) -> list[Child]:
 
 # ---------------------------------------------------------------------------------------- report
 
+@functools.cache
 def test_pairs(src: str, tgt: str) -> tuple[list[str], list[str]]:
     from xattn.datasets import load_pairs
 
