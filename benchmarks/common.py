@@ -100,6 +100,19 @@ def cached_model(preset: str, overrides: list[str] = ()) -> Path:
     return out
 
 
+def finished(model_dir: Path) -> bool:
+    """Whether the training run in `model_dir` has ended (averaging included), not merely checkpointed: a
+    run still training, or cut short, already has a model.safetensors."""
+    from xattn.errors import XattnError
+    from xattn.train_state import TrainStateDir
+
+    state = TrainStateDir(Path(model_dir) / "train_state")
+    try:
+        return state.read() is not None and bool(state.load_state()["progress"]["finished"])
+    except XattnError:  # a checkpoint being written just now
+        return False
+
+
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     times = []
     for _ in range(repeats):

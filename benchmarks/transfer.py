@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignment import MODEL
-from common import CACHE, RESULTS, cached_model, config_key, data_dir, model_fingerprint, write_result
+from common import CACHE, RESULTS, cached_model, config_key, data_dir, finished, model_fingerprint, write_result
 
 from xattn.config import load_config, resolve_config
 from xattn.training import train
@@ -149,10 +149,11 @@ def test_pairs(src: str, tgt: str) -> tuple[list[str], list[str]]:
 
 
 def hypotheses(model_dir: Path, src: str, tgt: str) -> list[str]:
-    """Beam-5 translations of test_2016_flickr, kept beside the model (test.SRC-TGT.hyp) once made."""
+    """Beam-5 translations of test_2016_flickr, kept beside the model once made, under the digest of the
+    weights they came from (test.SRC-TGT.DIGEST.hyp)."""
     import xattn
 
-    path = model_dir / f"test.{src}-{tgt}.hyp"
+    path = model_dir / f"test.{src}-{tgt}.{model_fingerprint(model_dir)['tensors_sha256'][:12]}.hyp"
     if not path.is_file():
         sources, _ = test_pairs(src, tgt)
         hyps = [t.text for t in xattn.load(model_dir).translate(sources, xattn.DecodeConfig(beam_size=5))]
@@ -228,7 +229,7 @@ def report(lr: str, parent: Path) -> dict:
     runs, dirs = [], {}
     for child in children(lr):
         out, _ = child_dir(child, parent)
-        if not (out / "model.safetensors").is_file():
+        if not finished(out):
             print(f"{child.name}: not trained yet", file=sys.stderr)
             continue
         dirs[child] = out

@@ -51,10 +51,12 @@ def test_parameter_table_counts_every_parameter_once(separate):
     assert lines[0].split() == ["group", "trained", "of", "share"] and lines[-1].startswith("all")
 
 
-TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-        "model.d_ff=32", "model.share_embeddings=false", "model.tie_output=true", "data.joint_vocab=false",
-        "data.dataset=numbers", "data.numbers_size=300", "data.vocab_size=120", "train.max_tokens=400",
-        "train.amp=none", "train.eval_every=3", "train.eval_bleu_sentences=8", "train.threads=1", "train.log_every=1"]
+SHAPE = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+         "model.d_ff=32", "model.share_embeddings=false", "model.tie_output=true"]
+"""The parent's; a child takes its shape from the parent."""
+TINY = ["data.joint_vocab=false", "data.dataset=numbers", "data.numbers_size=300", "data.vocab_size=120",
+        "train.max_tokens=400", "train.amp=none", "train.eval_every=3", "train.eval_bleu_sentences=8",
+        "train.threads=1", "train.log_every=1"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def parent(tmp_path_factory):
     from xattn.training import train
 
     out = tmp_path_factory.mktemp("parent") / "de-en"
-    train(load_config(resolve_config("numbers-de-en"), TINY + ["train.max_steps=3"]), out, quiet=True)
+    train(load_config(resolve_config("numbers-de-en"), SHAPE + TINY + ["train.max_steps=3"]), out, quiet=True)
     return out
 
 
@@ -115,6 +117,8 @@ def test_a_fine_tuning_run_resumes_and_checks_its_recipe(parent, tmp_path, capsy
     ("src+xattn", ["data.src_lang=de"], "transfer changes the language of exactly one side"),
     ("src+xattn", ["data.src_lang=cs", "data.tgt_lang=fr"], "transfer changes the language of exactly one side"),
     ("src+enc", [], "argument --strategy: invalid choice"),
+    ("src+xattn", ["model.d_model=32"], "override 'model.d_model=32': a child has its parent's model section"),
+    ("src+xattn", ["data.joint_vocab=true"], "vocabularies are always separate"),
 ])
 def test_bad_recipes_are_one_line(parent, tmp_path, capsys, strategy_name, extra, message):
     try:
@@ -219,7 +223,8 @@ def test_a_missing_or_different_parent_is_one_line(parent, children, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "stores only what it changed from its parent" in err and "is missing" in err
     other = tmp_path / "other"
-    train(load_config(resolve_config("numbers-de-en"), TINY + ["train.max_steps=3", "train.seed=2"]), other, quiet=True)
+    train(load_config(resolve_config("numbers-de-en"), SHAPE + TINY + ["train.max_steps=3", "train.seed=2"]), other,
+          quiet=True)
     text = (moved / "config.yaml").read_text().replace(config_of(moved)["parent"]["path"], str(other))
     (moved / "config.yaml").write_text(text)
     assert main(["translate", str(moved), "-i", str(tmp_path / "in.txt")]) == 2
@@ -233,7 +238,7 @@ def test_a_missing_or_different_parent_is_one_line(parent, children, tmp_path, c
 def test_train_refuses_a_config_that_names_a_parent(tmp_path, capsys):
     from xattn.cli.main import main
 
-    assert main(["train", "numbers-de-en", *TINY, f"parent.path={tmp_path}", "parent.tensors=" + "0" * 64,
+    assert main(["train", "numbers-de-en", *SHAPE, *TINY, f"parent.path={tmp_path}", "parent.tensors=" + "0" * 64,
                  "--out", str(tmp_path / "m"), "--quiet"]) == 2
     assert "only a fine-tuned child names a parent" in capsys.readouterr().err
 
@@ -289,7 +294,7 @@ def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, 
 
     other = tmp_path / "other"
     if "{other}" in args:
-        train(load_config(resolve_config("numbers-de-en"), TINY + ["train.max_steps=1", "train.seed=2"]), other,
+        train(load_config(resolve_config("numbers-de-en"), SHAPE + TINY + ["train.max_steps=1", "train.seed=2"]), other,
               quiet=True)
     paths = {"{fr-en}": children / "fr-en", "{other}": other, "{shared}": numbers_model, "{missing}": tmp_path / "no"}
     assert main(["compose", *[str(paths.get(a, a)) for a in args], "--out", str(tmp_path / "out")]) == 2
@@ -311,12 +316,13 @@ def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_pa
     from xattn.config import load_config, resolve_config
     from xattn.training import train
 
-    hard = TINY + ["model.n_heads=4", "model.attention={enc_self: gaussian, dec_self: gaussian, cross: gaussian}"]
-    train(load_config(resolve_config("numbers-de-en"), hard + ["train.max_steps=1"]), tmp_path / "p0", quiet=True)
+    hard = SHAPE + ["model.n_heads=4", "model.attention={enc_self: gaussian, dec_self: gaussian, cross: gaussian}"]
+    train(load_config(resolve_config("numbers-de-en"), hard + TINY + ["train.max_steps=1"]), tmp_path / "p0",
+          quiet=True)
     prune_dir(tmp_path / "p0", {"cross": [[0]]}, tmp_path / "parent")  # centres (+1, -1, +1): not the defaults
     from xattn.cli.main import main
 
-    assert main(["finetune", "--parent", str(tmp_path / "parent"), "--strategy", "src+xattn", "numbers-de-en", *hard,
+    assert main(["finetune", "--parent", str(tmp_path / "parent"), "--strategy", "src+xattn", "numbers-de-en", *TINY,
                  "data.src_lang=fr", "train.max_steps=1", "--out", str(tmp_path / "child"), "--quiet"]) == 0
     centres = lambda d: load_model_dir(d).model.decoder.layers[0].cross_attn.offsets.flatten().tolist()  # noqa: E731
     assert centres(tmp_path / "parent") == centres(tmp_path / "child") == [1.0, -1.0, 1.0]

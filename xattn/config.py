@@ -318,7 +318,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 def read_yaml(path: Path) -> Any:
     """The YAML document in `path`; a missing file, non-UTF-8 bytes or bad YAML is a one-line XattnError."""
     if not path.is_file():
-        raise XattnError(f"{path}: config file not found")
+        raise XattnError(f"{path}: file not found")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

@@ -108,6 +108,20 @@ def changed_side(parent: RunConfig, child: RunConfig) -> str:
     return changed[0]
 
 
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse `section.key=value` overrides that a child would silently ignore: its model section is its
+    parent's (the new side's vocabulary size aside), and its two vocabularies are separate."""
+    import yaml
+
+    for item in overrides:
+        key, _, value = (part.strip() for part in item.partition("="))
+        if key == "model" or key.startswith("model."):
+            raise XattnError(f"override {item!r}: a child has its parent's model section (its shape); drop the "
+                             "override")
+        if key == "data.joint_vocab" and yaml.safe_load(value or "false") is not False:
+            raise XattnError(f"override {item!r}: a child's source and target vocabularies are always separate")
+
+
 def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_dir: str | Path, full: bool = False):
     """A Trainer factory (xattn.training.Factory) for a child of the model directory `parent_dir`.
 

@@ -35,8 +35,9 @@ def run(args) -> int:
     from xattn.config import load_config, resolve_config
     from xattn.progress import echo
     from xattn.training import Trainer
-    from xattn.transfer import child_factory, format_parameter_table, parameter_table, strategy
+    from xattn.transfer import check_overrides, child_factory, format_parameter_table, parameter_table, strategy
 
+    check_overrides(args.overrides)
     overrides = list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
     cfg = load_config(resolve_config(args.config), overrides)
     out = Path(args.out)
