@@ -311,3 +311,23 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
                          text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "the model failed to load" in out.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "{busy}"], "--host 127.0.0.1 --port {busy}: cannot listen there (Address already in use)"),
+    (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address to listen on"),
+    (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
+    (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
+])
+def test_an_address_or_origin_that_cannot_be_used_is_one_line(numbers_model, capsys, flags, message):
+    import socket
+
+    from xattn.cli.main import main
+
+    with socket.socket() as busy:  # checked before anything loads: the command never starts a server here
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        assert main(["serve", str(numbers_model), *[f.replace("{busy}", port) for f in flags]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message.replace("{busy}", port) in err, err

@@ -55,6 +55,7 @@ def server(numbers_model, tmp_path_factory):
             time.sleep(0.1)
         else:
             raise AssertionError(f"xattn serve did not become healthy: {log.read_text()}")
+        assert f"at {url}/ (the API and the attention page)" in log.read_text()  # where to point a browser
         yield url
     finally:
         process.terminate()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import socket
+from urllib.parse import urlsplit
 
 from xattn.cli.common import add_verb, path_arg
 from xattn.errors import XattnError
@@ -41,7 +43,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
     p.add_argument("--threads", type=int, help="PyTorch threads for translation (default: the CPU's cores)")
     p.add_argument("--api-key", help="require this key (api_key in the body, or Authorization: Bearer KEY)")
-    p.add_argument("--cors-origin", help="allow browser requests from this origin (default: none)")
+    p.add_argument("--cors-origin", help="allow browser requests from this origin, e.g. https://example.org:8443, or * "
+                   "for any (default: none)")
     for flag, (name, kind, help) in LIMIT_FLAGS.items():
         p.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"{help} (default {getattr(defaults, name)})")
 
@@ -70,13 +73,53 @@ def run(args) -> int:
         raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
     if args.threads is not None and args.threads < 1:
         raise XattnError(f"--threads: must be >= 1, got {args.threads}")
+    if args.cors_origin is not None:
+        check_origin(args.cors_origin)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = str(resolve_device(args.device, "--device"))
+    sock = listening_socket(args.host, args.port)
     servers: list = []  # the uvicorn server, stopped if the model fails to load
     app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
                      on_load_error=lambda reason: setattr(servers[0], "should_exit", True))
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")))
-    servers[0].run()
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving {args.model} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops",
+          flush=True)
+    try:
+        servers[0].run(sockets=[sock])
+    finally:
+        sock.close()
     if app.state.xattn["error"]:
         raise XattnError(f"{args.model}: the model failed to load: {app.state.xattn['error']}")
     return 0
+
+
+def check_origin(origin: str) -> None:
+    """A CORS origin is `*` or scheme://host[:port], nothing after it (what browsers send in Origin)."""
+    parts = urlsplit(origin)
+    if origin != "*" and not (parts.scheme in ("http", "https") and parts.hostname and not parts.path
+                              and not parts.query and not parts.fragment and not parts.username):
+        raise XattnError(f"--cors-origin: {origin!r} is not an origin; give scheme://host[:port], e.g. "
+                         "https://example.org, or *")
+    try:
+        parts.port
+    except ValueError:
+        raise XattnError(f"--cors-origin: {origin!r} has a bad port") from None
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` before anything loads, so that an address that cannot be had is one
+    error line naming --host and --port, not the server's log."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise XattnError(f"--host {host}: not an address to listen on ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise XattnError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+    return sock
