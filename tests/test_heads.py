@@ -216,6 +216,25 @@ def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("rows, argv, message", [
+    ([[0, 0, 0, 0], [0, 0, 0, 0]], ["align"], "no layer of this model has heads left in this attention"),
+    ([[0, 0, 0, 0], [0, 0, 0, 0]], ["diagnose"], "no layer of this model has heads left in this attention"),
+    ([[0, 0, 0, 0], [1, 1, 1, 1]], ["align", "--layer", "0"], "--layer: layer 0 has no heads left (pruned)"),
+    ([[1, 1, 0, 1], [1, 1, 1, 1]], ["align", "--layer", "0", "--heads", "3"],  # the heads left are renumbered
+     "layer 0 has no head 3 (pruned); it has heads 0,1,2"),
+])
+def test_attention_of_pruned_heads_is_asked_for_in_one_line(four_heads, tmp_path, capsys, rows, argv, message):
+    import yaml
+
+    (tmp_path / "mask.yaml").write_text(yaml.safe_dump({"cross": rows}))
+    assert cli(capsys, "prune", four_heads, "--heads", tmp_path / "mask.yaml", "--out", tmp_path / "p")[0] == 0
+    (tmp_path / "src.txt").write_text("drei\n")
+    (tmp_path / "tgt.txt").write_text("three\n")
+    files = ["--src", tmp_path / "src.txt"] + (["--tgt", tmp_path / "tgt.txt"] if argv[0] == "align" else [])
+    code, _, err = cli(capsys, argv[0], tmp_path / "p", *files, *argv[1:])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("removed, stored, left", [
     ([0], (1,), (0,)),        # the chosen head is renumbered
     ([1], (1,), None),        # the chosen head is gone: the choice is dropped

@@ -61,6 +61,9 @@ class HeadChoice:
         layer = weights[self.layer]  # (H, R, C)
         present = [h for h in range(layer.shape[0]) if not (layer[h].size and np.isnan(layer[h]).all())]
         if not present:
+            if np.isnan(weights).all():
+                raise XattnError("no layer of this model has heads left in this attention (all pruned): there "
+                                 "is no attention to read")
             raise XattnError(f"--layer: layer {self.layer} has no heads left (pruned); choose another layer")
         if missing := [h for h in self.heads or () if h not in present]:
             raise XattnError(f"--heads: layer {self.layer} has no head {missing[0]} (pruned); it has heads "
