@@ -53,12 +53,45 @@ START_COMMIT = commit()
 
 def write_result(name: str, figures: dict) -> Path:
     """benchmarks/results/NAME.json with commit (at the script's start), date, machine, command and the figures."""
+    from xattn.io import atomic_write_text
+
     record = {"benchmark": name, "commit": START_COMMIT, "date": datetime.date.today().isoformat(),
               "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv]), **figures}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+TRAINED_BY = "bench_trained_by.jsonl"
+"""In a benchmark model's directory: one line per process that trained it (a run may go on in another session,
+on another machine): commit, machine, date and the step it started from."""
+
+
+def train_noted(cfg, out: Path, factory=None, quiet: bool = False):
+    """xattn.training.train(cfg, out, quiet, factory), noting in out/TRAINED_BY which commit and machine
+    trained it from which step (the note is taken back when the run had nothing left to train)."""
+    from xattn.train_state import TrainStateDir
+    from xattn.training import train
+
+    manifest = TrainStateDir(out / "train_state").read() if (out / "train_state").is_dir() else None
+    start = manifest.step if manifest else 0
+    note = {"commit": START_COMMIT, "machine": machine(), "date": datetime.datetime.now().isoformat("T", "seconds"),
+            "from_step": start}
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / TRAINED_BY).open("a") as f:
+        kept = f.tell()
+        f.write(json.dumps(note) + "\n")
+    progress = train(cfg, out, quiet=quiet, factory=factory)
+    if progress.step == start:
+        os.truncate(out / TRAINED_BY, kept)
+    return progress
+
+
+def trained_by(model_dir: Path) -> list[dict]:
+    """The notes of train_noted, [] for a run trained before they were kept."""
+    path = Path(model_dir) / TRAINED_BY
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 def model_fingerprint(model_dir: str | Path) -> dict:
@@ -70,7 +103,7 @@ def model_fingerprint(model_dir: str | Path) -> dict:
     evals = [json.loads(line) for line in log.read_text().splitlines() if "valid_bleu" in line] if log.is_file() else []
     return {"dir": str(model_dir), "tensors_sha256": fingerprint.tensors if fingerprint else tensors_digest(tensors),
             "trained_steps": max((e["step"] for e in evals), default=None),
-            "best_valid_bleu": max((e["valid_bleu"] for e in evals), default=None)}
+            "best_valid_bleu": max((e["valid_bleu"] for e in evals), default=None), "trained_by": trained_by(model_dir)}
 
 
 def config_key(cfg) -> str:
@@ -91,11 +124,10 @@ def cached_model(preset: str, overrides: list[str] = ()) -> Path:
     """The model `xattn train PRESET overrides` trains, kept in CACHE/PRESET-KEY: reused when its run
     finished there, resumed when it was cut short, trained when it is missing."""
     from xattn.config import load_config, resolve_config
-    from xattn.training import train
 
     cfg = load_config(resolve_config(preset), [f"data.data_dir={data_dir()}", *overrides])
     out = CACHE / f"{preset}-{config_key(cfg)}"
-    if train(cfg, out).stop_reason == "interrupted":
+    if train_noted(cfg, out).stop_reason == "interrupted":
         raise SystemExit(f"training {out} was interrupted; run again to resume it")
     return out
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignment import MODEL
-from common import CACHE, RESULTS, cached_model, config_key, data_dir, finished, model_fingerprint, write_result
+from common import (CACHE, RESULTS, cached_model, config_key, data_dir, finished, model_fingerprint, train_noted,
+                    trained_by, write_result)
 
 from xattn.config import load_config, resolve_config
-from xattn.training import train
 from xattn.transfer import child_factory, strategy
 
 PARENT = "multi30k-fr-en"
@@ -94,7 +94,7 @@ def train_child(child: Child, parent: Path) -> Path:
     # de->cs changes both of the fr->en parent's languages: not a child, a model of its own with the same shape
     own = child.src != PARENT_PAIR[0] and child.tgt != PARENT_PAIR[1]
     factory = None if own else child_factory(parent, strategy(child.strategy), cfg, out)
-    progress = train(cfg, out, quiet=True, factory=factory)
+    progress = train_noted(cfg, out, factory, quiet=True)
     if progress.stop_reason == "interrupted":
         raise SystemExit(f"training {out} was interrupted; run again to resume it")
     print(f"[{time.strftime('%H:%M:%S')}] {child.name}: {progress.stop_reason} at step {progress.step}, best valid "
@@ -204,7 +204,8 @@ def run_record(child: Child, model_dir: Path) -> dict:
             "minutes": round((max((r.get("seconds", 0) for r in records), default=0) - PAUSED_S.get(model_dir.name, 0))
                              / 60, 1), "paused_s_taken_out": PAUSED_S.get(model_dir.name, 0),
             "best_valid_bleu": round(max(e["valid_bleu"] for e in evals), 2),
-            "best_step": max(evals, key=lambda e: e["valid_bleu"])["step"], "dir": str(model_dir)}
+            "best_step": max(evals, key=lambda e: e["valid_bleu"])["step"], "dir": str(model_dir),
+            "trained_by": trained_by(model_dir)}
 
 
 def body_of(child: Child) -> Child:
