@@ -15,7 +15,7 @@ Stages (each resumes; run them in order, in the background: `nohup python benchm
 all > log &`): sweep -> results/transfer_lr.json; children (trains what is missing); report ->
 results/transfer.json (test BLEU, significance, parameters, bytes, forgetting, zero-shot).
 
-usage: python benchmarks/transfer.py --stage sweep|children|report|all
+usage: python benchmarks/transfer.py --stage sweep|children|report|all|table (table: the markdown of the report)
 """
 from __future__ import annotations
 
@@ -260,10 +260,34 @@ def report(lr: str, parent: Path) -> dict:
     return result
 
 
+def markdown(result: dict) -> str:
+    """The tables of benchmarks/README.md from results/transfer.json."""
+    base = result["parent"]["bleu"]
+    lines = ["| pair | data | strategy | BLEU | BLEU (lc) | p vs `+body` | trained | weights | minutes "
+             "| steps (best) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        p = r.get("p_vs_body")
+        lines.append(f"| {r['pair'].replace('->', '→')} | {'all' if r['data'].startswith('all') else '5k'} | "
+                     f"`{r['strategy']}` | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {'' if p is None else f'{p:.3f}'} | "
+                     f"{100 * r['trained_share']:.1f}% | {r['weights_bytes'] / 1e6:.1f} MB | {r['minutes']} | "
+                     f"{r['steps']} ({r['best_step']}) |")
+    lines += ["", f"| forgetting: fr→en test BLEU | BLEU | BLEU (lc) | against the parent ({base:.2f}) |",
+              "|---|---|---|---|"]
+    lines += [f"| parent's fr embeddings in the de→en `{f['child']}` child | {f['fr->en']['bleu']:.2f} | "
+              f"{f['fr->en']['bleu_lc']:.2f} | {f['fr->en']['bleu'] - base:+.2f} |" for f in result["forgetting"]]
+    lines += ["", "| de→cs test | BLEU | BLEU (lc) |", "|---|---|---|"]
+    lines += [f"| {z['parts']} | {z['de->cs']['bleu']:.2f} | {z['de->cs']['bleu_lc']:.2f} |"
+              for z in result["zero_shot"]]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", choices=("sweep", "children", "report", "all"), required=True)
+    ap.add_argument("--stage", choices=("sweep", "children", "report", "all", "table"), required=True)
     args = ap.parse_args()
+    if args.stage == "table":
+        print(markdown(json.loads((RESULTS / "transfer.json").read_text())))
+        return 0
     parent = parent_dir()
     lr = sweep(parent)
     if args.stage == "sweep":
