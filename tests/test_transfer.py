@@ -130,6 +130,13 @@ def test_bad_recipes_are_one_line(parent, tmp_path, capsys, strategy_name, extra
     assert not (tmp_path / "child").exists()
 
 
+def test_a_child_never_trains_into_its_parent(parent, capsys):
+    before = {f.name: f.read_bytes() for f in parent.iterdir() if f.is_file()}
+    assert finetune(parent, parent, "src+xattn") == 2
+    assert "is the parent; a child trains into a directory of its own" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in parent.iterdir() if f.is_file()} == before
+
+
 def test_a_shared_vocabulary_parent_is_refused(numbers_model, tmp_path, capsys):
     assert finetune(numbers_model, tmp_path / "child", "src+xattn") == 2
     assert "shares one vocabulary between source and target" in capsys.readouterr().err

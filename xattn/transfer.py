@@ -135,6 +135,8 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     from xattn.corpus import prepare_corpus
     from xattn.recipes import RunParts
 
+    if Path(out_dir).resolve() == Path(parent_dir).resolve():
+        raise XattnError(f"--out {out_dir}: is the parent; a child trains into a directory of its own")
     parent = load_model_dir(parent_dir)
     side = changed_side(parent.config, cfg)
     if strat.side is not None and strat.side != side:
