@@ -181,6 +181,11 @@ CASES = {
     "input a directory": (["translate", M, "-i", "{space}"], "is a directory"),
     "input CR-only": (["translate", M, "-i", "{space}/cr-only.de"], "carriage return alone"),
     "output a directory": (["translate", M, "-i", "{space}/good.txt", "-o", "{space}"], "is a directory"),
+    # refused before any work, not after it
+    "evaluate output a directory": (["evaluate", M, "--split", "val", "-o", "{space}"], "{space} is a directory"),
+    "diagnose output a directory": (["diagnose", M, "--src", "{space}/good.txt", "-o", "{space}"], "is a directory"),
+    "importance output a directory": (["heads", "importance", M, "-o", "{space}"], "{space} is a directory"),
+    "attention output a directory": (["attention", M, "eins", "-o", "{space}"], "{space} is a directory"),
     "prefix count differs": (["translate", M, "-i", "{space}/good.txt", "--prefix", "{space}/ref.txt"], "line counts differ"),
     "evaluate counts differ": (["evaluate", M, "--src", "{space}/src.txt", "--ref", "{space}/ref.txt"], "line counts differ"),
     "evaluate src alone": (["evaluate", M, "--src", "{space}/src.txt"], "--src and --ref go together"),

@@ -208,6 +208,9 @@ def test_importance_then_prune_then_translate_like_the_masked_model(four_heads, 
     (["--fraction", "0.5", "--importance", "{tmp}/none.tsv", "--out", "{tmp}/x"], "no importance table"),
     (["--fraction", "0.5", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "bad.tsv: line 2: expected layer"),
     (["--fraction", "0.5", "--heads", "{tmp}/m.yaml", "--out", "{tmp}/x"], "not allowed with argument"),
+    (["--fraction", "0.5", "--places", " ,", "--out", "{tmp}/x"], "--places: names no place"),
+    (["--heads", "{tmp}/m.yaml", "--places", "cross", "--out", "{tmp}/x"], "--places: only with --fraction"),
+    (["--heads", "{tmp}/m.yaml", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "--importance: only with"),
 ])
 def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
     (tmp_path / "bad.tsv").write_text("layer\tplace\thead\tscore\n0\tcross\tzero\t0.5\n")
@@ -238,7 +241,8 @@ def test_attention_of_pruned_heads_is_asked_for_in_one_line(four_heads, tmp_path
 @pytest.mark.parametrize("removed, stored, left", [
     ([0], (1,), (0,)),        # the chosen head is renumbered
     ([1], (1,), None),        # the chosen head is gone: the choice is dropped
-    ([0], None, "mean"),      # the mean of the heads left
+    ([0], None, None),        # the mean of the layer's heads loses one: its AER no longer holds, dropped
+    ([], None, "mean"),       # nothing removed in the layer: kept as it is
 ])
 def test_pruning_renumbers_or_drops_the_stored_head_choice(tmp_path, removed, stored, left):
     from tests.conftest import tiny_model_dir

@@ -108,6 +108,11 @@ def test_languages_info_health_openapi_and_the_page(client):
     ({"q": []}, 422, "q: an empty list", "invalid_request"),
     ({"q": "drei", "attention": "some"}, 422, "attention: Input should be 'none', 'mean' or 'full'", "invalid_request"),
     ([1, 2], 422, "must be a JSON object", "invalid_request"),
+    ({"q": "drei", "beam_size": 2, "alternatives": 3}, 422, "beam_size: 2 is too few for 3 alternatives",
+     "invalid_request"),
+    ({"q": "drei", "n_best": 2, "beam_size": 4, "alternatives": 3}, 422, "n_best: 2 is too few", "invalid_request"),
+    ({"q": "drei", "length_penalty": 1e300}, 422, "length_penalty: must be in [0, 10]", "invalid_request"),
+    ({"q": "drei", "coverage_penalty": 1e300}, 422, "coverage_penalty: must be in [0, 10]", "invalid_request"),
 ])
 def test_every_client_mistake_is_a_json_error_with_its_status(client, body, status, fragment, error_type):
     error(client.post("/translate", json=body), status, fragment, error_type)
@@ -121,6 +126,9 @@ def test_malformed_and_oversized_bodies(client):
     error(client.post("/translate", content=b"x" * 200_000, headers={"Content-Type": "application/json"}), 413,
           "the body is over", "too_large")
     error(client.get("/translate"), 405, "Method Not Allowed", "method_not_allowed")
+    lone_surrogate = b'{"q": "drei \\ud800"}'  # valid JSON, but no text the tokenizer can take
+    error(client.post("/translate", content=lone_surrogate, headers={"Content-Type": "application/json"}), 422, "q: ",
+          "invalid_request")
 
 
 def test_api_key_and_cors(numbers_model):
@@ -318,6 +326,8 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
     (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address to listen on"),
     (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
     (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
+    (["--api-key", ""], "--api-key: an empty key"),
+    (["--api-key", "key "], "--api-key: an empty key, or one with spaces around it"),
 ])
 def test_an_address_or_origin_that_cannot_be_used_is_one_line(numbers_model, capsys, flags, message):
     import socket
@@ -331,3 +341,30 @@ def test_an_address_or_origin_that_cannot_be_used_is_one_line(numbers_model, cap
         assert main(["serve", str(numbers_model), *[f.replace("{busy}", port) for f in flags]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message.replace("{busy}", port) in err, err
+
+
+def test_a_batch_never_goes_over_the_batch_size_except_one_larger_request():
+    import asyncio
+
+    from xattn.serve.batcher import Batcher
+
+    calls = []
+
+    def translate(texts, settings):
+        calls.append(list(texts))
+        return [t.upper() for t in texts]
+
+    async def main():
+        batcher = Batcher(translate, max_batch=4, max_wait=0.0)
+        jobs = [["a", "b", "c"], ["d", "e", "f"], ["g"], ["h", "i", "j", "k", "l"], ["m"]]
+        # queued before the collector starts, so that it finds them all waiting
+        pending = [asyncio.ensure_future(batcher.submit(texts, "greedy")) for texts in jobs]
+        await asyncio.sleep(0)
+        batcher.start()
+        results = await asyncio.gather(*pending)
+        await batcher.stop()
+        return jobs, results
+
+    jobs, results = asyncio.run(main())
+    assert results == [[t.upper() for t in texts] for texts in jobs]  # every request answered, none split
+    assert [len(c) for c in calls] == [3, 4, 5, 1]  # abc | def+g | the five alone | m

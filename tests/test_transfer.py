@@ -106,6 +106,8 @@ def test_a_fine_tuning_run_resumes_and_checks_its_recipe(parent, tmp_path, capsy
     assert finetune(parent, out, "src+xattn", "train.max_steps=2") == 0
     assert finetune(parent, out, "src+body", "train.max_steps=4") == 2
     assert "transfer.strategy: 'src+xattn' -> 'src+body'" in capsys.readouterr().err
+    assert finetune(parent, out, "src+xattn", "train.max_steps=4", "--full") == 2  # stored as a delta so far
+    assert "transfer.full: None -> True" in capsys.readouterr().err
     assert finetune(parent, out, "src+xattn", "train.max_steps=4") == 0
     steps = [r["step"] for r in map(__import__("json").loads, (out / "log.jsonl").read_text().splitlines())
              if "loss" in r]
@@ -119,6 +121,7 @@ def test_a_fine_tuning_run_resumes_and_checks_its_recipe(parent, tmp_path, capsy
     ("src+enc", [], "argument --strategy: invalid choice"),
     ("src+xattn", ["model.d_model=32"], "override 'model.d_model=32': a child has its parent's model section"),
     ("src+xattn", ["data.joint_vocab=true"], "vocabularies are always separate"),
+    ("src+xattn", ["parent.delta=false"], "parent section is written from --parent"),
 ])
 def test_bad_recipes_are_one_line(parent, tmp_path, capsys, strategy_name, extra, message):
     try:
@@ -267,6 +270,24 @@ def test_compose_puts_the_parents_embeddings_back_into_a_child(parent, children,
     assert config_of(out)["data"]["src_lang"] == "de" and config_of(out)["parent"]["delta"] is True
 
 
+def test_compose_takes_parts_of_a_grandchild_and_its_parent(parent, children, tmp_path, capsys):
+    from xattn.checkpoint import load_model_dir, weights_of
+    from xattn.cli.main import main
+
+    grandchild = tmp_path / "cs-en"  # a child of the fr->en child
+    assert main(["finetune", "--parent", str(children / "fr-en"), "--strategy", "src+xattn", "numbers-de-en", *TINY,
+                 "data.src_lang=cs", "train.max_steps=2", "--out", str(grandchild), "--quiet"]) == 0
+    out = tmp_path / "back"
+    assert main(["compose", str(grandchild), "--src-embeddings", str(children / "fr-en"), "--out", str(out)]) == 0
+    assert "fr->en, stores what differs from the parent" in capsys.readouterr().out
+    assert (out / config_of(out)["parent"]["path"]).resolve() == (children / "fr-en").resolve()  # the nearest
+    made, mother, child = (weights_of(load_model_dir(d).model) for d in (out, children / "fr-en", grandchild))
+    groups = load_model_dir(out).model.parameter_groups()
+    assert all(torch.equal(made[n], mother[n]) for n in groups["src"])
+    assert all(torch.equal(made[n], child[n]) for n in groups["xattn"])
+    xattn.load(out).translate(["un deux"], xattn.DecodeConfig(beam_size=1))
+
+
 def test_compose_joins_an_encoder_side_and_a_decoder_side(parent, children, tmp_path):
     from xattn.checkpoint import load_model_dir, weights_of
 
@@ -333,5 +354,11 @@ def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_pa
                  "data.src_lang=fr", "train.max_steps=1", "--out", str(tmp_path / "child"), "--quiet"]) == 0
     centres = lambda d: load_model_dir(d).model.decoder.layers[0].cross_attn.offsets.flatten().tolist()  # noqa: E731
     assert centres(tmp_path / "parent") == centres(tmp_path / "child") == [1.0, -1.0, 1.0]
+    from xattn.corpus import prepare_corpus
+    from xattn.recipes import length_ratio
+
+    child = load_model_dir(tmp_path / "child").config  # its cross-attention centres by its own tokens' ratio
+    own = length_ratio(child.model, prepare_corpus(child.data, tmp_path / "child", new_tokenizers=False))
+    assert child.model.length_ratio == own != load_model_dir(tmp_path / "parent").config.model.length_ratio
     compose(tmp_path / "back", base=tmp_path / "child", src_embeddings=tmp_path / "parent")
     assert centres(tmp_path / "back") == [1.0, -1.0, 1.0]

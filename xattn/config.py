@@ -213,8 +213,8 @@ class DecodeConfig:
     top_p: float = 1.0                  # sampling: keep the smallest set with this much mass (nucleus)
     num_samples: int = 1                # sampling: samples per input, returned as alternatives
     seed: int | None = None             # sampling: same seed, same samples
-    length_penalty: float = 1.0         # GNMT alpha: score = log p / ((5 + len) / 6) ** alpha
-    coverage_penalty: float = 0.0       # GNMT beta: + beta * sum_j log(min(attention mass on source j, 1))
+    length_penalty: float = 1.0         # GNMT alpha (0..10): score = log p / ((5 + len) / 6) ** alpha
+    coverage_penalty: float = 0.0       # GNMT beta (0..10): + beta * sum_j log(min(attention mass on source j, 1))
     n_best: int = 1                     # beam: hypotheses returned per input
     min_len: int = 0                    # no EOS before this many tokens
     max_len_a: float = 1.5              # max target length = a * source length + b
@@ -226,7 +226,7 @@ class DecodeConfig:
     CHECKS: ClassVar[dict[str, Check]] = dict(
         beam_size=within(1, 1024), temperature=within(0, lo_open=True), top_k=NON_NEGATIVE,
         top_p=within(0, 1, lo_open=True), num_samples=within(1, 1024), seed=within(0, 2**63 - 1),
-        length_penalty=NON_NEGATIVE, coverage_penalty=NON_NEGATIVE, n_best=POSITIVE, min_len=NON_NEGATIVE,
+        length_penalty=within(0, 10), coverage_penalty=within(0, 10), n_best=POSITIVE, min_len=NON_NEGATIVE,
         max_len_a=within(0, 1000), max_len_b=within(0, 100_000), no_repeat_ngram_size=NON_NEGATIVE,
         max_tokens=POSITIVE)
 

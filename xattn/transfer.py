@@ -110,13 +110,17 @@ def changed_side(parent: RunConfig, child: RunConfig) -> str:
 
 def check_overrides(overrides: list[str]) -> None:
     """Refuse `section.key=value` overrides that a child would silently ignore: its model section is its
-    parent's (the new side's vocabulary size aside), and its two vocabularies are separate."""
+    parent's (the new side's vocabulary size aside), its parent section comes from --parent, and its two
+    vocabularies are separate."""
     import yaml
 
     for item in overrides:
         key, _, value = (part.strip() for part in item.partition("="))
         if key == "model" or key.startswith("model."):
             raise XattnError(f"override {item!r}: a child has its parent's model section (its shape); drop the "
+                             "override")
+        if key == "parent" or key.startswith("parent."):
+            raise XattnError(f"override {item!r}: a child's parent section is written from --parent; drop the "
                              "override")
         if key == "data.joint_vocab" and yaml.safe_load(value or "false") is not False:
             raise XattnError(f"override {item!r}: a child's source and target vocabularies are always separate")
@@ -133,7 +137,7 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     """
     from xattn.checkpoint import load_model_dir, parent_link, tensors_digest, tokenizer_hashes, weights_of
     from xattn.corpus import prepare_corpus
-    from xattn.recipes import RunParts
+    from xattn.recipes import RunParts, length_ratio
 
     if Path(out_dir).resolve() == Path(parent_dir).resolve():
         raise XattnError(f"--out {out_dir}: is the parent; a child trains into a directory of its own")
@@ -154,14 +158,18 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     digest = tensors_digest(parent_tensors)
     identity = {"transfer": {"strategy": strat.name, "side": side, "parent": digest,
                              "parent_tokenizers": tokenizer_hashes(Path(parent_dir))}}
+    if full:  # a run's weights are stored one way throughout (named only here, so delta runs keep their identity)
+        identity["transfer"]["full"] = True
     link = parent_link(Path(out_dir), Path(parent_dir), digest, delta=not full) if strat.from_parent else ParentConfig()
     base = parent_tensors if link.needed else None
 
     def build(ctx, new: bool) -> RunParts:
         corpus = prepare_corpus(data, Path(out_dir), ctx, new_tokenizers=new, inherit=inherit)
         tok = corpus.tokenizers
+        ratio = length_ratio(parent.config.model, corpus)  # hard-coded cross-attention: the child's own tokens
         model_cfg = dataclasses.replace(parent.config.model, src_vocab_size=tok.src.vocab_size,
-                                        tgt_vocab_size=tok.tgt.vocab_size)
+                                        tgt_vocab_size=tok.tgt.vocab_size,
+                                        length_ratio=ratio if ratio is not None else parent.config.model.length_ratio)
         torch.manual_seed(cfg.train.seed)
         model = Transformer(model_cfg)
         if strat.from_parent:
@@ -245,33 +253,50 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
 
 
 def _common_parent(models: dict) -> tuple[str, Path]:
-    """The weights digest and directory of the parent that the parts `models` ({dir: (config, tensors)}) share
-    (a part without a parent is its own); parts of other parents, of other shapes or with one shared
-    vocabulary are refused."""
-    from xattn.checkpoint import parent_dir, tensors_digest
+    """The weights digest and directory of the nearest model that every part of `models` ({dir: (config,
+    tensors)}) is or descends from (a part's own weights, its parent's, its grandparent's...); parts with
+    no such model, of other shapes or with one shared vocabulary are refused."""
     from xattn.tokenizer import SRC_MODEL
 
-    roots = {}
+    lines = {}
     for path, (cfg, tensors) in models.items():
         if cfg.model.share_embeddings or not (path / SRC_MODEL).is_file():
             raise XattnError(f"{path}: shares one vocabulary between source and target, so its sides cannot be "
                              "taken apart")
-        roots[path] = (cfg.parent.tensors, parent_dir(path, cfg.parent)) if cfg.parent.named \
-            else (tensors_digest(tensors), path)
+        lines[path] = _lineage(path, cfg, tensors)
     first = next(iter(models))
     for path in models:
-        if roots[path][0] != roots[first][0]:
-            raise XattnError(f"{first} comes from the parent model {roots[first][0][:12]} and {path} from "
-                             f"{roots[path][0][:12]}; only parts of children of one parent fit together")
         if shape := _shape_difference(models[first][0].model, models[path][0].model):
             raise XattnError(f"{first} and {path} differ in model.{shape}")
-    return roots[first]
+    shared = [(d, where) for d, where in lines[first] if all(d in {e for e, _ in line} for line in lines.values())]
+    if not shared:
+        other = next(path for path in models if path != first)
+        raise XattnError(f"{first} comes from the parent model {lines[first][-1][0][:12]} and {other} from "
+                         f"{lines[other][-1][0][:12]}; only parts of children of one parent fit together")
+    return shared[0]
+
+
+def _lineage(path: Path, cfg: RunConfig, tensors: dict) -> list[tuple[str, Path]]:
+    """(weights digest, directory) of the model in `path` and of each model it descends from, nearest first,
+    as far as their directories are at hand."""
+    from xattn.checkpoint import CONFIG, MAX_PARENTS, parent_dir, tensors_digest
+    from xattn.config import load_config
+
+    line = [(tensors_digest(tensors), path)]
+    while cfg.parent.named and len(line) <= MAX_PARENTS:
+        parent = parent_dir(path, cfg.parent)
+        line.append((cfg.parent.tensors, parent))
+        if not (parent / CONFIG).is_file():
+            break
+        path, cfg = parent, load_config(parent / CONFIG)
+    return line
 
 
 def _shape_difference(a, b) -> str | None:
-    """The first ModelConfig key (vocabulary sizes aside) on which two parts disagree, as `key (a vs b)`."""
+    """The first ModelConfig key on which two parts disagree, as `key (a vs b)`; the vocabulary sizes and the
+    length ratio (of each model's own language pair) may differ."""
     da, db = dataclasses.asdict(a), dataclasses.asdict(b)
     for key in da:
-        if key not in ("src_vocab_size", "tgt_vocab_size") and da[key] != db[key]:
+        if key not in ("src_vocab_size", "tgt_vocab_size", "length_ratio") and da[key] != db[key]:
             return f"{key} ({da[key]!r} vs {db[key]!r})"
     return None

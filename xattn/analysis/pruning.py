@@ -135,17 +135,14 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
 
 def remapped(settings, removed: list[list[int]] | None, heads_before: int):
     """AlignSettings with its heads renumbered after removing `removed` (per layer) from the cross-attention;
-    None when a chosen head, or every head of the chosen layer (`heads_before` of them), is gone."""
+    None when the choice loses a head (one it names, or any of the layer's `heads_before` when it takes their
+    mean), since its stored AER was measured with that head."""
     gone = set(removed[settings.choice.layer]) if removed else set()
-    if not gone:
-        return settings
     chosen = set(settings.choice.heads) if settings.choice.heads is not None else set(range(heads_before))
-    if (settings.choice.heads is not None and gone & chosen) or chosen <= gone:
-        return None
-    if settings.choice.heads is None:
-        return settings
-    heads = tuple(h - sum(g < h for g in gone) for h in settings.choice.heads)
-    return dataclasses.replace(settings, choice=dataclasses.replace(settings.choice, heads=heads))
+    if not gone & chosen:
+        return settings if not gone else dataclasses.replace(settings, choice=dataclasses.replace(
+            settings.choice, heads=tuple(h - sum(g < h for g in gone) for h in settings.choice.heads)))
+    return None
 
 
 def least_important(cfg: ModelConfig, table: list[dict], places: list[str], fraction: float, where: str) -> Removal:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from xattn.analysis.alignment import SYMMETRISATIONS
-from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, path_arg, read_sentence_pairs,
-                              write_output_lines)
+from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, output_arg, path_arg,
+                              read_sentence_pairs, write_output_lines)
 from xattn.errors import XattnError
 
 def register(sub) -> None:
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--backward", type=path_arg, metavar="MODEL2",
                    help="a model of the opposite direction, to symmetrise with (needs --sym)")
     p.add_argument("--sym", choices=SYMMETRISATIONS, help="how to combine both directions' links")
-    p.add_argument("--output", "-o", type=path_arg, help="output file, written atomically (default: stdout)")
+    p.add_argument("--output", "-o", type=output_arg, help="output file, written atomically (default: stdout)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch")
     add_alignment_flags(p)

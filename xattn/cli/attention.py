@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xattn.analysis.maps import KINDS
-from xattn.cli.common import add_head_flags, add_verb, path_arg
+from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg
 from xattn.cli.translate import add_decode_flags, decode_config
 from xattn.errors import XattnError
 
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("model", type=path_arg, help="model directory")
     p.add_argument("sentence", help="the source sentence")
     p.add_argument("--reference", help="a translation to read teacher-forced instead of the model's own")
-    p.add_argument("--output", "-o", type=path_arg, required=True, help="FILE.png, .svg, .pdf or .html")
+    p.add_argument("--output", "-o", type=output_arg, required=True, help="FILE.png, .svg, .pdf or .html")
     p.add_argument("--kind", choices=KINDS, default="cross",
                    help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")
     add_head_flags(p, "draw, of the --kind's stack (default: the last; the HTML page has a picker)")

@@ -22,6 +22,14 @@ def path_arg(value: str) -> str:
     return value
 
 
+def output_arg(value: str) -> str:
+    """argparse type of an output file: refused at once if it names a folder, not after the work is done."""
+    value = path_arg(value)
+    if value != "-" and Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; name a file")
+    return value
+
+
 def write_output_lines(path: str | None, lines: list[str]) -> None:
     """Write lines to `path` atomically, or to stdout."""
     text = "".join(f"{one_line(line)}\n" for line in lines)

@@ -5,12 +5,12 @@ from xattn.cli.common import add_verb, path_arg
 
 
 def register(sub) -> None:
-    p = add_verb(sub, "compose", "Build a model from parts of models that share a parent (children of one model "
-                 "made by xattn finetune, or the parent itself): the encoder side (source embeddings and "
+    p = add_verb(sub, "compose", "Build a model from parts of models that descend from one model (children made "
+                 "by xattn finetune, their parent, children of children): the encoder side (source embeddings and "
                  "tokenizer, encoder) of one and the decoder side (cross-attention, decoder, target embeddings "
                  "and tokenizer) of another, or a BASE model with another's source or target embeddings plugged "
                  "in. Gheini et al. (2021) use it for zero-shot pairs and to test forgetting. Parts of models "
-                 "that do not share a parent are refused.",
+                 "with no common ancestor are refused.",
                  "xattn compose runs/fr-cs-xattn --src-embeddings runs/de-en-xattn --out runs/de-cs-zero-shot",
                  run)
     p.add_argument("base", nargs="?", type=path_arg, help="the model that gives every part the flags do not name")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from xattn.cli.common import add_head_flags, add_verb, path_arg, write_output_lines
+from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config
 from xattn.errors import XattnError
 from xattn.io import read_lines
@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--hyp", type=path_arg, help="translations to diagnose, read teacher-forced "
                    "(default: translate --src with the decoding flags)")
     p.add_argument("--ref", type=path_arg, help="references: adds each sentence's chrF")
-    p.add_argument("--output", "-o", type=path_arg, help="JSON lines, written atomically (default: stdout)")
+    p.add_argument("--output", "-o", type=output_arg, help="JSON lines, written atomically (default: stdout)")
     add_head_flags(p, "read (default: the stored alignment choice)")
     p.add_argument("--under", type=float, help="flag a source word covered less than this (default 0.2)")
     p.add_argument("--over", type=float, help="flag a source word covered more than this (default 4.0)")

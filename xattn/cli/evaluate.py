@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from xattn.cli.common import add_verb, path_arg, write_output_lines
+from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
 from xattn.io import read_lines
@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--src", type=path_arg, help="source file (instead of --split)")
     p.add_argument("--ref", type=path_arg, help="reference file (with --src)")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
-    p.add_argument("--output", "-o", type=path_arg, help="also write the translations to this file")
+    p.add_argument("--output", "-o", type=output_arg, help="also write the translations to this file")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     add_decode_flags(p)
 

@@ -7,7 +7,7 @@ import sys
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
 from xattn.analysis.importance import METHODS as IMPORTANCE_METHODS
 from xattn.cli.align import read_pairs
-from xattn.cli.common import add_verb, path_arg, write_output_lines
+from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import read_lines
@@ -40,7 +40,7 @@ def register(sub) -> None:
     a.add_argument("--punct", choices=PUNCT_RULES, default="free", help="as in xattn align; stored with the choice")
     a.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch")
     a.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    a.add_argument("--table", "-o", type=path_arg, help="also write the ranking as JSON lines to this file")
+    a.add_argument("--table", "-o", type=output_arg, help="also write the ranking as JSON lines to this file")
     a.add_argument("--no-store", action="store_true", help="print the ranking without writing analysis.yaml")
     i = add_verb(subs, "importance", "Score every head of the encoder self-, decoder self- and cross-attention "
                  "over sentence pairs: gradient (Michel et al. 2019: the expected absolute gradient of the loss with "
@@ -58,7 +58,8 @@ def register(sub) -> None:
     i.add_argument("--sentences", type=int, help="use the first N pairs only")
     i.add_argument("--max-tokens", type=int, default=2048, help="token budget of one batch (default 2048)")
     i.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    i.add_argument("--output", "-o", type=path_arg, help="where to save the table (default: MODEL/head_importance.tsv)")
+    i.add_argument("--output", "-o", type=output_arg,
+                   help="where to save the table, - for stdout only (default: MODEL/head_importance.tsv)")
 
 
 def run_align(args) -> int:
@@ -122,6 +123,8 @@ def run_importance(args) -> int:
     lines = format_table(rows)
     write_output_lines(None, lines)
     output = args.output or str(Path(args.model) / IMPORTANCE_FILE)
-    write_output_lines(output, lines)
-    print(f"{args.method} importance of {len(rows)} heads over {len(src)} pairs saved in {output}", file=sys.stderr)
+    if output != "-":
+        write_output_lines(output, lines)
+    print(f"{args.method} importance of {len(rows)} heads over {len(src)} pairs"
+          + (f" saved in {output}" if output != "-" else ""), file=sys.stderr)
     return 0

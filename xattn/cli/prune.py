@@ -22,8 +22,8 @@ def register(sub) -> None:
     what.add_argument("--fraction", type=float, help="share of the heads of --places to remove, in [0, 1]")
     what.add_argument("--heads", type=path_arg, metavar="FILE", help="a head mask file (as --head-mask of "
                       "xattn translate) with 0 on the heads to remove and 1 on those to keep")
-    p.add_argument("--places", default="enc_self,dec_self,cross",
-                   help="with --fraction: the places to prune, comma-separated (default: all three)")
+    p.add_argument("--places", help="with --fraction: the places to prune, comma-separated (default: all three: "
+                   "enc_self,dec_self,cross)")
     p.add_argument("--importance", type=path_arg, metavar="FILE",
                    help="with --fraction: the table to rank by (default: MODEL/head_importance.tsv)")
     p.add_argument("--out", type=path_arg, required=True, help="a new model directory")
@@ -39,11 +39,17 @@ def run(args) -> int:
     if cfg is None:
         raise XattnError(f"{args.model}: not a model directory (no config.yaml)")
     if args.heads:
+        for flag, value in (("--places", args.places), ("--importance", args.importance)):
+            if value is not None:
+                raise XattnError(f"{flag}: only with --fraction; with --heads the mask file names the heads")
         removal = removal_of_mask(read_head_mask(args.heads, cfg), args.heads)
     else:
         if not 0 <= args.fraction <= 1:
             raise XattnError(f"--fraction: must be in [0, 1], got {args.fraction}")
-        places = [p.strip() for p in args.places.split(",") if p.strip()]
+        places = [p.strip() for p in (args.places if args.places is not None else ",".join(PLACES)).split(",")
+                  if p.strip()]
+        if not places:
+            raise XattnError(f"--places: names no place; one or more of {', '.join(PLACES)}")
         if bad := [p for p in places if p not in PLACES]:
             raise XattnError(f"--places: {bad[0]!r} is not a place; one of {', '.join(PLACES)}")
         table = Path(args.importance or Path(args.model) / IMPORTANCE_FILE)

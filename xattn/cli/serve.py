@@ -73,6 +73,8 @@ def run(args) -> int:
         raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
     if args.threads is not None and args.threads < 1:
         raise XattnError(f"--threads: must be >= 1, got {args.threads}")
+    if args.api_key is not None and (not args.api_key.strip() or args.api_key != args.api_key.strip()):
+        raise XattnError("--api-key: an empty key, or one with spaces around it, could never be given back")
     if args.cors_origin is not None:
         check_origin(args.cors_origin)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)

@@ -1,8 +1,8 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
-from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, path_arg,
-                              write_output_lines)
+from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
+                              path_arg, write_output_lines)
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -36,7 +36,7 @@ def register(sub) -> None:
                  run)
     p.add_argument("model", type=path_arg, help="model directory")
     p.add_argument("--input", "-i", type=path_arg, help="input file (default: stdin)")
-    p.add_argument("--output", "-o", type=path_arg, help="output file, written atomically (default: stdout)")
+    p.add_argument("--output", "-o", type=output_arg, help="output file, written atomically (default: stdout)")
     p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
     p.add_argument("--alignment", action="store_true",

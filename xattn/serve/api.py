@@ -113,10 +113,12 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
     given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
     if req.alternatives:
         sampling = given.get("sampling", base.sampling)
-        key = "num_samples" if sampling else "n_best"
-        given[key] = max(given.get(key, 1), req.alternatives + 1)
-        if not sampling:
-            given["beam_size"] = max(given.get("beam_size", base.beam_size), given["n_best"])
+        wanted = req.alternatives + 1
+        for key in ("num_samples",) if sampling else ("n_best", "beam_size"):
+            if given.get(key, wanted) < wanted:  # set by the request too low: a contradiction, not a default
+                raise ApiError(422, f"{key}: {given[key]} is too few for {req.alternatives} alternatives (needs "
+                               f"{wanted} or more; or leave it out)", "invalid_request")
+            given[key] = max(given.get(key, 1 if key != "beam_size" else base.beam_size), wanted)
     try:
         return dataclasses.replace(base, **given)
     except XattnError as e:  # a ConfigError "decode.beam_size: must be ..."

@@ -174,8 +174,11 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         model = ready()
         req = parse_request(await read_body(request, limits))
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
-        texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
-                               model.maps, model.max_positions)
+        try:
+            texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
+                                   model.maps, model.max_positions)
+        except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
+            raise ApiError(422, f"q: {e}", "invalid_request") from None
         try:
             done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
                                           limits.timeout_s)

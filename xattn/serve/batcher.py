@@ -1,7 +1,8 @@
 """Cross-request batching: requests with the same decoding settings share one `Translator.translate` call.
 
 Requests wait in a bounded queue. One collector task takes the first, then whatever else is queued, up to
-`max_batch` sentences, groups them by settings and runs one translate call per group on a dedicated
+`max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch`
+runs alone), groups them by settings and runs one translate call per group on a dedicated
 thread, so the event loop never blocks and concurrent clients share batches. Under load (the last batch
 merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
 clients of a batch send their next requests just after its answers go out, and would otherwise be split
@@ -39,6 +40,7 @@ class Batcher:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="xattn-translate")
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self._task: asyncio.Task | None = None
+        self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -65,7 +67,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         last = 1  # requests in the last batch
         while True:
-            jobs = [await self.queue.get()]
+            jobs, self._held = [self._held or await self.queue.get()], None
             size, deadline = len(jobs[0].texts), loop.time() + (self.max_wait if last > 1 else 0.0)
             while size < self.max_batch:
                 try:
@@ -73,6 +75,9 @@ class Batcher:
                     job = await asyncio.wait_for(self.queue.get(), deadline - loop.time()) if waiting else \
                         self.queue.get_nowait()
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                if size + len(job.texts) > self.max_batch:  # a request is never split: it waits for the next
+                    self._held = job
                     break
                 jobs.append(job)
                 size += len(job.texts)
