@@ -120,13 +120,18 @@ def config_key(cfg) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_model(preset: str, overrides: list[str] = ()) -> Path:
-    """The model `xattn train PRESET overrides` trains, kept in CACHE/PRESET-KEY: reused when its run
-    finished there, resumed when it was cut short, trained when it is missing."""
+def cached_dir(preset: str, overrides: list[str] = ()) -> tuple[Path, object]:
+    """Where `xattn train PRESET overrides` is kept (CACHE/PRESET-KEY), and its config."""
     from xattn.config import load_config, resolve_config
 
     cfg = load_config(resolve_config(preset), [f"data.data_dir={data_dir()}", *overrides])
-    out = CACHE / f"{preset}-{config_key(cfg)}"
+    return CACHE / f"{preset}-{config_key(cfg)}", cfg
+
+
+def cached_model(preset: str, overrides: list[str] = ()) -> Path:
+    """The model `xattn train PRESET overrides` trains, kept in CACHE/PRESET-KEY: reused when its run
+    finished there, resumed when it was cut short, trained when it is missing."""
+    out, cfg = cached_dir(preset, overrides)
     if train_noted(cfg, out).stop_reason == "interrupted":
         raise SystemExit(f"training {out} was interrupted; run again to resume it")
     return out
