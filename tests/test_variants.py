@@ -26,6 +26,7 @@ def test_config_names_a_variant_per_place_and_layer_in_one_canonical_form():
     ("model.attention={cross: hard}", "model.attention: cross: 'hard' is not one of learned, gaussian"),
     ("model.attention=gaussian", "model.attention: expected a mapping such as {cross: gaussian}"),
     ("model.heads={cross: [8, 8]}", "model.heads: cross has 3 layers, but 2 values are given"),
+    ("model.heads=[8, 8]", "model.heads: expected a mapping such as {cross: [8, 4, 1]}"),
     ("model.heads={cross: -1}", "model.heads: cross: expected a number of heads >= 0, got -1"),
     ("model.score=cosine", "model.score: 'cosine' is not one of dot, scaled_dot, general, additive"),
     ("model.length_ratio=0", "model.length_ratio: must be > 0"),

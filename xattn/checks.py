@@ -115,7 +115,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         except yaml.YAMLError:
             value = None
         if not isinstance(value, dict):
-            raise ConfigError(where, f"expected a mapping such as {{cross: gaussian}}, got {value!r}")
+            example = {"model.heads": "{cross: [8, 4, 1]}"}.get(where, "{cross: gaussian}")
+            raise ConfigError(where, f"expected a mapping such as {example}, got {value!r}")
         return value
     if origin is tuple:
         items = value if isinstance(value, (list, tuple)) else str(value).strip("()[]").split(",")
