@@ -118,10 +118,12 @@ def test_confidence_is_the_mean_largest_weight():
     ("cross: [[1, 1, 1], null]", "cross layer 0: expected 4 factors"),
     ("cross: [[1, 1, 2, 1], null]", "cross layer 0: factors must be numbers in [0, 1]"),
     ("[1, 2]", "expected a mapping of places"),
+    ("cross: [[1, 0, 1, 1], null]\ncross: [null, null]\n", "line 2: invalid YAML ('cross' is given twice)"),
+    (None, "is a directory, not a file"),
 ])
 def test_bad_mask_files_are_one_line(tmp_path, text, message):
     path = tmp_path / "mask.yaml"
-    path.write_text(text)
+    path.write_text(text) if text is not None else path.mkdir()
     with pytest.raises(xattn.XattnError) as e:
         read_head_mask(path, tiny_config(n_heads=4))
     assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)

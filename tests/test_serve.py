@@ -111,6 +111,11 @@ def test_languages_info_health_openapi_and_the_page(client):
     ({"q": "drei", "beam_size": 2, "alternatives": 3}, 422, "beam_size: 2 is too few for 3 alternatives",
      "invalid_request"),
     ({"q": "drei", "n_best": 2, "beam_size": 4, "alternatives": 3}, 422, "n_best: 2 is too few", "invalid_request"),
+    ({"q": "drei", "temperature": 0.5}, 422, "temperature: applies to sampling only", "invalid_request"),
+    ({"q": "drei", "beam_size": True}, 422, "beam_size: Input should be a valid integer", "invalid_request"),
+    ({"q": "drei", "beam_size": "3"}, 422, "beam_size: Input should be a valid integer", "invalid_request"),
+    ({"q": "drei", "sampling": True, "beam_size": 3}, 422, "beam_size: applies to beam search, not to sampling",
+     "invalid_request"),
     ({"q": "drei", "length_penalty": 1e300}, 422, "length_penalty: must be in [0, 10]", "invalid_request"),
     ({"q": "drei", "coverage_penalty": 1e300}, 422, "coverage_penalty: must be in [0, 10]", "invalid_request"),
 ])
@@ -282,6 +287,12 @@ def test_multipart_forms_and_a_lowercase_bearer(numbers_model):
         multipart = c.post("/translate", files={"q": (None, "drei"), "api_key": (None, "k")})
         assert multipart.status_code == 200 and multipart.json()["translatedText"] == ok.json()["translatedText"]
         error(c.post("/translate", files={"q": ("a.txt", b"drei"), "api_key": (None, "k")}), 422, "body:")
+        form = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": "Bearer k"}
+        typed = c.post("/translate", content=b"q=drei&beam_size=3&alternatives=1", headers=form)  # text, converted
+        assert typed.status_code == 200 and len(typed.json()["alternatives"]) == 1
+        error(c.post("/translate", content=b"q=drei&beam_size=2&beam_size=5", headers=form), 422,
+              "beam_size: given 2 times in the form", "invalid_request")
+        assert c.post("/translate", content=b"q=drei&q=vier", headers=form).json()["translatedText"][1]
     finally:
         c.__exit__(None, None, None)
 

@@ -1,5 +1,7 @@
 """Attention variants chosen in the config: the registry, per-place and per-layer heads, and hard-coded
 Gaussian attention (You, Sun & Iyyer 2020)."""
+import re
+
 import pytest
 import torch
 
@@ -27,6 +29,9 @@ def test_config_names_a_variant_per_place_and_layer_in_one_canonical_form():
     ("model.attention=gaussian", "model.attention: expected a mapping such as {cross: gaussian}"),
     ("model.heads={cross: [8, 8]}", "model.heads: cross has 3 layers, but 2 values are given"),
     ("model.heads=[8, 8]", "model.heads: expected a mapping such as {cross: [8, 4, 1]}"),
+    ("model.heads={cross: 1000}", "model.heads: cross: 1000 heads, more than model.n_heads"),
+    ("model.heads={cross: 1, cross: 2}", "model.heads: not valid YAML ('cross' is given twice)"),
+    ("model.attention={cross: [gaussian", "model.attention: not valid YAML"),
     ("model.heads={cross: -1}", "model.heads: cross: expected a number of heads >= 0, got -1"),
     ("model.score=cosine", "model.score: 'cosine' is not one of dot, scaled_dot, general, additive"),
     ("model.length_ratio=0", "model.length_ratio: must be > 0"),
@@ -85,6 +90,11 @@ def test_a_pruned_layer_and_a_head_mask():
     assert model.decoder.layers[0].cross_attn.q_proj.weight.shape == (0, 16)
     model.head_mask = {"cross": [None, torch.ones(1)]}
     torch.testing.assert_close(model(src, tgt).logits, out.logits)
+    for wrong, message in (({"crosss": [None, None]}, "'crosss' is not a place"),
+                           ({"cross": [None]}, "cross has 2 layers, got 1"),
+                           ({"cross": [None, torch.ones(2)]}, "cross layer 1 has 1 heads, got factors of shape (2,)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            model.head_mask = wrong
 
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=2",

@@ -18,6 +18,7 @@ import yaml
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
     validate, within
 from xattn.errors import XattnError
+from xattn.io import read_yaml
 from xattn.variants import PLACES, SCORES, VARIANTS
 
 
@@ -71,11 +72,13 @@ class ModelConfig:
             raise ConfigError("model.share_embeddings", "needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
         for key, default in (("attention", "learned"), ("heads", self.n_heads)):
             object.__setattr__(self, key, self._per_layer(key, default))
+        for place in self.heads:  # a layer has model.n_heads heads, or fewer once pruned
+            if (most := max(self.heads_of(place, i) for i in range(self.layers_of(place)))) > self.n_heads:
+                raise ConfigError("model.heads", f"{place}: {most} heads, more than model.n_heads ({self.n_heads})")
         for name in ("pad_id", "bos_id", "eos_id"):
             if getattr(self, name) >= min(self.src_vocab_size, self.tgt_vocab_size):
                 raise ConfigError(f"model.{name}", f"{getattr(self, name)} is outside the vocabulary "
                                   f"({min(self.src_vocab_size, self.tgt_vocab_size)} ids)")
-
 
     def _per_layer(self, key: str, default: Any) -> dict:
         """model.attention or model.heads in one canonical form: only places that differ from `default`,
@@ -313,24 +316,6 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
             raise XattnError(f"override {item!r}: unknown section {section!r}{nearest(section, list(SECTIONS))}")
         out.setdefault(section, {})[name] = value
     return out
-
-
-def read_yaml(path: Path) -> Any:
-    """The YAML document in `path`; a missing file, non-UTF-8 bytes or bad YAML is a one-line XattnError."""
-    if not path.is_file():
-        raise XattnError(f"{path}: file not found")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise XattnError(f"{path}: line {line}: not UTF-8 text") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}: line {mark.line + 1}" if mark else str(path)
-        raise XattnError(f"{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
 PRESET_DIR = Path(__file__).resolve().parent / "configs"

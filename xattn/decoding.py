@@ -29,6 +29,16 @@ from xattn.processors import Processor, StepState, apply_all, constraints, warpe
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
 
 
+SAMPLING_ONLY = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed"})
+BEAM_ONLY = frozenset({"beam_size", "n_best", "coverage_penalty", "early_stopping"})
+
+
+def ignored_settings(given, sampling: bool) -> list[str]:
+    """Of the DecodeConfig fields a user set (`given`), those a search of that kind would ignore: the beam's
+    when sampling, the sampler's when searching by beam. Every front end refuses them."""
+    return sorted(set(given) & (BEAM_ONLY if sampling else SAMPLING_ONLY))
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]                       # generated ids, EOS excluded

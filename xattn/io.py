@@ -12,7 +12,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from xattn.errors import XattnError
 
@@ -124,3 +124,43 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in `path`; a missing file, non-UTF-8 bytes, bad YAML or a key given twice in one
+    mapping (YAML would keep the last silently) is a one-line XattnError naming the file and line."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise XattnError(f"{path}: {'is a directory, not a file' if path.is_dir() else 'file not found'}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise XattnError(f"{path}: line {line}: not UTF-8 text") from None
+    try:
+        return yaml.load(text, Loader=unique_key_loader())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}: line {mark.line + 1}" if mark else str(path)
+        raise XattnError(f"{where}: invalid YAML ({' '.join(str(getattr(e, 'problem', None) or e).split())})") \
+            from None
+
+
+def unique_key_loader():
+    """yaml.SafeLoader that refuses a mapping key given twice."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+    return UniqueKeyLoader

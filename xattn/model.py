@@ -18,6 +18,7 @@ from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_m
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
+from xattn.variants import PLACES
 
 
 @dataclass
@@ -122,8 +123,7 @@ class Transformer(nn.Module):
         self._init_weights()
         if cfg.tie_output:
             self.generator.weight = self.tgt_embed.weight
-        self.head_mask: HeadMask | None = None
-        """Applied by every forward pass while set (a differentiable tensor gives the mask's gradient)."""
+        self.head_mask = None
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -195,6 +195,25 @@ class Transformer(nn.Module):
         if not need_weights:
             return DecoderStates(states)
         return DecoderStates(states, tuple(cross), tuple(selfw))
+
+    @property
+    def head_mask(self) -> HeadMask | None:
+        """Applied by every forward pass while set (a differentiable tensor gives the mask's gradient): per
+        place, one entry per layer, None or a (heads of that layer,) tensor; places left out are unmasked."""
+        return self._head_mask
+
+    @head_mask.setter
+    def head_mask(self, mask: HeadMask | None) -> None:
+        for place, layers in (mask or {}).items():
+            if place not in PLACES:
+                raise ValueError(f"head_mask: {place!r} is not a place; one of {', '.join(PLACES)}")
+            if len(layers) != self.cfg.layers_of(place):
+                raise ValueError(f"head_mask: {place} has {self.cfg.layers_of(place)} layers, got {len(layers)}")
+            for i, factors in enumerate(layers):
+                if factors is not None and tuple(factors.shape) != (self.cfg.heads_of(place, i),):
+                    raise ValueError(f"head_mask: {place} layer {i} has {self.cfg.heads_of(place, i)} heads, got "
+                                     f"factors of shape {tuple(factors.shape)}")
+        self._head_mask = mask
 
     def _context(self, place: str, layer: int, need_weights: bool, positions: Tensor) -> AttentionContext:
         mask = self.head_mask.get(place, [None] * (layer + 1))[layer] if self.head_mask is not None else None

@@ -36,7 +36,7 @@ def attention_module(model: Transformer, place: str, layer: int) -> torch.nn.Mod
 
 def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
     """The head mask in the YAML file `path`, checked against the model's layers and heads."""
-    from xattn.config import read_yaml
+    from xattn.io import read_yaml
 
     path = Path(path)
     data = read_yaml(path)

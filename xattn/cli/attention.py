@@ -5,7 +5,7 @@ from pathlib import Path
 
 from xattn.analysis.maps import KINDS
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg
-from xattn.cli.translate import add_decode_flags, decode_config
+from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.errors import XattnError
 
 STATIC = (".png", ".svg", ".pdf")
@@ -31,7 +31,7 @@ def register(sub) -> None:
                         "over its pieces, a target word's row the average of its pieces' rows, so rows still "
                         "sum to 1")
     p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross)")
-    add_decode_flags(p)
+    add_decode_flags(p, one_per_input=True)
 
 
 def run(args) -> int:
@@ -51,6 +51,8 @@ def run(args) -> int:
         raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
     if not args.sentence.strip():
         raise XattnError("the sentence is empty")
+    if args.reference is not None:
+        refuse_search_flags(args, "not used with --reference, which is read teacher-forced (nothing is searched)")
     translator = load_translator(args)
     cfg = translator.model.cfg
     pair = attention_pair(args, translator)

@@ -5,7 +5,7 @@ import json
 import sys
 
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg, write_output_lines
-from xattn.cli.translate import add_decode_flags, decode_config
+from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.errors import XattnError
 from xattn.io import read_lines
 
@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--over", type=float, help="flag a source word covered more than this (default 4.0)")
     p.add_argument("--detached", type=float,
                    help="flag when more than this share of target words look at </s> most (default 0.5)")
-    add_decode_flags(p)
+    add_decode_flags(p, one_per_input=True)
 
 
 def run(args) -> int:
@@ -51,6 +51,9 @@ def run(args) -> int:
         if not value >= 0:
             raise XattnError(f"--{key}: must be >= 0, got {value}")
     thresholds = replace(Thresholds(), **changes)
+    if hyps is not None:
+        refuse_search_flags(args, "not used with --hyp, whose translations are read teacher-forced (nothing is "
+                            "searched)")
     translator = load_translator(args)
     cfg = translator.model.cfg
     choice = settings_for(args.model, cfg, args.layer, args.heads).choice

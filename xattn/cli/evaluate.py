@@ -13,28 +13,32 @@ def register(sub) -> None:
     p = add_verb(sub, "evaluate", "Score a model on a named split of its dataset or on given files.",
                  "xattn evaluate runs/multi30k-de-en --split test --beam 5", run)
     p.add_argument("model", type=path_arg, help="model directory")
-    p.add_argument("--split", default="test", help="split of the model's dataset: test (default), val")
+    p.add_argument("--split", help="split of the model's dataset: test (default), val")
     p.add_argument("--src", type=path_arg, help="source file (instead of --split)")
     p.add_argument("--ref", type=path_arg, help="reference file (with --src)")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
     p.add_argument("--output", "-o", type=output_arg, help="also write the translations to this file")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
-    add_decode_flags(p)
+    add_decode_flags(p, one_per_input=True)
 
 
-def test_pairs(args, data_cfg) -> tuple[list[str], list[str]]:
+def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str]]:
+    """--src and --ref, or --split (default `split`) of the model's dataset (in --data-dir)."""
     from xattn.datasets import load_pairs
 
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise XattnError("--src and --ref go together")
+        for flag in ("--split", "--data-dir"):
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise XattnError(f"{flag}: not used with --src and --ref, which give the pairs")
         src, ref = read_lines(args.src), read_lines(args.ref)
         if len(src) != len(ref):
             raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.ref} has {len(ref)}")
         return src, ref
     if data_cfg.dataset is None:
         raise XattnError("the model was trained on own files; give --src and --ref")
-    pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split,
+    pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split or split,
                        args.data_dir or data_cfg.data_dir)
     return [s for s, _ in pairs], [t for _, t in pairs]
 

@@ -51,7 +51,7 @@ def register(sub) -> None:
     i.prog = "xattn heads importance"
     i.add_argument("model", type=path_arg, help="model directory")
     i.add_argument("--method", choices=IMPORTANCE_METHODS, default="gradient", help="default: gradient")
-    i.add_argument("--split", default="val", help="split of the model's dataset: val (default), test")
+    i.add_argument("--split", help="split of the model's dataset: val (default), test")
     i.add_argument("--src", type=path_arg, help="source file (instead of --split)")
     i.add_argument("--ref", type=path_arg, help="reference file (with --src)")
     i.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
@@ -117,7 +117,7 @@ def run_importance(args) -> int:
     if args.max_tokens < 1:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
     translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
-    src, ref = test_pairs(args, translator.config.data)
+    src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
     rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)
     lines = format_table(rows)

@@ -25,10 +25,6 @@ DECODE_FLAGS = {
 }
 
 
-SAMPLING_ONLY = {"temperature", "top_k", "top_p", "num_samples", "seed"}
-BEAM_ONLY = {"beam_size", "n_best", "coverage_penalty", "early_stopping"}
-
-
 def register(sub) -> None:
     p = add_verb(sub, "translate", "Translate one sentence per line (stdin to stdout, or files).",
                  "echo 'Ein Hund rennt.' | xattn translate runs/multi30k-de-en --beam 5\n"
@@ -47,9 +43,16 @@ def register(sub) -> None:
     add_alignment_flags(p)
 
 
-def add_decode_flags(p) -> None:
+MANY_PER_INPUT = ("--n-best", "--num-samples")
+"""Flags that ask for several translations of one input: only verbs that print them all offer them."""
+
+
+def add_decode_flags(p, one_per_input: bool = False) -> None:
+    """The decoding flags (DECODE_FLAGS, --sample, ...); `one_per_input`: the verb uses one translation of
+    each input, so MANY_PER_INPUT are not offered."""
     for flag, (_, kind, help) in DECODE_FLAGS.items():
-        p.add_argument(flag, type=kind, help=help)
+        if not (one_per_input and flag in MANY_PER_INPUT):
+            p.add_argument(flag, type=kind, help=help)
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
     p.add_argument("--no-early-stopping", action="store_true",
                    help="beam: search until no active hypothesis can beat the finished ones")
@@ -65,19 +68,21 @@ def add_decode_flags(p) -> None:
 def decode_config(args, base):
     """The model directory's DecodeConfig with the command line's choices on top; errors name the flags."""
     from xattn.config import ConfigError, DecodeConfig, build
+    from xattn.decoding import ignored_settings
 
-    changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in DECODE_FLAGS.items()}
+    changes = {field: getattr(args, flag[2:].replace("-", "_"), None) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
     if args.sample:
         changes["sampling"] = True
-    elif not base.sampling and SAMPLING_ONLY & set(changes):
-        raise XattnError(f"{', '.join(sorted(SAMPLING_ONLY & set(changes)))} apply to sampling only; add --sample")
     if args.no_early_stopping:
         changes["early_stopping"] = False
-    beam_only = BEAM_ONLY & set(changes)
-    if changes.get("sampling", base.sampling) and beam_only:
-        raise XattnError(f"{', '.join(sorted(beam_only))} apply to beam search, not to --sample "
-                         "(samples: --num-samples)")
+    sampling = changes.get("sampling", base.sampling)
+    if ignored := ignored_settings(set(changes) - {"sampling"}, sampling):
+        flags = {field: flag for flag, (field, _, _) in DECODE_FLAGS.items()}
+        flags["early_stopping"] = "--no-early-stopping"
+        raise XattnError(f"{', '.join(flags[f] for f in ignored)}: "
+                         + ("beam search only, not --sample (samples: --num-samples)" if sampling else
+                            "sampling only; add --sample"))
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
@@ -90,6 +95,15 @@ def decode_config(args, base):
         for key, flag in flags.items():
             problem = problem.replace(key, flag)
         raise XattnError(f"{flags[e.key]}: {problem}") from None
+
+
+def refuse_search_flags(args, reason: str) -> None:
+    """One error line when the command line sets how translations are searched, though nothing is searched
+    (`reason`: why, e.g. the translation is given)."""
+    given = [flag for flag in DECODE_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+    given += [flag for flag in ("--sample", "--no-early-stopping") if getattr(args, flag[2:].replace("-", "_"))]
+    if given:
+        raise XattnError(f"{given[0]}: {reason}")
 
 
 def load_translator(args):

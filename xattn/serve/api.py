@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from xattn.analysis.maps import head_mean
 from xattn.checks import hints
 from xattn.config import DecodeConfig
+from xattn.decoding import ignored_settings
 from xattn.errors import XattnError
 from xattn.serve.limits import ApiError, Limits
 
@@ -42,12 +43,13 @@ TranslateRequest = create_model(
        for name, hint in hints(DecodeConfig).items() if name in DECODE_FIELDS})
 
 
-def parse_request(data: dict) -> TranslateRequest:
-    """A TranslateRequest from a parsed body; a malformed one is 422 naming the field."""
+def parse_request(data: dict, form: bool = False) -> TranslateRequest:
+    """A TranslateRequest from a parsed body; a malformed one is 422 naming the field. JSON is read strictly
+    (`"beam_size": "3"` or `true` is an error); a form's fields are text, converted to the fields' types."""
     if not isinstance(data, dict):
         raise ApiError(422, "the body must be a JSON object (or a form) with the field q", "invalid_request")
     try:
-        return TranslateRequest.model_validate(data)
+        return TranslateRequest.model_validate(data, strict=not form)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
@@ -111,6 +113,10 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
     """The model's decoding settings with the request's; `alternatives` asks for that many more hypotheses."""
     given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
+    if ignored := ignored_settings(set(given) - {"sampling"}, given.get("sampling", base.sampling)):
+        raise ApiError(422, f"{ignored[0]}: " + ("applies to beam search, not to sampling (samples: num_samples)"
+                                                 if given.get("sampling", base.sampling) else
+                                                 "applies to sampling only; set sampling: true"), "invalid_request")
     if req.alternatives:
         sampling = given.get("sampling", base.sampling)
         wanted = req.alternatives + 1

@@ -172,7 +172,7 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}})
     async def translate(request: Request):
         model = ready()
-        req = parse_request(await read_body(request, limits))
+        req = parse_request(*await read_body(request, limits))
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
         try:
             texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
@@ -210,8 +210,9 @@ def check_key(expected: str | None, in_body: str | None, authorization: str) -> 
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
-async def read_body(request: Request, limits: Limits) -> dict:
-    """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap."""
+async def read_body(request: Request, limits: Limits) -> tuple[dict, bool]:
+    """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap, and
+    whether it was a form."""
     cap = 8 * limits.max_chars + 65536  # UTF-8 and JSON escapes of max_chars characters, and the other fields
     if int(request.headers.get("content-length") or 0) > cap:
         raise ApiError(413, f"the body is over {cap} bytes", "too_large")
@@ -222,7 +223,7 @@ async def read_body(request: Request, limits: Limits) -> dict:
         except HTTPException as e:
             raise ApiError(413 if "size" in str(e.detail).lower() else 422, f"body: {e.detail}", "invalid_request") \
                 from None
-        return {k: (form.getlist(k) if k == "q" and len(form.getlist(k)) > 1 else form[k]) for k in form.keys()}
+        return form_fields({k: form.getlist(k) for k in form.keys()}), True
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
@@ -233,8 +234,15 @@ async def read_body(request: Request, limits: Limits) -> dict:
             fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
             raise ApiError(422, "body: the form is not UTF-8", "invalid_request") from None
-        return {k: (v if k == "q" and len(v) > 1 else v[-1]) for k, v in fields.items()}
+        return form_fields(fields), True
     try:
-        return json.loads(bytes(raw) or b"null")
+        return json.loads(bytes(raw) or b"null"), False
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
+
+
+def form_fields(fields: dict[str, list]) -> dict:
+    """A form's fields, each given once; `q` may repeat (a list of texts, as LibreTranslate takes it)."""
+    if twice := next((k for k, v in fields.items() if k != "q" and len(v) > 1), None):
+        raise ApiError(422, f"{twice}: given {len(fields[twice])} times in the form", "invalid_request")
+    return {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
