@@ -267,7 +267,11 @@ def markdown(result: dict) -> str:
     base = result["parent"]["bleu"]
     lines = ["| pair | data | strategy | BLEU | BLEU (lc) | p vs `+body` | trained | weights | minutes "
              "| steps (best) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
+    order = ["scratch", "src", "tgt", "src+body", "tgt+body", "src+xattn", "tgt+xattn", "src+randxattn",
+             "tgt+randxattn"]
+    pairs = ["de->en", "fr->cs", "de->cs"]
+    for r in sorted(result["runs"], key=lambda r: (r["data"].startswith("all"), pairs.index(r["pair"]),
+                                                   order.index(r["strategy"]))):
         p = r.get("p_vs_body")
         lines.append(f"| {r['pair'].replace('->', '→')} | {'all' if r['data'].startswith('all') else '5k'} | "
                      f"`{r['strategy']}` | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {'' if p is None else f'{p:.3f}'} | "
