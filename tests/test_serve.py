@@ -112,6 +112,8 @@ def test_languages_info_health_openapi_and_the_page(client):
      "invalid_request"),
     ({"q": "drei", "n_best": 2, "beam_size": 4, "alternatives": 3}, 422, "n_best: 2 is too few", "invalid_request"),
     ({"q": "drei", "temperature": 0.5}, 422, "temperature: applies to sampling only", "invalid_request"),
+    ({"q": "drei", "beam_size": 1, "coverage_penalty": 0.2}, 422,
+     "coverage_penalty: applies to beam search with beam_size 2 or more", "invalid_request"),
     ({"q": "drei", "beam_size": True}, 422, "beam_size: Input should be a valid integer", "invalid_request"),
     ({"q": "drei", "beam_size": "3"}, 422, "beam_size: Input should be a valid integer", "invalid_request"),
     ({"q": "drei", "sampling": True, "beam_size": 3}, 422, "beam_size: applies to beam search, not to sampling",

@@ -122,6 +122,8 @@ def test_a_fine_tuning_run_resumes_and_checks_its_recipe(parent, tmp_path, capsy
     ("src+xattn", ["model.d_model=32"], "override 'model.d_model=32': a child has its parent's model section"),
     ("src+xattn", ["data.joint_vocab=true"], "vocabularies are always separate"),
     ("src+xattn", ["parent.delta=false"], "parent section is written from --parent"),
+    ("scratch", ["--full"], "--full: a scratch child always stores its whole weights"),
+    ("src+xattn", ["--data-dir", "/somewhere/multi30k"], "--data-dir: only Multi30k is read from a folder"),
 ])
 def test_bad_recipes_are_one_line(parent, tmp_path, capsys, strategy_name, extra, message):
     try:
@@ -314,6 +316,7 @@ def test_compose_joins_an_encoder_side_and_a_decoder_side(parent, children, tmp_
     (["{fr-en}", "--src-embeddings", "{other}"], "only parts of children of one parent fit together"),
     (["{fr-en}", "--src-embeddings", "{shared}"], "shares one vocabulary between source and target"),
     (["{fr-en}", "--src-embeddings", "{missing}"], "not a model directory"),
+    (["{de-cs}", "--encoder", "{fr-en}", "--decoder", "{fr-en}"], "the base model gives no part"),
 ])
 def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, tmp_path, capsys, args, message):
     from xattn.cli.main import main
@@ -324,7 +327,7 @@ def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, 
     if "{other}" in args:
         train(load_config(resolve_config("numbers-de-en"), SHAPE + TINY + ["train.max_steps=1", "train.seed=2"]), other,
               quiet=True)
-    paths = {"{fr-en}": children / "fr-en", "{other}": other, "{shared}": numbers_model, "{missing}": tmp_path / "no"}
+    paths = {"{fr-en}": children / "fr-en", "{de-cs}": children / "de-cs", "{other}": other, "{shared}": numbers_model, "{missing}": tmp_path / "no"}
     assert main(["compose", *[str(paths.get(a, a)) for a in args], "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err

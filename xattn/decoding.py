@@ -33,10 +33,15 @@ SAMPLING_ONLY = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed
 BEAM_ONLY = frozenset({"beam_size", "n_best", "coverage_penalty", "early_stopping"})
 
 
-def ignored_settings(given, sampling: bool) -> list[str]:
+GREEDY_IGNORES = frozenset({"coverage_penalty", "early_stopping"})
+
+
+def ignored_settings(given, sampling: bool, beam_size: int) -> list[str]:
     """Of the DecodeConfig fields a user set (`given`), those a search of that kind would ignore: the beam's
-    when sampling, the sampler's when searching by beam. Every front end refuses them."""
-    return sorted(set(given) & (BEAM_ONLY if sampling else SAMPLING_ONLY))
+    when sampling, the sampler's when searching by beam, and the coverage penalty and early stopping when
+    the beam is 1 (greedy search). Every front end refuses them."""
+    ignored = BEAM_ONLY if sampling else SAMPLING_ONLY | (GREEDY_IGNORES if beam_size == 1 else frozenset())
+    return sorted(set(given) & ignored)
 
 
 @dataclass

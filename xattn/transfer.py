@@ -229,6 +229,8 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     if missing := [g for g in GROUPS if g not in source]:
         raise XattnError(f"no part gives the {', '.join(missing)} parameters; name a base model, or "
                          "both --encoder and --decoder")
+    if base is not None and Path(base) not in source.values():
+        raise XattnError(f"{base}: the base model gives no part, since the flags name all of them; leave it out")
     if len(set(source.values())) == 1:
         raise XattnError(f"every part comes from {source['src']}; there is nothing to compose")
     models = {path: read_model(path) for path in dict.fromkeys(source.values())}

@@ -51,6 +51,8 @@ def run(args) -> int:
         raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
     if not args.sentence.strip():
         raise XattnError("the sentence is empty")
+    if args.no_links and args.kind != "cross":
+        raise XattnError(f"--no-links: only cross-attention is drawn with alignment links, not --kind {args.kind}")
     if args.reference is not None:
         refuse_search_flags(args, "not used with --reference, which is read teacher-forced (nothing is searched)")
     translator = load_translator(args)

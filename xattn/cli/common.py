@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from xattn.errors import XattnError
 from xattn.io import atomic_write_text, one_line
 
 
@@ -20,6 +21,26 @@ def path_arg(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("an empty path")
     return value
+
+
+def with_flags(overrides: list[str], flags: dict[str, tuple[str, object]]) -> list[str]:
+    """`overrides` and, for each flag given ({flag: (section.key, value or None)}), its `section.key=value`;
+    a flag and an override of the same key is an error (one of them would silently win)."""
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    out = list(overrides)
+    for flag, (key, value) in flags.items():
+        if value is not None:
+            if key in keys:
+                raise XattnError(f"{flag} and {key}= are both given; keep one")
+            out.append(f"{key}={value}")
+    return out
+
+
+def check_data_dir(data_dir: str | None, data) -> None:
+    """--data-dir names a local Multi30k folder: refused for a run whose data (DataConfig) is not Multi30k."""
+    if data_dir is not None and data.dataset != "multi30k":
+        raise XattnError(f"--data-dir: only Multi30k is read from a folder; this data is "
+                         f"{data.dataset or 'the files the config names'}")
 
 
 def output_arg(value: str) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
+from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
 from xattn.io import read_lines
@@ -38,6 +38,7 @@ def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str
         return src, ref
     if data_cfg.dataset is None:
         raise XattnError("the model was trained on own files; give --src and --ref")
+    check_data_dir(args.data_dir, data_cfg)
     pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split or split,
                        args.data_dir or data_cfg.data_dir)
     return [s for s, _ in pairs], [t for _, t in pairs]

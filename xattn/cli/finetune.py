@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.cli.common import add_verb, path_arg
+from xattn.cli.common import add_verb, check_data_dir, path_arg, with_flags
+from xattn.errors import XattnError
 
 
 def register(sub) -> None:
@@ -38,8 +39,11 @@ def run(args) -> int:
     from xattn.transfer import check_overrides, child_factory, format_parameter_table, parameter_table, strategy
 
     check_overrides(args.overrides)
-    overrides = list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
+    if args.full and args.strategy == "scratch":
+        raise XattnError("--full: a scratch child always stores its whole weights (it names no parent)")
+    overrides = with_flags(args.overrides, {"--data-dir": ("data.data_dir", args.data_dir)})
     cfg = load_config(resolve_config(args.config), overrides)
+    check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out)
     trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out, args.full))
     try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.cli.common import add_verb, path_arg
+from xattn.cli.common import add_verb, check_data_dir, path_arg, with_flags
 from xattn.errors import XattnError
 
 PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --dataset -> preset in xattn/configs/
@@ -35,10 +35,12 @@ def run(args) -> int:
         raise XattnError(f"--minutes: must be > 0, got {args.minutes:g} (a training budget in minutes)")
     if args.examples < 0:
         raise XattnError(f"--examples: must be >= 0, got {args.examples}")
-    overrides = list(args.overrides)
-    overrides += [f"train.max_minutes={args.minutes}"] if args.minutes is not None else []
-    overrides += [f"data.data_dir={args.data_dir}"] if args.data_dir else []
+    if any(item.partition("=")[0].strip() == "data.dataset" for item in args.overrides):
+        raise XattnError("data.dataset=: the quickstart's dataset is chosen by --dataset")
+    overrides = with_flags(args.overrides, {"--minutes": ("train.max_minutes", args.minutes),
+                                            "--data-dir": ("data.data_dir", args.data_dir)})
     cfg = load_config(resolve_config(PRESETS[args.dataset]), overrides)
+    check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out or f"runs/quickstart-{args.dataset}")
     print(f"== training {cfg.data.src_lang}->{cfg.data.tgt_lang} on {cfg.data.dataset} into {out} "
           f"(budget {cfg.train.max_minutes:g} min)")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.cli.common import add_verb, path_arg
+from xattn.cli.common import add_verb, check_data_dir, path_arg, with_flags
 from xattn.config import PRESET_DIR, load_config, presets, resolve_config
 
 
@@ -24,9 +24,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from xattn.training import train
 
-    overrides = list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
+    overrides = with_flags(args.overrides, {"--data-dir": ("data.data_dir", args.data_dir)})
     path = resolve_config(args.config)
     cfg = load_config(path, overrides)
+    check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out or Path("runs") / path.stem)
     progress = train(cfg, out, quiet=args.quiet)
     return 130 if progress.stop_reason == "interrupted" else 0

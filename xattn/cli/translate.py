@@ -68,7 +68,7 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
 def decode_config(args, base):
     """The model directory's DecodeConfig with the command line's choices on top; errors name the flags."""
     from xattn.config import ConfigError, DecodeConfig, build
-    from xattn.decoding import ignored_settings
+    from xattn.decoding import BEAM_ONLY, ignored_settings
 
     changes = {field: getattr(args, flag[2:].replace("-", "_"), None) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
@@ -76,13 +76,14 @@ def decode_config(args, base):
         changes["sampling"] = True
     if args.no_early_stopping:
         changes["early_stopping"] = False
-    sampling = changes.get("sampling", base.sampling)
-    if ignored := ignored_settings(set(changes) - {"sampling"}, sampling):
+    sampling, beam = changes.get("sampling", base.sampling), changes.get("beam_size", base.beam_size)
+    if ignored := ignored_settings(set(changes) - {"sampling"}, sampling, beam):
         flags = {field: flag for flag, (field, _, _) in DECODE_FLAGS.items()}
         flags["early_stopping"] = "--no-early-stopping"
         raise XattnError(f"{', '.join(flags[f] for f in ignored)}: "
                          + ("beam search only, not --sample (samples: --num-samples)" if sampling else
-                            "sampling only; add --sample"))
+                            f"beam search with --beam 2 or more only (the beam is {beam}: greedy)"
+                            if set(ignored) <= BEAM_ONLY else "sampling only; add --sample"))
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
@@ -101,7 +102,8 @@ def refuse_search_flags(args, reason: str) -> None:
     """One error line when the command line sets how translations are searched, though nothing is searched
     (`reason`: why, e.g. the translation is given)."""
     given = [flag for flag in DECODE_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
-    given += [flag for flag in ("--sample", "--no-early-stopping") if getattr(args, flag[2:].replace("-", "_"))]
+    given += [flag for flag in ("--sample", "--no-early-stopping", "--compile")  # --compile: the search's step
+              if getattr(args, flag[2:].replace("-", "_"))]
     if given:
         raise XattnError(f"{given[0]}: {reason}")
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from xattn.analysis.maps import head_mean
 from xattn.checks import hints
 from xattn.config import DecodeConfig
-from xattn.decoding import ignored_settings
+from xattn.decoding import BEAM_ONLY, ignored_settings
 from xattn.errors import XattnError
 from xattn.serve.limits import ApiError, Limits
 
@@ -113,10 +113,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
     """The model's decoding settings with the request's; `alternatives` asks for that many more hypotheses."""
     given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
-    if ignored := ignored_settings(set(given) - {"sampling"}, given.get("sampling", base.sampling)):
-        raise ApiError(422, f"{ignored[0]}: " + ("applies to beam search, not to sampling (samples: num_samples)"
-                                                 if given.get("sampling", base.sampling) else
-                                                 "applies to sampling only; set sampling: true"), "invalid_request")
+    asked = set(given) - {"sampling"}
     if req.alternatives:
         sampling = given.get("sampling", base.sampling)
         wanted = req.alternatives + 1
@@ -125,6 +122,12 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
                 raise ApiError(422, f"{key}: {given[key]} is too few for {req.alternatives} alternatives (needs "
                                f"{wanted} or more; or leave it out)", "invalid_request")
             given[key] = max(given.get(key, 1 if key != "beam_size" else base.beam_size), wanted)
+    sampling, beam = given.get("sampling", base.sampling), given.get("beam_size", base.beam_size)
+    if ignored := ignored_settings(asked, sampling, beam):
+        raise ApiError(422, f"{ignored[0]}: " + ("applies to beam search, not to sampling (samples: num_samples)"
+                                                 if sampling else "applies to beam search with beam_size 2 or more"
+                                                 if ignored[0] in BEAM_ONLY else
+                                                 "applies to sampling only; set sampling: true"), "invalid_request")
     try:
         return dataclasses.replace(base, **given)
     except XattnError as e:  # a ConfigError "decode.beam_size: must be ..."
