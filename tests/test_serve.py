@@ -340,6 +340,7 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
     (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
     (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
     (["--api-key", ""], "--api-key: an empty key"),
+    (["--max-n-best", "12", "--max-beam", "10"], "--max-n-best: 12 is above --max-beam (10)"),
     (["--api-key", "key "], "--api-key: an empty key, or one with spaces around it"),
 ])
 def test_an_address_or_origin_that_cannot_be_used_is_one_line(numbers_model, capsys, flags, message):

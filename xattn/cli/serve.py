@@ -69,6 +69,9 @@ def run(args) -> int:
         value = values[name]
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_wait_ms"):
             raise XattnError(f"{flag}: must be {'>= 0' if name == 'batch_wait_ms' else '> 0'}, got {value}")
+    if values["max_n_best"] > values["max_beam"]:
+        raise XattnError(f"--max-n-best: {values['max_n_best']} is above --max-beam ({values['max_beam']}); n-best "
+                         "hypotheses come from the beam, so lower it or raise --max-beam")
     if not 0 < args.port < 65536:
         raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
     if args.threads is not None and args.threads < 1:
