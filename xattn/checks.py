@@ -110,13 +110,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if value is None:
         raise ConfigError(where, f"expected {getattr(hint, '__name__', hint)}, got null")
     if hint is dict:  # a mapping, from YAML or from an override written as YAML: model.heads={cross: [8, 1, 8]}
-        from xattn.io import unique_key_loader
+        from xattn.io import unique_key_loader, yaml_problem
 
         try:
             value = yaml.load(value, Loader=unique_key_loader()) if isinstance(value, str) else value
         except yaml.YAMLError as e:
-            raise ConfigError(where, f"not valid YAML ({' '.join(str(getattr(e, 'problem', None) or e).split())})") \
-                from None
+            raise ConfigError(where, f"not valid YAML ({yaml_problem(e)})") from None
         if not isinstance(value, dict):
             example = {"model.heads": "{cross: [8, 4, 1]}"}.get(where, "{cross: gaussian}")
             raise ConfigError(where, f"expected a mapping such as {example}, got {value!r}")

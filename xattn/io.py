@@ -145,8 +145,12 @@ def read_yaml(path: Path) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}: line {mark.line + 1}" if mark else str(path)
-        raise XattnError(f"{where}: invalid YAML ({' '.join(str(getattr(e, 'problem', None) or e).split())})") \
-            from None
+        raise XattnError(f"{where}: invalid YAML ({yaml_problem(e)})") from None
+
+
+def yaml_problem(e: Exception) -> str:
+    """What a yaml.YAMLError says is wrong, on one line."""
+    return " ".join(str(getattr(e, "problem", None) or e).split())
 
 
 def unique_key_loader():
