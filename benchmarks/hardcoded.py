@@ -1,18 +1,19 @@
 """Hard-coded Gaussian attention (You, Sun & Iyyer 2020) on Multi30k de->en, four ways, the same number of steps.
 
-(a) all learned: the model of benchmarks/heads.py (preset multi30k-de-en-8heads, its 55-minute budget);
+(a) all learned: the model of benchmarks/heads.py (preset multi30k-de-en-8heads, heads.MODEL: 40 minutes);
 (b) hard-coded encoder and decoder self-attention, learned cross-attention;
 (c) everything hard-coded, cross-attention too;
 (d) hard-coded self-attention and one learned cross-attention head in the whole model, in the last decoder
     layer, the other decoder layers without cross-attention (0 heads: only the output bias is left), as in
     the authors' code (fallcat/stupidNMT: --enc-dec-attn-layer 0 0 0 0 1 --enc-dec-attn-num-heads 0 0 0 0 1).
-(b), (c) and (d) train for the steps (a) reached, each kept in the benchmark cache and resumed when cut short.
+(b), (c) and (d) train for the steps (a) reached, each kept in the benchmark cache and resumed when cut short;
+`--runs` trains only the runs named (after (a) has finished), so that two can train at once, one thread each.
 Per run: test_2016_flickr BLEU (beam 5, cased and lowercased), training tokens/s (median of the logged rates),
 peak memory of MEMORY_STEPS training steps on the largest batches (in a fresh process per run: the peak
 resident set, and how much the steps added to it; CPU only, so no allocator statistics), and decoding speed
 (greedy and beam 5, side by side, REPEATS alternating repetitions).
 
-usage: python benchmarks/hardcoded.py [--stage train|report|all] [--repeats 3]
+usage: python benchmarks/hardcoded.py [--stage train|report|all] [--runs NAME ...] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -26,9 +27,8 @@ import time
 from pathlib import Path
 
 from common import ROOT, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
+from heads import MODEL as LEARNED, PRESET
 
-PRESET = "multi30k-de-en-8heads"
-LEARNED = ["train.threads=1"]
 RUNS = {
     "a_learned": [],
     "b_hardcoded_self": ["model.attention={enc_self: gaussian, dec_self: gaussian}"],
@@ -51,10 +51,10 @@ def overrides(name: str, steps: int | None) -> list[str]:
     return [*LEARNED, *RUNS[name], f"train.max_steps={steps}", "train.max_minutes=0"]
 
 
-def train_all() -> dict[str, Path]:
+def train_all(names=tuple(RUNS)) -> dict[str, Path]:
     dirs = {"a_learned": cached_model(PRESET, LEARNED)}
     steps = steps_of(dirs["a_learned"])
-    for name in RUNS:
+    for name in names:
         if name != "a_learned":
             print(f"[{time.strftime('%H:%M:%S')}] {name}: {steps} steps", flush=True)
             dirs[name] = cached_model(PRESET, overrides(name, steps))
@@ -130,13 +130,17 @@ def report(dirs: dict[str, Path], repeats: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", choices=("train", "report", "all"), default="all")
+    ap.add_argument("--runs", nargs="+", choices=tuple(RUNS), default=tuple(RUNS),
+                    help="train only these runs (the report needs all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_worker:
         memory_worker(args.memory_worker)
         return 0
-    dirs = train_all()
+    if args.stage != "train" and tuple(args.runs) != tuple(RUNS):
+        ap.error("--runs is for --stage train: the report needs all the runs")
+    dirs = train_all(args.runs)
     if args.stage in ("report", "all"):
         write_result("hardcoded", {
             "what": "You et al. (2020) on Multi30k de->en: learned, hard-coded self-attention, everything hard-coded, "
