@@ -8,7 +8,8 @@ kept in CACHE/transfer-SRC-TGT-STRATEGY-KEY and resumed when cut short:
   step budget with early stopping on validation BLEU (SLICE, BUDGET);
 - de->en on all 29,000 pairs with +body and +xattn, 30 minutes each (FULL);
 - de->cs from scratch on the slice and on all 29,000 pairs (30 minutes), the supervised references of the
-  zero-shot test.
+  zero-shot test;
+- then cs->en (a new source) and fr->de (a new target) on the slice, every strategy, the same way (LATER).
 One learning-rate schedule for every strategy, chosen by stage `sweep` on de->en validation BLEU
 (src+body and src+xattn at each peak rate of RATES, a shorter budget), stated in transfer_lr.json.
 
@@ -129,14 +130,20 @@ def sweep(parent: Path) -> str:
     return chosen
 
 
+LATER = (("cs", "en", "src"), ("fr", "de", "tgt"))
+"""The issue's second round of children on the slice, after the required ones: a new source, a new target."""
+
+
 def children(lr: str) -> list[Child]:
-    """Every run of the table, those the forgetting and zero-shot tests need first."""
+    """Every run of the table, those the forgetting and zero-shot tests need first, the LATER pairs last."""
     first = [Child("de", "en", "src+xattn", lr), Child("de", "en", "src+body", lr), Child("fr", "cs", "tgt+xattn", lr),
              Child("fr", "cs", "tgt+body", lr), Child("de", "cs", "scratch", lr)]
     rest = [Child("de", "en", s, lr) for s in ("src", "src+randxattn", "scratch")]
     rest += [Child("fr", "cs", s, lr) for s in ("tgt", "tgt+randxattn", "scratch")]
     full = [Child("de", "en", s, lr, full_data=True) for s in ("src+body", "src+xattn")]
-    return first + rest + full + [Child("de", "cs", "scratch", lr, full_data=True)]  # the paper's supervised baseline
+    required = first + rest + full + [Child("de", "cs", "scratch", lr, full_data=True)]  # the supervised baseline
+    return required + [Child(src, tgt, f"{side}+{s}" if s else side, lr) for s in ("body", "xattn", "", "randxattn")
+                       for src, tgt, side in LATER] + [Child(src, tgt, "scratch", lr) for src, tgt, _ in LATER]
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -269,7 +276,7 @@ def markdown(result: dict) -> str:
              "| steps (best) |", "|---|---|---|---|---|---|---|---|---|---|"]
     order = ["scratch", "src", "tgt", "src+body", "tgt+body", "src+xattn", "tgt+xattn", "src+randxattn",
              "tgt+randxattn"]
-    pairs = ["de->en", "fr->cs", "de->cs"]
+    pairs = ["de->en", "fr->cs", "de->cs", "cs->en", "fr->de"]
     for r in sorted(result["runs"], key=lambda r: (r["data"].startswith("all"), pairs.index(r["pair"]),
                                                    order.index(r["strategy"]))):
         p = r.get("p_vs_body")
