@@ -13,7 +13,7 @@ peak memory of MEMORY_STEPS training steps on the largest batches (in a fresh pr
 resident set, and how much the steps added to it; CPU only, so no allocator statistics), and decoding speed
 (greedy and beam 5, side by side, REPEATS alternating repetitions).
 
-usage: python benchmarks/hardcoded.py [--stage train|report|all] [--runs NAME ...] [--repeats 3]
+usage: python benchmarks/hardcoded.py [--stage train|report|all|table] [--runs NAME ...] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
+from common import RESULTS, ROOT, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
 from heads import MODEL as LEARNED, PRESET
 
 RUNS = {
@@ -127,9 +127,27 @@ def report(dirs: dict[str, Path], repeats: int) -> dict:
     return {"runs": runs, "decoding": interleaved_speed(models, sources, repeats, "a_learned")}
 
 
+def markdown(result: dict) -> str:
+    """The table of benchmarks/README.md from results/hardcoded.json."""
+    names = {"a_learned": "(a) all learned", "b_hardcoded_self": "(b) hard-coded self-attention",
+             "c_hardcoded_all": "(c) everything hard-coded",
+             "d_hardcoded_self_one_cross_head": "(d) (b) with one learned cross-attention head"}
+    speed = result["decoding"]
+    lines = ["| run | BLEU | BLEU (lc) | steps | train tokens/s (alone, largest batches) | peak memory (MiB) "
+             "| greedy sentences/s | beam 5 sentences/s |", "|---|---|---|---|---|---|---|---|"]
+    for name, run in result["runs"].items():
+        memory_of = run["memory"]
+        lines.append(f"| {names[name]} | {run['bleu']:.2f} | {run['bleu_lc']:.2f} | {run['steps']} | "
+                     f"{memory_of['tokens_per_s_largest_batches']:.0f} | {memory_of['peak_rss_mib']:.0f} "
+                     f"(+{memory_of['rss_growth_mib']:.0f}) | "
+                     + " | ".join(f"{speed[m][name]['sentences_per_s']} ({speed[m][name]['speed_over_a_learned']:.2f}x)"
+                                  for m in ("greedy", "beam5")) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", choices=("train", "report", "all"), default="all")
+    ap.add_argument("--stage", choices=("train", "report", "all", "table"), default="all")
     ap.add_argument("--runs", nargs="+", choices=tuple(RUNS), default=tuple(RUNS),
                     help="train only these runs (the report needs all)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -137,6 +155,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.memory_worker:
         memory_worker(args.memory_worker)
+        return 0
+    if args.stage == "table":
+        print(markdown(json.loads((RESULTS / "hardcoded.json").read_text())))
         return 0
     if args.stage != "train" and tuple(args.runs) != tuple(RUNS):
         ap.error("--runs is for --stage train: the report needs all the runs")

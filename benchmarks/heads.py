@@ -17,11 +17,12 @@ also run (a) of benchmarks/hardcoded.py.
    whole model, greedy and beam 5 on test, side by side (common.interleaved_speed), medians.
 Writes results/heads.json and results/heads_pruning.png.
 
-usage: python benchmarks/heads.py [--model DIR] [--sentences N] [--repeats 3]
+usage: python benchmarks/heads.py [--model DIR] [--sentences N] [--repeats 3] [--table]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -133,13 +134,48 @@ def plot(figures: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+def markdown(result: dict) -> str:
+    """The tables of benchmarks/README.md from results/heads.json."""
+    names = {"enc_self": "encoder self", "dec_self": "decoder self", "cross": "cross"}
+    whole = result["whole"]["bleu"]
+    curves_of = result["pruning"]
+    lines = ["| heads pruned | " + " | ".join(f"{names[p]} (random)" for p in curves_of) + " |",
+             "|---|" + "---|" * len(curves_of)]
+    for i, fraction in enumerate(FRACTIONS):
+        cells = []
+        for place, orders in curves_of.items():
+            randoms = [orders[k][i]["bleu"] for k in orders if k.startswith("random")]
+            cells.append(f"{orders['importance'][i]['bleu']:.2f} ({statistics.mean(randoms):.2f})")
+        lines.append(f"| {100 * fraction:.0f}% | " + " | ".join(cells) + " |")
+    lines += ["", "| layer reduced to one head | best head on val: test BLEU (change) | most important head: test "
+              "BLEU (change) |", "|---|---|---|"]
+    for row in result["single_head_layers"]:
+        best, important = row["best_head_test"]["bleu"], row["most_important_head_test"]["bleu"]
+        lines.append(f"| {names[row['place']]} {row['layer']} | head {row['best_head_by_val']}: {best:.2f} "
+                     f"({best - whole:+.2f}) | head {row['most_important_head']}: {important:.2f} "
+                     f"({important - whole:+.2f}) |")
+    half = result["half_pruned"]
+    left = ", ".join(f"{names[p]} {heads}" for p, heads in half["heads_left"].items())
+    lines += ["", "| model | heads left per layer | test BLEU | greedy sentences/s | beam 5 sentences/s |",
+              "|---|---|---|---|---|", f"| whole | all | {whole:.2f} | "
+              f"{half['speed']['greedy']['whole']['sentences_per_s']} | {half['speed']['beam5']['whole']['sentences_per_s']} |",
+              f"| half of the heads pruned | {left} | {half['test']['bleu']:.2f} | "
+              + " | ".join(f"{half['speed'][m]['pruned']['sentences_per_s']} "
+                           f"({half['speed'][m]['pruned']['speed_over_whole']:.2f}x)" for m in ("greedy", "beam5")) + " |"]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, help="a model directory (default: the cached multi30k-de-en-8heads model)")
     ap.add_argument("--sentences", type=int, help="use the first N sentences of val and test (a quick check)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--result", default="heads", help="result name (results/NAME.json, NAME_pruning.png)")
+    ap.add_argument("--table", action="store_true", help="print the README tables of results/NAME.json and stop")
     args = ap.parse_args()
+    if args.table:
+        print(markdown(json.loads((RESULTS / f"{args.result}.json").read_text())))
+        return 0
     model_dir = args.model or cached_model(PRESET, MODEL)
     translator = xattn.load(model_dir)
     val, test = pairs("val", args.sentences), pairs("test_2016_flickr", args.sentences)
