@@ -70,21 +70,28 @@ on another machine): commit, machine, date and the step it started from."""
 
 def train_noted(cfg, out: Path, factory=None, quiet: bool = False):
     """xattn.training.train(cfg, out, quiet, factory), noting in out/TRAINED_BY which commit and machine
-    trained it from which step (the note is taken back when the run had nothing left to train)."""
+    trained it from which step (the note is taken back when the run had nothing left to train). A finished
+    run is only read: several benchmarks running at once may ask for the same model."""
+    from xattn.io import atomic_write_text
     from xattn.train_state import TrainStateDir
     from xattn.training import train
 
+    if finished(out):
+        return train(cfg, out, quiet=quiet, factory=factory)
     manifest = TrainStateDir(out / "train_state").read() if (out / "train_state").is_dir() else None
     start = manifest.step if manifest else 0
     note = {"commit": START_COMMIT, "machine": machine(), "date": datetime.datetime.now().isoformat("T", "seconds"),
             "from_step": start}
     out.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(note) + "\n"
     with (out / TRAINED_BY).open("a") as f:
-        kept = f.tell()
-        f.write(json.dumps(note) + "\n")
+        f.write(line)
     progress = train(cfg, out, quiet=quiet, factory=factory)
     if progress.step == start:
-        os.truncate(out / TRAINED_BY, kept)
+        lines = (out / TRAINED_BY).read_text().splitlines(keepends=True)
+        lines.reverse()
+        lines.remove(line)
+        atomic_write_text(out / TRAINED_BY, "".join(reversed(lines)))
     return progress
 
 

@@ -177,6 +177,7 @@ def main() -> int:
         print(markdown(json.loads((RESULTS / f"{args.result}.json").read_text())))
         return 0
     model_dir = args.model or cached_model(PRESET, MODEL)
+    fingerprint = model_fingerprint(model_dir) | {"overrides": MODEL}
     translator = xattn.load(model_dir)
     val, test = pairs("val", args.sentences), pairs("test_2016_flickr", args.sentences)
     start = time.time()
@@ -198,7 +199,7 @@ def main() -> int:
     write_result(args.result, {
         "what": "Michel et al. (2019) on Multi30k de->en: BLEU against the share of one place's heads pruned, "
                 "least important first and in random orders; each layer reduced to one head; speed of a model "
-                "with half its heads pruned", "model": model_fingerprint(model_dir) | {"overrides": MODEL},
+                "with half its heads pruned", "model": fingerprint,
         "decoding": "beam 5, sacreBLEU 13a, test_2016_flickr (val for choosing the oracle head)",
         "sentences": {"val": len(val[0]), "test": len(test[0])}, "importance_seconds": importance_s,
         "importance": table, "whole": whole, "pruning": pruning, "single_head_layers": single,
