@@ -17,7 +17,8 @@ Stages (each resumes; run them in order, in the background: `nohup python benchm
 all > log &`): sweep -> results/transfer_lr.json; children (trains what is missing); report ->
 results/transfer.json (test BLEU, significance, parameters, bytes, forgetting, zero-shot).
 
-usage: python benchmarks/transfer.py --stage sweep|children|report|all|table (table: the markdown of the report)
+usage: python benchmarks/transfer.py --stage sweep|children|report|all|table [--pairs SRC-TGT ...]
+(table: the markdown of the report; --pairs: train only those pairs' children)
 """
 from __future__ import annotations
 
@@ -297,7 +298,11 @@ def markdown(result: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", choices=("sweep", "children", "report", "all", "table"), required=True)
+    ap.add_argument("--pairs", nargs="+", metavar="SRC-TGT",
+                    help="train only the children of these pairs (two processes may then train different pairs)")
     args = ap.parse_args()
+    if args.pairs and args.stage != "children":
+        ap.error("--pairs is for --stage children")
     if args.stage == "table":
         print(markdown(json.loads((RESULTS / "transfer.json").read_text())))
         return 0
@@ -307,8 +312,12 @@ def main() -> int:
         return 0
     print(f"learning rate {lr}, warmup {WARMUP}", flush=True)
     if args.stage in ("children", "all"):
+        known = {f"{c.src}-{c.tgt}" for c in children(lr)}
+        if unknown := set(args.pairs or ()) - known:
+            ap.error(f"--pairs: no children for {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
         for child in children(lr):
-            train_child(child, parent)
+            if not args.pairs or f"{child.src}-{child.tgt}" in args.pairs:
+                train_child(child, parent)
     if args.stage in ("report", "all"):
         lr_record = json.loads((RESULTS / "transfer_lr.json").read_text())
         figures = report(lr, parent)
