@@ -197,6 +197,8 @@ CASES = {
                                       "--data-dir: only Multi30k"),
     "coverage with greedy": (["translate", M, "--beam", "1", "--coverage-penalty", "0.2"],
                              "--coverage-penalty: beam search with --beam 2 or more only"),
+    "coverage and top-k with greedy": (["translate", M, "--beam", "1", "--coverage-penalty", "0.2", "--top-k", "5"],
+                                       "--coverage-penalty: beam search with --beam 2 or more only"),
     "attention no-links encoder": (["attention", M, "eins", "--kind", "encoder-self", "--no-links", "-o",
                                     "{space}/a.png"], "--no-links: only cross-attention"),
     "attention reference compile": (["attention", M, "eins", "--reference", "one", "--compile", "-o",

@@ -80,10 +80,11 @@ def decode_config(args, base):
     if ignored := ignored_settings(set(changes) - {"sampling"}, sampling, beam):
         flags = {field: flag for flag, (field, _, _) in DECODE_FLAGS.items()}
         flags["early_stopping"] = "--no-early-stopping"
-        raise XattnError(f"{', '.join(flags[f] for f in ignored)}: "
-                         + ("beam search only, not --sample (samples: --num-samples)" if sampling else
-                            f"beam search with --beam 2 or more only (the beam is {beam}: greedy)"
-                            if set(ignored) <= BEAM_ONLY else "sampling only; add --sample"))
+        greedy = [f for f in ignored if f in BEAM_ONLY and not sampling]  # named first when mixed with top-k etc.
+        reason = ("beam search only, not --sample (samples: --num-samples)" if sampling else
+                  f"beam search with --beam 2 or more only (the beam is {beam}: greedy)" if greedy else
+                  "sampling only; add --sample")
+        raise XattnError(f"{', '.join(flags[f] for f in greedy or ignored)}: {reason}")
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
