@@ -14,7 +14,7 @@ length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length norm
 number of CPU threads. Batching: xattn its token budget (8000 source positions x beam); HF
 length-sorted batches of 64 sentences; CTranslate2 its token budget (8000 / beam), sorted internally.
 
-usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 5] [--compile]
+usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 5] [--compile] [--out NAME]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import data_dir, write_result
+from common import data_dir, model_fingerprint, write_result
 
 from xattn.config import DecodeConfig
 from xattn.datasets import multi30k
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--model", default="runs/bench/multi30k-de-en")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time xattn with torch.compile")
+    parser.add_argument("--out", help="result name (default decode_speed, or decode_speed_compile with --compile)")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
@@ -148,8 +149,10 @@ def main() -> None:
                          "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2)}
     same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
     figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
-    figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats, "model": args.model}
-    print("->", write_result("decode_speed_compile" if args.compile else "decode_speed", figures))
+    figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats,
+                           "model": model_fingerprint(args.model)}
+    name = args.out or ("decode_speed_compile" if args.compile else "decode_speed")
+    print("->", write_result(name, figures))
 
 
 if __name__ == "__main__":
