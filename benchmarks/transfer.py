@@ -161,12 +161,13 @@ def hypotheses(model_dir: Path, src: str, tgt: str) -> list[str]:
     """Beam-5 translations of test_2016_flickr, kept beside the model once made, under the digest of the
     weights they came from (test.SRC-TGT.DIGEST.hyp)."""
     import xattn
+    from xattn.io import atomic_write_text
 
     path = model_dir / f"test.{src}-{tgt}.{model_fingerprint(model_dir)['tensors_sha256'][:12]}.hyp"
     if not path.is_file():
         sources, _ = test_pairs(src, tgt)
         hyps = [t.text for t in xattn.load(model_dir).translate(sources, xattn.DecodeConfig(beam_size=5))]
-        path.write_text("".join(h + "\n" for h in hyps))
+        atomic_write_text(path, "".join(h + "\n" for h in hyps))  # a cut write is never read back as a result
     return path.read_text().split("\n")[:-1]
 
 
