@@ -43,9 +43,9 @@ def machine() -> dict:
 
 def commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)benchmarks/results"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")  # a result being rewritten changes no code
 
 
 START_COMMIT = commit()
