@@ -51,6 +51,12 @@ def commit() -> str:
 START_COMMIT = commit()
 
 
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """The lines of a Markdown table (the READMEs' tables, printed from a result): header, separator, rows."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in (header, *rows)]
+    return [lines[0], "|" + "---|" * len(header), *lines[1:]]
+
+
 def write_result(name: str, figures: dict) -> Path:
     """benchmarks/results/NAME.json with commit (at the script's start), date, machine, command and the figures."""
     from xattn.io import atomic_write_text

@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
+from common import (RESULTS, ROOT, cached_model, data_dir, interleaved_speed, markdown_table, model_fingerprint,
+                    write_result)
 from heads import MODEL as LEARNED, PRESET
 
 RUNS = {
@@ -133,15 +134,14 @@ def markdown(result: dict) -> str:
              "c_hardcoded_all": "(c) everything hard-coded",
              "d_hardcoded_self_one_cross_head": "(d) (b) with one learned cross-attention head"}
     speed = result["decoding"]
-    lines = ["| run | BLEU | BLEU (lc) | steps | train tokens/s (alone, largest batches) | peak memory (MiB) "
-             "| greedy sentences/s | beam 5 sentences/s |", "|---|---|---|---|---|---|---|---|"]
-    for name, run in result["runs"].items():
-        memory_of = run["memory"]
-        lines.append(f"| {names[name]} | {run['bleu']:.2f} | {run['bleu_lc']:.2f} | {run['steps']} | "
-                     f"{memory_of['tokens_per_s_largest_batches']:.0f} | {memory_of['peak_rss_mib']:.0f} "
-                     f"(+{memory_of['rss_growth_mib']:.0f}) | "
-                     + " | ".join(f"{speed[m][name]['sentences_per_s']} ({speed[m][name]['speed_over_a_learned']:.2f}x)"
-                                  for m in ("greedy", "beam5")) + " |")
+    lines = markdown_table(
+        ["run", "BLEU", "BLEU (lc)", "steps", "train tokens/s (alone, largest batches)", "peak memory (MiB)",
+         "greedy sentences/s", "beam 5 sentences/s"],
+        [[names[name], f"{run['bleu']:.2f}", f"{run['bleu_lc']:.2f}", run["steps"],
+          f"{run['memory']['tokens_per_s_largest_batches']:.0f}",
+          f"{run['memory']['peak_rss_mib']:.0f} (+{run['memory']['rss_growth_mib']:.0f})",
+          *(f"{speed[m][name]['sentences_per_s']} ({speed[m][name]['speed_over_a_learned']:.2f}x)"
+            for m in ("greedy", "beam5"))] for name, run in result["runs"].items()])
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, cached_model, data_dir, interleaved_speed, model_fingerprint, write_result
+from common import RESULTS, cached_model, data_dir, interleaved_speed, markdown_table, model_fingerprint, write_result
 
 import xattn
 from xattn.analysis.importance import batches, head_importance
@@ -139,29 +139,30 @@ def markdown(result: dict) -> str:
     names = {"enc_self": "encoder self", "dec_self": "decoder self", "cross": "cross"}
     whole = result["whole"]["bleu"]
     curves_of = result["pruning"]
-    lines = ["| heads pruned | " + " | ".join(f"{names[p]} (random)" for p in curves_of) + " |",
-             "|---|" + "---|" * len(curves_of)]
-    for i, fraction in enumerate(FRACTIONS):
-        cells = []
-        for place, orders in curves_of.items():
-            randoms = [orders[k][i]["bleu"] for k in orders if k.startswith("random")]
-            cells.append(f"{orders['importance'][i]['bleu']:.2f} ({statistics.mean(randoms):.2f})")
-        lines.append(f"| {100 * fraction:.0f}% | " + " | ".join(cells) + " |")
-    lines += ["", "| layer reduced to one head | best head on val: test BLEU (change) | most important head: test "
-              "BLEU (change) |", "|---|---|---|"]
+
+    def cell(orders: dict, i: int) -> str:
+        randoms = [orders[k][i]["bleu"] for k in orders if k.startswith("random")]
+        return f"{orders['importance'][i]['bleu']:.2f} ({statistics.mean(randoms):.2f})"
+
+    lines = markdown_table(["heads pruned", *(f"{names[p]} (random)" for p in curves_of)],
+                           [[f"{100 * fraction:.0f}%", *(cell(orders, i) for orders in curves_of.values())]
+                            for i, fraction in enumerate(FRACTIONS)])
+    rows = []
     for row in result["single_head_layers"]:
         best, important = row["best_head_test"]["bleu"], row["most_important_head_test"]["bleu"]
-        lines.append(f"| {names[row['place']]} {row['layer']} | head {row['best_head_by_val']}: {best:.2f} "
-                     f"({best - whole:+.2f}) | head {row['most_important_head']}: {important:.2f} "
-                     f"({important - whole:+.2f}) |")
-    half = result["half_pruned"]
+        rows.append([f"{names[row['place']]} {row['layer']}", f"head {row['best_head_by_val']}: {best:.2f} "
+                     f"({best - whole:+.2f})", f"head {row['most_important_head']}: {important:.2f} "
+                     f"({important - whole:+.2f})"])
+    lines += ["", *markdown_table(["layer reduced to one head", "best head on val: test BLEU (change)",
+                                   "most important head: test BLEU (change)"], rows)]
+    half, speed = result["half_pruned"], result["half_pruned"]["speed"]
     left = ", ".join(f"{names[p]} {heads}" for p, heads in half["heads_left"].items())
-    lines += ["", "| model | heads left per layer | test BLEU | greedy sentences/s | beam 5 sentences/s |",
-              "|---|---|---|---|---|", f"| whole | all | {whole:.2f} | "
-              f"{half['speed']['greedy']['whole']['sentences_per_s']} | {half['speed']['beam5']['whole']['sentences_per_s']} |",
-              f"| half of the heads pruned | {left} | {half['test']['bleu']:.2f} | "
-              + " | ".join(f"{half['speed'][m]['pruned']['sentences_per_s']} "
-                           f"({half['speed'][m]['pruned']['speed_over_whole']:.2f}x)" for m in ("greedy", "beam5")) + " |"]
+    lines += ["", *markdown_table(
+        ["model", "heads left per layer", "test BLEU", "greedy sentences/s", "beam 5 sentences/s"],
+        [["whole", "all", f"{whole:.2f}", *(speed[m]["whole"]["sentences_per_s"] for m in ("greedy", "beam5"))],
+         ["half of the heads pruned", left, f"{half['test']['bleu']:.2f}",
+          *(f"{speed[m]['pruned']['sentences_per_s']} ({speed[m]['pruned']['speed_over_whole']:.2f}x)"
+            for m in ("greedy", "beam5"))]])]
     return "\n".join(lines)
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignment import MODEL
-from common import (CACHE, RESULTS, cached_model, config_key, data_dir, finished, model_fingerprint, train_noted,
-                    trained_by, write_result)
+from common import (CACHE, RESULTS, cached_model, config_key, data_dir, finished, markdown_table, model_fingerprint,
+                    train_noted, trained_by, write_result)
 
 from xattn.config import load_config, resolve_config
 from xattn.transfer import child_factory, strategy
@@ -274,25 +274,25 @@ def report(lr: str, parent: Path) -> dict:
 def markdown(result: dict) -> str:
     """The tables of benchmarks/README.md from results/transfer.json."""
     base = result["parent"]["bleu"]
-    lines = ["| pair | data | strategy | BLEU | BLEU (lc) | p vs `+body` | trained | weights | minutes "
-             "| steps (best) |", "|---|---|---|---|---|---|---|---|---|---|"]
     order = ["scratch", "src", "tgt", "src+body", "tgt+body", "src+xattn", "tgt+xattn", "src+randxattn",
              "tgt+randxattn"]
     pairs = ["de->en", "fr->cs", "de->cs", "cs->en", "fr->de"]
-    for r in sorted(result["runs"], key=lambda r: (r["data"].startswith("all"), pairs.index(r["pair"]),
-                                                   order.index(r["strategy"]))):
-        p = r.get("p_vs_body")
-        lines.append(f"| {r['pair'].replace('->', '→')} | {'all' if r['data'].startswith('all') else '5k'} | "
-                     f"`{r['strategy']}` | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {'' if p is None else f'{p:.3f}'} | "
-                     f"{100 * r['trained_share']:.1f}% | {r['weights_bytes'] / 1e6:.1f} MB | {r['minutes']} | "
-                     f"{r['steps']} ({r['best_step']}) |")
-    lines += ["", f"| forgetting: fr→en test BLEU | BLEU | BLEU (lc) | against the parent ({base:.2f}) |",
-              "|---|---|---|---|"]
-    lines += [f"| parent's fr embeddings in the de→en `{f['child']}` child | {f['fr->en']['bleu']:.2f} | "
-              f"{f['fr->en']['bleu_lc']:.2f} | {f['fr->en']['bleu'] - base:+.2f} |" for f in result["forgetting"]]
-    lines += ["", "| de→cs test | BLEU | BLEU (lc) |", "|---|---|---|"]
-    lines += [f"| {z['parts']} | {z['de->cs']['bleu']:.2f} | {z['de->cs']['bleu_lc']:.2f} |"
-              for z in result["zero_shot"]]
+    runs = sorted(result["runs"], key=lambda r: (r["data"].startswith("all"), pairs.index(r["pair"]),
+                                                  order.index(r["strategy"])))
+    lines = markdown_table(
+        ["pair", "data", "strategy", "BLEU", "BLEU (lc)", "p vs `+body`", "trained", "weights", "minutes",
+         "steps (best)"],
+        [[r["pair"].replace("->", "→"), "all" if r["data"].startswith("all") else "5k", f"`{r['strategy']}`",
+          f"{r['bleu']:.2f}", f"{r['bleu_lc']:.2f}", "" if r.get("p_vs_body") is None else f"{r['p_vs_body']:.3f}",
+          f"{100 * r['trained_share']:.1f}%", f"{r['weights_bytes'] / 1e6:.1f} MB", r["minutes"],
+          f"{r['steps']} ({r['best_step']})"] for r in runs])
+    lines += ["", *markdown_table(
+        ["forgetting: fr→en test BLEU", "BLEU", "BLEU (lc)", f"against the parent ({base:.2f})"],
+        [[f"parent's fr embeddings in the de→en `{f['child']}` child", f"{f['fr->en']['bleu']:.2f}",
+          f"{f['fr->en']['bleu_lc']:.2f}", f"{f['fr->en']['bleu'] - base:+.2f}"] for f in result["forgetting"]])]
+    lines += ["", *markdown_table(["de→cs test", "BLEU", "BLEU (lc)"],
+                                  [[z["parts"], f"{z['de->cs']['bleu']:.2f}", f"{z['de->cs']['bleu_lc']:.2f}"]
+                                   for z in result["zero_shot"]])]
     return "\n".join(lines)
 
 
