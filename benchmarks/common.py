@@ -94,10 +94,9 @@ def train_noted(cfg, out: Path, factory=None, quiet: bool = False):
         f.write(line)
     progress = train(cfg, out, quiet=quiet, factory=factory)
     if progress.step == start:
-        lines = (out / TRAINED_BY).read_text().splitlines(keepends=True)
-        lines.reverse()
-        lines.remove(line)
-        atomic_write_text(out / TRAINED_BY, "".join(reversed(lines)))
+        text = (out / TRAINED_BY).read_text()
+        cut = text.rindex(line)  # this process's note; another may have added its own since
+        atomic_write_text(out / TRAINED_BY, text[:cut] + text[cut + len(line):])
     return progress
 
 
