@@ -1,5 +1,7 @@
 import json
+import math
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +62,37 @@ def test_translate_sampling_and_prefix(quickstart_dir, tmp_path):
     assert wrong.returncode == 2 and "add --sample" in wrong.stderr
     bad = _run("translate", str(quickstart_dir), "--sample", "--temperature", "0", stdin="sieben\n")
     assert bad.returncode == 2 and "temperature" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_constraints_that_leave_no_token_end_the_translation_with_a_note(quickstart_dir):
+    for strategy in (["--beam", "1"], ["--beam", "2"], ["--sample", "--seed", "1"]):
+        result = _run("translate", str(quickstart_dir), "--no-repeat-ngram", "1", "--min-len", "1000", "--max-len-b",
+                      "1100", "--scores", *strategy, stdin="drei\nvier\n")  # min_len above the vocabulary's size
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        scores = [float(line.rsplit(" ||| ", 1)[1]) for line in result.stdout.splitlines()]
+        assert len(scores) == 2 and all(math.isfinite(s) for s in scores)
+        assert "note: stdin: lines 1, 2: the decoding constraints" in result.stderr
+
+
+def test_translate_prints_each_line_of_a_pipe_before_the_input_ends(quickstart_dir):
+    """A person typing into `xattn translate` (a terminal or a pipe) sees each translation at once."""
+    proc = subprocess.Popen([sys.executable, "-m", "xattn", "translate", str(quickstart_dir), "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        answers = []
+        for line in (b"dreiundzwanzig\n", b"sieben\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)  # a bound against hanging, not a timing check
+            assert ready, "no translation while the input stays open"
+            answers.append(proc.stdout.readline().decode())
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0 and proc.stdout.read() == b""
+    finally:
+        proc.kill()
+    piped = _run("translate", str(quickstart_dir), "--beam", "1", stdin="dreiundzwanzig\nsieben\n")
+    assert "".join(answers) == piped.stdout and len(answers) == 2 and all(a.strip() for a in answers)
 
 
 def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):

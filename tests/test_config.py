@@ -40,3 +40,13 @@ def test_french_presets_have_one_vocabulary_per_language():
     for name in ("multi30k-fr-en", "multi30k-en-fr"):
         cfg = load_config(resolve_config(name))
         assert not cfg.data.joint_vocab and not cfg.model.share_embeddings and cfg.model.tie_output
+
+
+def test_a_retired_key_in_a_model_directory_is_dropped_and_refused_as_an_override(tmp_path):
+    """Model directories written before decode.stopping recorded decode.early_stopping: true (the old default)."""
+    path = tmp_path / "config.yaml"
+    path.write_text("decode:\n  beam_size: 4\n  early_stopping: true\n")
+    cfg = load_config(path)
+    assert cfg.decode.beam_size == 4 and cfg.decode.stopping == "exact"
+    with pytest.raises(XattnError, match=r"decode.early_stopping is no longer a setting; use decode.stopping"):
+        load_config(path, ["decode.early_stopping=false"])

@@ -1,7 +1,11 @@
+import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xattn
 from tests.conftest import tiny_config
@@ -65,35 +69,50 @@ def reference_greedy(model, src_row: torch.Tensor, max_len: int) -> tuple[list[i
     raise AssertionError("unreachable")
 
 
-def reference_beam(model, src_row: torch.Tensor, K: int, alpha: float, n_best: int, max_len: int):
-    """One-sentence beam search with the same rules, re-running the whole decoder per hypothesis."""
+def reference_beam(model, src_row: torch.Tensor, K: int, alpha: float, n_best: int, max_len: int,
+                   stopping: str = "exact"):
+    """One-sentence beam search with the same rules, re-running the whole decoder per hypothesis: EOS among
+    the K best of 2K finishes; the greedy path keeps a place while active and its EOS always finishes it."""
     src = src_row[src_row.ne(PAD)].unsqueeze(0)
-    beam, finished = [([], 0.0)], []
+    beam, finished = [([], 0.0, True)], []  # (tokens, log p, is the greedy path)
+    score = lambda total, tokens: total / gnmt_penalty(len(tokens) + 1, alpha)  # noqa: E731
     with torch.no_grad():
         enc = model.encode(src)
         for t in range(max_len + 1):
-            candidates = []
-            for tokens, total in beam:
+            candidates, greedy = [], None
+            for tokens, total, is_greedy in beam:
                 lp = model.decode(torch.tensor([[BOS] + tokens]), enc).logits[0, -1].log_softmax(-1).tolist()
                 allowed = [EOS] if t == max_len else range(EOS, len(lp))
                 candidates += [(total + lp[v], tokens, v) for v in allowed]
+                if is_greedy:
+                    v = max(allowed, key=lambda v: lp[v])
+                    greedy = (total + lp[v], tokens, v)
             candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * K]
-            finished += [(tokens, total) for total, tokens, v in candidates[:K] if v == EOS]
-            beam = [(tokens + [v], total) for total, tokens, v in candidates if v != EOS][:K]
-            if len(finished) >= K:
+            ended = [c for c in candidates[:K] if c[2] == EOS]
+            ended += [greedy] if greedy and greedy[2] == EOS and greedy not in ended else []
+            finished += [(tokens, total) for total, tokens, v in ended]
+            active = [c for c in candidates if c[2] != EOS and c != greedy][:K]
+            if greedy and greedy[2] != EOS:
+                active = [greedy] + active[:K - 1]
+            beam = [(tokens + [v], total, c is greedy) for c in active for total, tokens, v in [c]]
+            ranked = sorted((score(total, tokens) for tokens, total in finished), reverse=True)
+            if not beam or (stopping == "early" and len(finished) >= K):
                 break
-    ranked = sorted(((total / gnmt_penalty(len(tokens) + 1, alpha), tokens) for tokens, total in finished),
-                    key=lambda c: -c[0])
+            bound = max(total for _, total, _ in beam) / gnmt_penalty(max_len + 1, alpha)
+            if stopping == "exact" and len(ranked) >= n_best and bound <= ranked[n_best - 1]:
+                break
+    ranked = sorted(((score(total, tokens), tokens) for tokens, total in finished), key=lambda c: -c[0])
     return ranked[:n_best]
 
 
-@pytest.mark.parametrize("seed,alpha", [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)])
-def test_beam_matches_reference(seed, alpha):
+@pytest.mark.parametrize("seed,alpha,stopping", [(0, 0.0, "exact"), (1, 1.0, "exact"), (2, 2.0, "exact"),
+                                                   (3, 3.0, "exact"), (1, 1.0, "early"), (2, 0.0, "early")])
+def test_beam_matches_reference(seed, alpha, stopping):
     model, src = eos_model(), random_src(20 + seed)
     max_len = torch.tensor([6, 2, 6, 4, 6, 1, 6, 6])
-    hyps = beam_search(model, src, beam_size=4, length_penalty=alpha, n_best=4, max_len=max_len)
+    hyps = beam_search(model, src, beam_size=4, length_penalty=alpha, n_best=4, max_len=max_len, stopping=stopping)
     for i, found in enumerate(hyps):
-        expected = reference_beam(model, src[i], 4, alpha, 4, int(max_len[i]))
+        expected = reference_beam(model, src[i], 4, alpha, 4, int(max_len[i]), stopping)
         assert [h.tokens for h in found] == [tokens for _, tokens in expected]
         assert [h.score for h in found] == pytest.approx([score for score, _ in expected], abs=1e-5)
 
@@ -103,11 +122,13 @@ def test_beam_of_one_is_greedy(alpha):
     model, src = eos_model(), random_src(0)
     max_len = torch.tensor([12, 12, 12, 12, 5, 12, 3, 12])
     g = greedy(model, src, max_len, length_penalty=alpha)
-    b = beam_search(model, src, beam_size=1, length_penalty=alpha, n_best=1, max_len=max_len)
+    b = beam_search(model, src, beam_size=1, length_penalty=alpha, n_best=1, max_len=max_len, stopping="early")
     assert len({len(h[0].tokens) for h in g}) >= 3, "fixture should end sentences at different lengths"
     assert [h[0].tokens for h in g] == [h[0].tokens for h in b]
     assert [h[0].score for h in g] == [h[0].score for h in b]
     assert [h[0].log_prob for h in g] == [h[0].log_prob for h in b]
+    exact = beam_search(model, src, beam_size=1, length_penalty=alpha, n_best=1, max_len=max_len)
+    assert all(e[0].score >= h[0].score for e, h in zip(exact, g))  # exact search may go on past greedy's EOS
 
 
 def test_greedy_matches_full_recompute():
@@ -307,13 +328,14 @@ def test_no_repeat_ngram_and_min_len_hold():
             assert len(bigrams) == len(set(bigrams)) and len(tokens) >= 4
 
 
-def test_without_early_stopping_beam_is_no_worse():
-    model = eos_model(eos_bias=0.5)
-    for seed in range(3):
-        src = random_src(20 + seed)
-        early = _search(model, src, beam_size=3, length_penalty=1.0)
-        full = _search(model, src, beam_size=3, length_penalty=1.0, early_stopping=False)
-        assert all(f[0].score >= e[0].score - 1e-6 for e, f in zip(early, full))
+def test_exact_stopping_is_no_worse_than_early_stopping():
+    """Both rules follow the same beam until early stopping ends; exact search only adds finished ones."""
+    for seed in range(6):
+        model = eos_model(eos_bias=0.5) if seed < 3 else random_markov(seed, 9)
+        src = random_src(20 + seed, vocab=30 if seed < 3 else 9)
+        early = _search(model, src, beam_size=3, length_penalty=1.0, stopping="early")
+        exact = _search(model, src, beam_size=3, length_penalty=1.0)
+        assert all(f[0].score >= e[0].score - 1e-5 for e, f in zip(early, exact))
 
 
 @pytest.mark.parametrize("options, message", [
@@ -342,3 +364,112 @@ def test_best_extensions_equal_a_top_n_over_all_sums(V):
     torch.testing.assert_close(score, expected, rtol=0, atol=0)
     finite = expected.isfinite()
     assert torch.equal(parent[finite], (index // V)[finite]) and torch.equal(token[finite], (index % V)[finite])
+
+
+# ------------------------------------------------------------------------------------- the stopping rule
+
+class MarkovModel(xattn.Transformer):
+    """A Transformer whose next-token distribution depends only on the last token: `table[last]` (V, V)
+    probabilities. The real decoder still runs, so caches grow, expand and select as in any search."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__(tiny_config(src_vocab_size=table.shape[0], tgt_vocab_size=table.shape[0]))
+        self.log_table = table.log()
+
+    def decode(self, tgt, enc, cache=None, need_weights=False):
+        out = super().decode(tgt, enc, cache=cache, need_weights=need_weights)
+        return dataclasses.replace(out, logits=self.log_table[tgt])  # (B, T, V)
+
+
+def chain(rows: dict[int, dict[int, float]], V: int = 8) -> torch.Tensor:
+    """A transition table: rows[token] = {next: probability}, the rest of each row spread thinly."""
+    table = torch.full((V, V), 1e-4)
+    for token, nexts in rows.items():
+        for nxt, p in nexts.items():
+            table[token, nxt] = p
+    return table / table.sum(dim=1, keepdim=True)
+
+
+A, B_, C, D, E = 3, 4, 5, 6, 7
+TRAP = chain({BOS: {A: 0.6, B_: 0.25, C: 0.15}, A: {D: 0.97, C: 0.02}, D: {E: 0.98}, E: {EOS: 0.98},
+              B_: {EOS: 0.9}, C: {EOS: 0.9}})
+"""Greedy reads a d e </s> (p ~ 0.57). Two short hypotheses finish on the way (b </s>, then a c </s>), so a
+beam of 2 that stops once 2 have finished returns b </s> (p 0.18), as the issue's quickstart model did."""
+
+
+def test_early_stopping_can_return_worse_than_greedy_and_exact_stopping_cannot():
+    model = MarkovModel(TRAP).eval()
+    src, max_len = torch.tensor([[A, EOS]]), torch.tensor([8])
+    [[early]] = beam_search(model, src, beam_size=2, length_penalty=1.0, n_best=1, max_len=max_len, stopping="early")
+    [[exact]] = beam_search(model, src, beam_size=2, length_penalty=1.0, n_best=1, max_len=max_len)
+    [[greedy_]] = greedy(model, src, max_len)
+    assert greedy_.tokens == [A, D, E] and exact.tokens == [A, D, E]
+    assert early.tokens == [B_] and early.score < greedy_.score - 0.5
+    assert exact.score == pytest.approx(greedy_.score, abs=1e-6)
+
+
+def test_the_greedy_path_keeps_its_place_in_the_beam():
+    """On this chain the beam's 3 best prefixes all leave the greedy path after 2 tokens, and end 2.6 nats
+    below it (found by search over random chains; the greedy path's slot 0 brings it back)."""
+    model, src, max_len = random_markov(53, 9), torch.tensor([[3, EOS]]), torch.tensor([6])
+    [[greedy_]] = greedy(model, src, max_len, length_penalty=1.0)
+    [[best]] = beam_search(model, src, beam_size=3, length_penalty=1.0, n_best=1, max_len=max_len)
+    assert greedy_.tokens == [4, 3, 7, 7, 7, 7] and best.tokens == greedy_.tokens
+    assert best.score == pytest.approx(greedy_.score, abs=1e-5)
+
+
+def random_markov(seed: int, V: int) -> MarkovModel:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(V, V, generator=g) * 3
+    logits[:, EOS] += torch.rand(V, generator=g) * 4 - 2  # some tokens lead to the end, others away from it
+    return MarkovModel(logits.softmax(dim=1)).eval()
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), K=st.integers(2, 6), alpha=st.sampled_from([0.0, 0.6, 1.0, 2.0]),
+       n=st.integers(1, 8), markov=st.booleans())
+def test_beam_is_never_worse_than_greedy_and_n_best_never_changes_the_first(seed, K, alpha, n, markov):
+    """A chain ignores its source, so it decodes one sentence; the Transformer decodes a batch."""
+    model = random_markov(seed, 9) if markov else eos_model(seed=seed % 50, eos_bias=(seed % 7) - 3.0)
+    src = random_src(seed, batch=1 if markov else 4, vocab=9 if markov else 30)
+    max_len = torch.full((src.shape[0],), n)
+    [greedy_] = zip(*greedy(model, src, max_len, length_penalty=alpha))
+    first = beam_search(model, src, beam_size=K, length_penalty=alpha, n_best=1, max_len=max_len)
+    every = beam_search(model, src, beam_size=K, length_penalty=alpha, n_best=K, max_len=max_len)
+    for g, [b], n_best in zip(greedy_, first, every):
+        assert b.score >= g.score - 1e-5
+        assert n_best[0].tokens == b.tokens and n_best[0].score == pytest.approx(b.score, abs=1e-6)
+        assert [h.score for h in n_best] == sorted((h.score for h in n_best), reverse=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), alpha=st.sampled_from([0.0, 1.0, 2.0]), n=st.integers(0, 3))
+def test_wide_beam_is_exhaustive_search_on_random_chains(seed, alpha, n):
+    """V = 6: three content tokens; a beam as wide as every sequence of up to n tokens finds the best."""
+    model, src = random_markov(seed, 6), torch.tensor([[3, EOS]])
+    every = [list(seq) for k in range(n + 1) for seq in itertools.product([3, 4, 5], repeat=k)]
+    [[best]] = beam_search(model, src, beam_size=27, length_penalty=alpha, n_best=1, max_len=torch.tensor([n]))
+    brute = max((sequence_log_prob(model, src[0], seq) / gnmt_penalty(len(seq) + 1, alpha), seq) for seq in every)
+    assert best.tokens == brute[1] and best.score == pytest.approx(brute[0], abs=1e-5)
+
+
+# ------------------------------------------------------------------------ constraints that leave nothing
+
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=2), dict(beam_size=4, n_best=3),
+                                     dict(sampling=True, num_samples=3, seed=1), dict(beam_size=3, coverage_penalty=0.4)])
+def test_constraints_that_forbid_every_token_end_the_sentence_and_say_so(options):
+    """V = 12 leaves 9 content tokens: no_repeat_ngram_size 1 has used them all up long before min_len 200."""
+    model, src = eos_model(vocab=12, eos_bias=-2.0), random_src(4, vocab=12)
+    cfg = DecodeConfig(no_repeat_ngram_size=1, min_len=200, max_len_b=300, **options)
+    for hyps in search(model, src, cfg):
+        for h in hyps:
+            assert h.relaxed and math.isfinite(h.score) and math.isfinite(h.log_prob)
+            assert len(h.tokens) == len(set(h.tokens)) == 9  # every content token once, then the last resort
+            assert EOS not in h.tokens and PAD not in h.tokens
+
+
+def test_constraints_that_leave_a_token_relax_nothing():
+    model, src = eos_model(vocab=12), random_src(4, vocab=12)
+    for options in (dict(beam_size=1), dict(beam_size=3), dict(sampling=True, seed=2)):
+        for hyps in search(model, src, DecodeConfig(no_repeat_ngram_size=2, min_len=3, **options)):
+            assert not any(h.relaxed for h in hyps)

@@ -102,7 +102,8 @@ def test_speedup_errors():
 def test_packed_copy_gives_the_same_translations(cfg):
     packed, plain = word_translator(eos_model()), word_translator(eos_model(), speedups=None)
     assert linear_types(packed.inference.current()) == {PackedLinear} and linear_types(packed.model) == {torch.nn.Linear}
-    assert texts_and_scores(packed.translate(TEXTS, cfg)) == texts_and_scores(plain.translate(TEXTS, cfg))
+    expected = texts_and_scores(plain.translate(TEXTS, cfg), expected=True)
+    assert texts_and_scores(packed.translate(TEXTS, cfg)) == expected
     attention = dict(return_attention=True, attention_from="rescore")
     a, b = packed.translate(TEXTS, cfg, **attention), plain.translate(TEXTS, cfg, **attention)
     for x, y in zip(a, b):
@@ -144,7 +145,8 @@ def test_compiled_decoder_step_gives_the_same_translations():
     compiled, plain = word_translator(eos_model(), Speedups(compile=True)), word_translator(eos_model(), None)
     assert linear_types(compiled.inference.current()) == {torch.nn.Linear}
     cfg = xattn.DecodeConfig(beam_size=1)
-    assert texts_and_scores(compiled.translate(TEXTS, cfg)) == texts_and_scores(plain.translate(TEXTS, cfg))
+    expected = texts_and_scores(plain.translate(TEXTS, cfg), expected=True)
+    assert texts_and_scores(compiled.translate(TEXTS, cfg)) == expected
 
 
 # ------------------------------------------------------------------------------------------- staleness
@@ -178,11 +180,11 @@ def _optimizer_step(model):
 def test_decoding_follows_changed_weights(change):
     tr = word_translator(eos_model())
     cfg = xattn.DecodeConfig(beam_size=2)
-    before = texts_and_scores(tr.translate(TEXTS, cfg))
+    before = texts_and_scores(tr.translate(TEXTS, cfg), expected=True)  # a change beyond noise below
     torch.manual_seed(1)
     change(tr.model)
     after = texts_and_scores(tr.translate(TEXTS, cfg))
-    assert after == texts_and_scores(word_translator(copy.deepcopy(tr.model)).translate(TEXTS, cfg))
+    assert after == texts_and_scores(word_translator(copy.deepcopy(tr.model)).translate(TEXTS, cfg), expected=True)
     assert after != before
 
 

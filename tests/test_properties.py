@@ -79,7 +79,7 @@ FLAG_VALUES = {
 def decode_flags(draw) -> list[str]:
     chosen = draw(st.lists(st.sampled_from(sorted(FLAG_VALUES)), unique=True, max_size=5))
     argv = [part for flag in chosen for part in (flag, str(draw(FLAG_VALUES[flag])))]
-    return argv + draw(st.sampled_from([[], ["--sample"], ["--no-early-stopping"], ["--scores"]]))
+    return argv + draw(st.sampled_from([[], ["--sample"], ["--stopping", "early"], ["--scores"]]))
 
 
 @settings(max_examples=60, **SETTINGS)

@@ -1,6 +1,7 @@
 """`xattn serve` through an in-process client: every endpoint, every error status, LibreTranslate's fields,
 and the batcher (concurrent requests share translate calls, each gets what translate([its text]) gives)."""
 import dataclasses
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,26 @@ def test_translate_answers_like_libretranslate_and_like_translate(client, number
                                            "alternatives": 2}).json()
     assert isinstance(many["translatedText"], list) and len(many["alternatives"]) == 2
     assert all(len(a) == 2 for a in many["alternatives"]) and len(many["detectedLanguage"]) == 2
+
+
+def test_alternatives_never_change_the_first_translation(client):
+    """The model's beam is 2: three alternatives come from a wider search, the first from the model's own."""
+    texts = ["drei", "vier", "siebenhundertzwölf", "einundzwanzig", "neun"]
+    plain = client.post("/translate", json={"q": texts}).json()["translatedText"]
+    for alternatives in (1, 3, 7):
+        body = client.post("/translate", json={"q": texts, "alternatives": alternatives}).json()
+        assert body["translatedText"] == plain
+        for first, alts in zip(body["translatedText"], body["alternatives"]):
+            assert len(alts) == alternatives and first not in alts and len(set(alts)) == alternatives
+
+
+def test_constraints_that_leave_no_token_are_a_result_that_says_so(client):
+    for extra in ({"beam_size": 1}, {"beam_size": 2}, {"sampling": True, "seed": 1}):
+        r = client.post("/translate", json={"q": ["drei", "vier"], "no_repeat_ngram_size": 1, "min_len": 200,
+                                            "max_len_b": 300, **extra})
+        assert r.status_code == 200, r.text
+        assert all(res["relaxed"] is True and math.isfinite(res["score"]) for res in r.json()["results"])
+    assert "relaxed" not in client.post("/translate", json={"q": "drei"}).json()["results"][0]
 
 
 def test_attention_and_alignment_on_request(client, numbers_model):

@@ -14,7 +14,7 @@ from torch import Tensor
 from xattn.config import DecodeConfig
 from xattn.decoding import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.model import EncoderOutput, Transformer
-from xattn.processors import Processor, StepState, apply_all
+from xattn.processors import Constraints, StepState
 
 NEG_INF = float("-inf")
 
@@ -28,20 +28,22 @@ def gather_slots(x: Tensor | None, index: Tensor) -> Tensor | None:
 
 @dataclass
 class Beam:
-    """The active hypotheses of the N sentences still decoding."""
+    """The active hypotheses of the N sentences still decoding. While a sentence's greedy path is active it
+    holds slot 0, so the search always finishes the greedy hypothesis and never returns a worse one."""
     sentence: Tensor                # (N,) index into the batch
     log_prob: Tensor                # (N, K) cumulative, -inf = dead slot
     tokens: Tensor                  # (N, K, T) generated so far, pad after
     attention: Tensor | None        # (N, K, T, L, H, S) cross-attention so far, when tracked
     coverage: Tensor | None         # (N, K, S) attention mass per source token, with a coverage penalty
+    greedy: Tensor                  # (N,) bool: slot 0 is the greedy path, still active
 
     def keep(self, index: Tensor) -> Beam:
         pick = lambda x: x[index] if x is not None else None  # noqa: E731
         return Beam(self.sentence[index], self.log_prob[index], self.tokens[index], pick(self.attention),
-                    pick(self.coverage))
+                    pick(self.coverage), self.greedy[index])
 
     def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, attn: Tensor | None,
-               cover: Tensor | None) -> Beam:
+               cover: Tensor | None, greedy: Tensor) -> Beam:
         """Children of slots `parent` (N, C) adding `token` at position t, with this step's attention."""
         tokens = gather_slots(self.tokens, parent).clone()
         tokens[:, :, t] = token
@@ -52,7 +54,7 @@ class Beam:
         coverage = gather_slots(self.coverage, parent)
         if coverage is not None:
             coverage = coverage + gather_slots(cover, parent)
-        return Beam(self.sentence, log_prob, tokens, attention, coverage)
+        return Beam(self.sentence, log_prob, tokens, attention, coverage, greedy)
 
 
 @dataclass
@@ -62,27 +64,30 @@ class Finished:
     score: Tensor                   # (B, K) ranking score, -inf = empty slot
     log_prob: Tensor                # (B, K)
     penalty: Tensor                 # (B, K) coverage penalty included in the score
+    relaxed: Tensor                 # (B, K) bool: ended by the constraints' last resort
     attention: Tensor | None        # (B, K, T, L, H, S)
 
-    def add(self, candidates: Beam, score: Tensor, penalty: Tensor) -> None:
-        """Merge finished candidates (their sentences' rows of `candidates`) ranked by score (N, C)."""
+    def add(self, candidates: Beam, score: Tensor, penalty: Tensor, relaxed: Tensor) -> None:
+        """Merge finished candidates (their sentences' rows of `candidates`) ranked by score (N, C); on equal
+        scores the ones kept already come first."""
         rows, K = candidates.sentence, self.score.shape[1]
         merged = torch.cat([self.score[rows], score], dim=1)  # (N, K + C)
-        best, index = merged.topk(K, dim=1)  # (N, K)
-        self.score[rows] = best
+        index = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]  # (N, K)
+        self.score[rows] = merged.gather(1, index)
         self.log_prob[rows] = torch.cat([self.log_prob[rows], candidates.log_prob], 1).gather(1, index)
         self.penalty[rows] = torch.cat([self.penalty[rows], penalty], 1).gather(1, index)
+        self.relaxed[rows] = torch.cat([self.relaxed[rows], relaxed], 1).gather(1, index)
         self.tokens[rows] = gather_slots(torch.cat([self.tokens[rows], candidates.tokens], 1), index)
         if self.attention is not None:
             self.attention[rows] = gather_slots(torch.cat([self.attention[rows], candidates.attention], 1), index)
 
+    def kth(self, rows: Tensor, k: int) -> Tensor:
+        """(N,) the k-th best kept score of sentences `rows` (-inf while fewer than k have finished)."""
+        return self.score[rows].topk(k, dim=1).values[:, -1]
+
     def count(self, rows: Tensor) -> Tensor:
         """(N,) number of finished hypotheses of sentences `rows`."""
         return self.score[rows].isfinite().sum(dim=1)
-
-    def worst(self, rows: Tensor) -> Tensor:
-        """(N,) lowest kept score (-inf while slots are empty)."""
-        return self.score[rows].min(dim=1).values
 
 
 CHUNK = 32  # vocabulary entries per chunk in best_extensions
@@ -128,23 +133,50 @@ def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: b
     attention = torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None
     coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
-    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, attention, coverage)
+    greedy = torch.ones(B, dtype=torch.bool, device=device)
+    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, attention, coverage, greedy)
     finished = Finished(tokens.clone(), torch.full((B, K), NEG_INF, device=device), torch.zeros(B, K, device=device),
-                        torch.zeros(B, K, device=device), attention.clone() if track else None)
+                        torch.zeros(B, K, device=device), torch.zeros(B, K, dtype=torch.bool, device=device),
+                        attention.clone() if track else None)
     return beam, finished
 
 
+@dataclass
+class Candidates:
+    """A step's extensions of each sentence's beam, best first: the 2K best by summed log-probability, then
+    the greedy path's own extension when it is not among them."""
+    score: Tensor                   # (N, C) summed log-probability
+    parent: Tensor                  # (N, C) slot extended
+    token: Tensor                   # (N, C)
+    greedy: Tensor                  # (N, C) bool: the greedy path's extension (at most one per sentence)
+    listed: Tensor                  # (N, C) bool: a real candidate (the extra column only when needed)
+
+
+def candidates(lp: Tensor, beam: Beam, K: int) -> Candidates:
+    """lp (N * K, V) constrained next-token log-probs -> the candidates of this step."""
+    N, V = beam.log_prob.shape[0], lp.shape[1]
+    score, parent, token = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
+    g_lp, g_token = lp.view(N, K, V)[:, 0].max(dim=1)  # (N,): the greedy path's best next token
+    is_greedy = beam.greedy.unsqueeze(1) & parent.eq(0) & token.eq(g_token.unsqueeze(1))  # (N, 2K)
+    missing = beam.greedy & ~is_greedy.any(dim=1)  # (N,) its extension ranks below the 2K best
+    return Candidates(torch.cat([score, (beam.log_prob[:, 0] + g_lp).unsqueeze(1)], dim=1),
+                      torch.cat([parent, torch.zeros_like(parent[:, :1])], dim=1),
+                      torch.cat([token, g_token.unsqueeze(1)], dim=1),
+                      torch.cat([is_greedy, missing.unsqueeze(1)], dim=1),
+                      torch.cat([torch.ones_like(is_greedy), missing.unsqueeze(1)], dim=1))
+
+
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: list[Processor],
+def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
                 prefix: Tensor | None = None, need_attention: bool = False,
                 enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
 
     Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
-    among the K best finishes a hypothesis; the K best others stay active. With early stopping a
-    sentence is done once K hypotheses have finished (fairseq's rule; it keeps beam size 1 exactly
-    greedy); without, only once no active hypothesis can still beat the worst finished one. At
-    max_len every active hypothesis ends with EOS. Done sentences leave the batch.
+    among the K best finishes a hypothesis; the K best others stay active. The greedy path keeps
+    slot 0 while active, and its EOS always finishes it, so the best hypothesis returned scores at
+    least as well as greedy search. A sentence is done when its stopping rule says so (stopped);
+    at max_len every active hypothesis ends with EOS. Done sentences leave the batch.
     """
     K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
     device, max_len = src.device, max_len.to(src.device)
@@ -164,47 +196,59 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         rows = beam.sentence.repeat_interleave(K)  # (N * K,)
         state = StepState(t, beam.tokens[:, :, :t].reshape(N * K, t), max_len[rows],
                           prefix[rows] if prefix is not None else None)
-        lp = apply_all(rules, raw, state)  # (N * K, V)
+        lp, exhausted = rules(raw, state)  # (N * K, V), (N * K,) or None
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
         cover = attn[:, :, -1].nanmean(dim=2).nan_to_num() if beta > 0 else None  # (N, K, S); NaN: pruned heads
-        score, parent, token = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
-        ended = token.eq(eos) & score.isfinite()
-        ended[:, K:] = False  # an EOS finishes a hypothesis only when it ranks among the K best
+        c = candidates(lp, beam, K)  # (N, C) each
+        is_eos = c.token.eq(eos)
+        ended = is_eos & c.score.isfinite() & c.listed
+        ended[:, K:2 * K] = False  # an EOS finishes a hypothesis only when it ranks among the K best
+        ended |= is_eos & c.greedy  # or ends the greedy path
         if ended.any():
-            done_beam = beam.extend(parent, token, score, t, attn, cover)
-            cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(score)
-            finished.add(done_beam, torch.where(ended, score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp)
-        order = token.eq(eos).long() * (2 * K) + torch.arange(2 * K, device=device)  # EOS last
-        pick = order.topk(K, dim=1, largest=False).indices  # (N, K) best non-EOS first
-        beam = beam.extend(parent.gather(1, pick), token.gather(1, pick), score.gather(1, pick), t, attn, cover)
+            done_beam = beam.extend(c.parent, c.token, c.score, t, attn, cover, beam.greedy)
+            cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(c.score)
+            cut = exhausted.view(N, K).gather(1, c.parent) if exhausted is not None else torch.zeros_like(ended)
+            finished.add(done_beam, torch.where(ended, c.score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
+        C = c.score.shape[1]  # order: the greedy path's continuation, the others best first, EOS and unlisted last
+        order = torch.arange(C, device=device) + (is_eos | ~c.listed).long() * C
+        order = order.masked_fill(c.greedy & ~is_eos, -1)
+        pick = order.topk(K, dim=1, largest=False).indices  # (N, K)
+        greedy = (c.greedy & ~is_eos).any(dim=1)  # (N,) the greedy path goes on, in slot 0
+        beam = beam.extend(c.parent.gather(1, pick), c.token.gather(1, pick), c.score.gather(1, pick), t, attn, cover,
+                           greedy)
         done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
         keep = (~done).nonzero().squeeze(1)  # (N',)
         if keep.numel() == 0:
             break
-        cache.select((torch.arange(N, device=device).unsqueeze(1) * K + parent.gather(1, pick))[keep].view(-1))
+        cache.select((torch.arange(N, device=device).unsqueeze(1) * K + c.parent.gather(1, pick))[keep].view(-1))
         beam = beam.keep(keep)
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
 
 
 def stopped(beam: Beam, finished: Finished, cfg: DecodeConfig, max_len: Tensor) -> Tensor:
-    """(N,) sentences whose search is over (see beam_search)."""
-    full = finished.count(beam.sentence).ge(cfg.beam_size)
-    if cfg.early_stopping:
-        return full
-    longest = max_len[beam.sentence] + 1  # the most optimistic length when alpha > 0
-    best_active = beam.log_prob.max(dim=1).values / gnmt_penalty(longest, cfg.length_penalty)
-    return full & (best_active <= finished.worst(beam.sentence))
+    """(N,) sentences whose search is over.
+
+    exact: no active hypothesis can still beat the n_best-th finished one. A hypothesis' log-probability
+    only falls as it grows and the coverage penalty is at most 0, so its score can reach at most
+    log p / lp(longest), the length penalty growing with length (alpha >= 0). The first hypothesis is
+    then final, whatever n_best. early: beam_size hypotheses have finished.
+    """
+    if cfg.stopping == "early":
+        return finished.count(beam.sentence).ge(cfg.beam_size)
+    longest = max_len[beam.sentence] + 1  # (N,) tokens of the longest hypothesis, EOS included
+    bound = beam.log_prob.max(dim=1).values / gnmt_penalty(longest, cfg.length_penalty)  # (N,)
+    return bound <= finished.kth(beam.sentence, cfg.n_best)
 
 
 def collect(finished: Finished, n_best: int, stop: set[int], alpha: float) -> list[list[Hypothesis]]:
     """The n_best finished hypotheses of each sentence as Python objects, best first."""
-    tokens, scores, log_probs, penalties = (x.cpu().tolist() for x in (finished.tokens, finished.score,
-                                                                       finished.log_prob, finished.penalty))
+    tokens, scores, log_probs, penalties, relaxed = (x.cpu().tolist() for x in (
+        finished.tokens, finished.score, finished.log_prob, finished.penalty, finished.relaxed))
     attention = finished.attention.cpu() if finished.attention is not None else None
     out = []
-    for b, (ids, score, log_prob, penalty) in enumerate(zip(tokens, scores, log_probs, penalties)):
-        hyps = [hypothesis(i, stop, lp, alpha, cp, attention[b, k] if attention is not None else None)
-                for k, (i, s, lp, cp) in enumerate(zip(ids, score, log_prob, penalty)) if s != NEG_INF]
+    for b, row in enumerate(zip(tokens, scores, log_probs, penalties, relaxed)):
+        hyps = [hypothesis(i, stop, lp, alpha, cp, attention[b, k] if attention is not None else None, cut)
+                for k, (i, s, lp, cp, cut) in enumerate(zip(*row)) if s != NEG_INF]
         out.append(sorted(hyps, key=lambda h: -h.score)[:n_best])
     return out

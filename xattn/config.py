@@ -223,7 +223,9 @@ class DecodeConfig:
     max_len_a: float = 1.5              # max target length = a * source length + b
     max_len_b: int = 10
     no_repeat_ngram_size: int = 0       # forbid repeating any n-gram of this size (0: off)
-    early_stopping: bool = True         # beam: a sentence ends once beam_size hypotheses have finished
+    stopping: str = "exact"             # beam: when a sentence's search ends. exact: once no active hypothesis
+    #   can still beat the n_best-th finished one (its score bound: log p only falls as it grows); early: once
+    #   beam_size hypotheses have finished (fairseq's, CTranslate2's rule: faster, may return a worse one)
     max_tokens: int = 8000              # token budget of one translation batch
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
@@ -231,7 +233,7 @@ class DecodeConfig:
         top_p=within(0, 1, lo_open=True), num_samples=within(1, 1024), seed=within(0, 2**63 - 1),
         length_penalty=within(0, 10), coverage_penalty=within(0, 10), n_best=POSITIVE, min_len=NON_NEGATIVE,
         max_len_a=within(0, 1000), max_len_b=within(0, 100_000), no_repeat_ngram_size=NON_NEGATIVE,
-        max_tokens=POSITIVE)
+        stopping=one_of("exact", "early"), max_tokens=POSITIVE)
 
     def __post_init__(self) -> None:
         validate(self, "decode")
@@ -318,6 +320,21 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+RETIRED = {"decode": {"early_stopping": "decode.stopping (exact | early)"}}
+"""Keys that older versions wrote into every model directory's config.yaml. Read from a file they are
+dropped (their recorded value was the old default); given as an override they are an error naming the
+replacement."""
+
+
+def _drop_retired(raw: dict, given: dict[str, dict[str, str]]) -> None:
+    for section, keys in RETIRED.items():
+        for key, replacement in keys.items():
+            if key in given.get(section, {}):
+                raise XattnError(f"{section}.{key} is no longer a setting; use {replacement}")
+            if isinstance(raw.get(section), dict):
+                raw[section] = {k: v for k, v in raw[section].items() if k != key}
+
+
 PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -351,8 +368,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise XattnError(f"{path}: unknown config section {name!r}{nearest(str(name), list(SECTIONS))}")
         if values is not None and not isinstance(values, dict):
             raise XattnError(f"{path}: section {name!r} must be a mapping of keys to values, got {values!r}")
-    merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}
     given = parse_overrides(overrides or [])
+    _drop_retired(raw, given)
+    merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}
     for name, values in given.items():
         merged[name].update(values)
     base = base or RunConfig()

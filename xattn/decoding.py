@@ -24,21 +24,21 @@ from torch import Tensor
 from xattn.attention import DecoderCache, stack_layers
 from xattn.config import DecodeConfig
 from xattn.model import EncoderOutput, Transformer
-from xattn.processors import Processor, StepState, apply_all, constraints, warpers
+from xattn.processors import Constraints, Processor, StepState, apply_all, constraints, warpers
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
 
 
 SAMPLING_ONLY = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed"})
-BEAM_ONLY = frozenset({"beam_size", "n_best", "coverage_penalty", "early_stopping"})
+BEAM_ONLY = frozenset({"beam_size", "n_best", "coverage_penalty", "stopping"})
 
 
-GREEDY_IGNORES = frozenset({"coverage_penalty", "early_stopping"})
+GREEDY_IGNORES = frozenset({"coverage_penalty", "stopping"})
 
 
 def ignored_settings(given, sampling: bool, beam_size: int) -> list[str]:
     """Of the DecodeConfig fields a user set (`given`), those a search of that kind would ignore: the beam's
-    when sampling, the sampler's when searching by beam, and the coverage penalty and early stopping when
+    when sampling, the sampler's when searching by beam, and the coverage penalty and stopping rule when
     the beam is 1 (greedy search). Every front end refuses them."""
     ignored = BEAM_ONLY if sampling else SAMPLING_ONLY | (GREEDY_IGNORES if beam_size == 1 else frozenset())
     return sorted(set(given) & ignored)
@@ -50,6 +50,7 @@ class Hypothesis:
     score: float                            # the ranking score (normalised, penalties included)
     log_prob: float                         # sum of token log-probabilities, EOS included
     cross_attention: Tensor | None = None   # (L, H, len(tokens) + 1, S) when tracked during search
+    relaxed: bool = False                   # ended early: the constraints left no token but EOS (processors.py)
 
 
 def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -80,13 +81,13 @@ def prepare_cache(model: Transformer, src: Tensor, copies: int = 1,
 
 
 def hypothesis(ids: list[int], stop: set[int], log_prob: float, alpha: float, penalty: float = 0.0,
-               attention: Tensor | None = None) -> Hypothesis:
+               attention: Tensor | None = None, relaxed: bool = False) -> Hypothesis:
     """A Hypothesis from generated ids, cut at the first `stop` id (EOS or pad); score = log p / lp + penalty."""
     end = next((i for i, token in enumerate(ids) if token in stop), len(ids))
     score = log_prob / gnmt_penalty(end + 1, alpha) + penalty
     if attention is not None:
         attention = attention[:end + 1].permute(1, 2, 0, 3).contiguous()  # (L, H, T, S)
-    return Hypothesis(ids[:end], score, log_prob, attention)
+    return Hypothesis(ids[:end], score, log_prob, attention, relaxed)
 
 
 # ---------------------------------------------------------------------------------- greedy and sampling
@@ -108,7 +109,7 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 
 
 @torch.inference_mode()
-def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: list[Processor], pick: Pick,
+def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
@@ -125,13 +126,16 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: list[Proc
     T = int(max_len.max()) + 1
     out = torch.full((R, T), cfg.pad_id, dtype=torch.long, device=device)  # (R, T)
     log_prob = torch.zeros(R, device=device)
+    relaxed = torch.zeros(R, dtype=torch.bool, device=device)  # (R,) ended by the constraints' last resort
     attention: Tensor | None = None
     alive = torch.arange(R, device=device)  # (N,) row of each live hypothesis
     last = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)  # (N, 1)
     for t in range(T):
         raw, attn = step(last, cache)
         state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None)
-        lp = apply_all(rules, raw, state)  # (N, V)
+        lp, exhausted = rules(raw, state)  # (N, V), (N,) or None
+        if exhausted is not None:
+            relaxed[alive] |= exhausted
         token = pick(lp, state)  # (N,)
         out[alive, t] = token
         log_prob[alive] += lp.gather(1, token.unsqueeze(1)).squeeze(1)
@@ -146,8 +150,8 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: list[Proc
             alive, token = alive[keep], token[keep]
         last = token.unsqueeze(1)
     stop = {cfg.eos_id, cfg.pad_id}
-    hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None)
-            for r, (ids, lp) in enumerate(zip(out.cpu().tolist(), log_prob.cpu().tolist()))]
+    hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None, cut)
+            for r, (ids, lp, cut) in enumerate(zip(out.cpu().tolist(), log_prob.cpu().tolist(), relaxed.tolist()))]
     return [hyps[b * copies:(b + 1) * copies] for b in range(src.shape[0])]
 
 

@@ -94,16 +94,68 @@ def split_lines(raw: bytes, where: str) -> list[str]:
     lines = raw.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    if b"\n" not in raw and b"\r" in raw.rstrip(b"\r"):
+    if b"\n" not in raw:
+        _refuse_cr_only(raw, where)
+    return [decode_line(line, where, number) for number, line in enumerate(lines, start=1)]
+
+
+def decode_line(line: bytes, where: str, number: int) -> str:
+    """One line's bytes (its "\n" removed) -> text: a trailing "\r" dropped, UTF-8 checked."""
+    try:
+        return line.removesuffix(b"\r").decode("utf-8")
+    except UnicodeDecodeError:
+        raise XattnError(f"{where}: line {number}: invalid UTF-8") from None
+
+
+def _refuse_cr_only(raw: bytes, where: str) -> None:
+    """Text without a "\n" but with a "\r" inside: lines ending in "\r" alone."""
+    if b"\r" in raw.rstrip(b"\r"):
         raise XattnError(f"{where}: lines end in a carriage return alone (\\r, old Mac style); "
                          "convert them to \\n, e.g. tr '\\r' '\\n'")
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError:
-            raise XattnError(f"{where}: line {number}: invalid UTF-8") from None
-    return out
+
+
+def is_interactive(stream) -> bool:
+    """Whether `stream` (stdin) is a terminal or a pipe rather than a file: its lines may arrive one by one."""
+    import stat
+
+    try:
+        return not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's StringIO): read it whole
+        return False
+
+
+STREAM_BATCH = 4096
+"""Lines at most in one batch of `stream_lines`."""
+
+
+def stream_lines(stream, where: str = "stdin") -> Iterator[list[str]]:
+    """The lines of a terminal or a pipe, by the rule of `read_lines`, in batches as they arrive: each batch
+    holds every complete line that is there when it is asked for (up to STREAM_BATCH), so a person typing
+    gets each line at once and a fast pipe still gives large batches."""
+    import select
+
+    fd, pending, number, lines, seen_newline = stream.fileno(), b"", 0, [], False
+    while True:
+        if not lines or select.select([fd], [], [], 0)[0]:  # block only when there is nothing to hand out
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            pending = (pending + chunk).removeprefix(b"\xef\xbb\xbf") if number == 0 and not lines else pending + chunk
+            *complete, pending = pending.split(b"\n")
+            seen_newline |= bool(complete)
+            for line in complete:
+                number += 1
+                lines.append(decode_line(line, where, number))
+            if len(lines) < STREAM_BATCH:
+                continue
+        yield lines[:STREAM_BATCH]
+        lines = lines[STREAM_BATCH:]
+    if not seen_newline:
+        _refuse_cr_only(pending, where)
+    if pending:
+        lines.append(decode_line(pending, where, number + 1))
+    for start in range(0, len(lines), STREAM_BATCH):
+        yield lines[start:start + STREAM_BATCH]
 
 
 def one_line(text: str) -> str:

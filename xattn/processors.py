@@ -128,14 +128,40 @@ def top_p(p: float) -> Processor:
     return apply
 
 
-def constraints(cfg: DecodeConfig, model: ModelConfig) -> list[Processor]:
-    """The hard rules every strategy obeys, in the order they apply; scores are taken after these."""
+@dataclass(frozen=True)
+class Constraints:
+    """The hard rules every strategy obeys, in the order they apply; scores are taken after these.
+
+    Settings that are each in range can together forbid every token of a row (no_repeat_ngram_size 1 with
+    a min_len beyond what the vocabulary can fill). Such a row keeps end-of-sentence as a last resort, at
+    its model log-probability, and is reported as relaxed; every strategy treats it alike. Only rule sets
+    that can exhaust a row (`can_exhaust`) pay for the check.
+    """
+    rules: tuple[Processor, ...]
+    eos_id: int
+    can_exhaust: bool
+
+    def __call__(self, raw: Tensor, state: StepState) -> tuple[Tensor, Tensor | None]:
+        """raw (N, V) log-probs, overwritten -> (constrained (N, V), relaxed (N,) bool or None)."""
+        eos = raw[:, self.eos_id].clone() if self.can_exhaust else None  # (N,) before any rule
+        lp = apply_all(list(self.rules), raw, state)
+        if eos is None:
+            return lp, None
+        relaxed = lp.amax(dim=1).isneginf()  # (N,) rows with nothing allowed
+        if relaxed.any():
+            lp[relaxed, self.eos_id] = eos[relaxed].clamp(min=torch.finfo(eos.dtype).min)
+        return lp, relaxed
+
+
+def constraints(cfg: DecodeConfig, model: ModelConfig) -> Constraints:
+    """The constraints of `cfg` for a model with `model`'s special ids."""
     out = [forbid([model.pad_id, model.bos_id])]
     if cfg.no_repeat_ngram_size:
         out.append(no_repeat_ngram(cfg.no_repeat_ngram_size))
     if cfg.min_len:
         out.append(min_length(cfg.min_len, model.eos_id))
-    return out + [forced_prefix(model.pad_id), max_length(model.eos_id)]
+    out += [forced_prefix(model.pad_id), max_length(model.eos_id)]
+    return Constraints(tuple(out), model.eos_id, can_exhaust=bool(cfg.no_repeat_ngram_size or cfg.min_len))
 
 
 def warpers(cfg: DecodeConfig) -> list[Processor]:

@@ -32,6 +32,8 @@ class Translation:
     tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
     cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
     self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
+    relaxed: bool = False                         # the decoding constraints left no token but end of sentence
+    #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
     alternatives: list[Translation] = field(default_factory=list)  # n-best or samples, best first
 
 
@@ -181,7 +183,7 @@ class Translator:
                      selfw: np.ndarray | None) -> Translation:
         tgt = self.tokenizers.tgt
         return Translation(tgt.decode(hyp.tokens), hyp.score, list(src_tokens),
-                           tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), cross, selfw)
+                           tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), cross, selfw, hyp.relaxed)
 
 
 @dataclass(frozen=True)

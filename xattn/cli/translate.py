@@ -21,6 +21,8 @@ DECODE_FLAGS = {
     "--top-p": ("top_p", float, "sample from the smallest set with this probability mass"),
     "--num-samples": ("num_samples", int, "samples per input, printed like --n-best"),
     "--seed": ("seed", int, "random seed for sampling"),
+    "--stopping": ("stopping", str, "beam: exact (default: search until no active hypothesis can beat the best "
+                   "finished one) or early (stop once --beam hypotheses have finished: faster, may return a worse one)"),
     "--max-tokens": ("max_tokens", int, "token budget of one translation batch"),
 }
 
@@ -54,8 +56,6 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
         if not (one_per_input and flag in MANY_PER_INPUT):
             p.add_argument(flag, type=kind, help=help)
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--no-early-stopping", action="store_true",
-                   help="beam: search until no active hypothesis can beat the finished ones")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--compile", action="store_true",
@@ -74,12 +74,9 @@ def decode_config(args, base):
     changes = {k: v for k, v in changes.items() if v is not None}
     if args.sample:
         changes["sampling"] = True
-    if args.no_early_stopping:
-        changes["early_stopping"] = False
     sampling, beam = changes.get("sampling", base.sampling), changes.get("beam_size", base.beam_size)
     if ignored := ignored_settings(set(changes) - {"sampling"}, sampling, beam):
         flags = {field: flag for flag, (field, _, _) in DECODE_FLAGS.items()}
-        flags["early_stopping"] = "--no-early-stopping"
         greedy = [f for f in ignored if f in BEAM_ONLY and not sampling]  # named first when mixed with top-k etc.
         reason = ("beam search only, not --sample (samples: --num-samples)" if sampling else
                   f"beam search with --beam 2 or more only (the beam is {beam}: greedy)" if greedy else
@@ -103,7 +100,7 @@ def refuse_search_flags(args, reason: str) -> None:
     """One error line when the command line sets how translations are searched, though nothing is searched
     (`reason`: why, e.g. the translation is given)."""
     given = [flag for flag in DECODE_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
-    given += [flag for flag in ("--sample", "--no-early-stopping", "--compile")  # --compile: the search's step
+    given += [flag for flag in ("--sample", "--compile")  # --compile: the search's step
               if getattr(args, flag[2:].replace("-", "_"))]
     if given:
         raise XattnError(f"{given[0]}: {reason}")
@@ -129,23 +126,64 @@ def run(args) -> int:
         raise XattnError(f"{', '.join(unused)} apply to --alignment")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
-    texts = read_lines(args.input)
     prefixes = read_lines(args.prefix) if args.prefix else None
-    if prefixes is not None and len(prefixes) != len(texts):
-        raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {len(texts)}")
     links = alignment_of(args, translator) if args.alignment else None
-    results = translator.translate(texts, cfg, prefixes=prefixes, return_attention=args.alignment,
-                                   attention_from="rescore")
-    if any(r.alternatives for r in results):
-        lines = [f"{i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {links(alt, texts[i], i)}" if links else "")
-                 for i, r in enumerate(results) for alt in r.alternatives]
-    elif args.scores or links:
-        lines = [" ||| ".join([r.text] + ([f"{r.score:.4f}"] if args.scores else []) +
-                              ([links(r, texts[i], i)] if links else [])) for i, r in enumerate(results)]
-    else:
-        lines = [r.text for r in results]
-    write_output_lines(args.output, lines)
+    out, relaxed, count = [], [], 0
+    for texts in input_batches(args):
+        batch_prefixes = prefixes[count:count + len(texts)] if prefixes is not None else None
+        if batch_prefixes is not None and len(batch_prefixes) < len(texts):
+            raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input more")
+        results = translator.translate(texts, cfg, prefixes=batch_prefixes, return_attention=args.alignment,
+                                       attention_from="rescore")
+        lines = output_lines(results, texts, count, args.scores, links)
+        relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
+        count += len(texts)
+        if args.output in (None, "-"):
+            write_output_lines(None, lines)  # each batch as soon as it is translated
+        else:
+            out += lines
+    if prefixes is not None and len(prefixes) != count:
+        raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {count}")
+    if args.output not in (None, "-"):
+        write_output_lines(args.output, out)
+    if relaxed:
+        note_relaxed(relaxed, args.input or "stdin")
     return 0
+
+
+def input_batches(args):
+    """The input's lines: from a terminal or a pipe in batches as they arrive (so each line typed is
+    translated at once), else (a file, or with --prefix) all at once, for length-sorted batching."""
+    import sys
+
+    from xattn.io import is_interactive, stream_lines
+
+    if args.input in (None, "-") and args.prefix is None and is_interactive(sys.stdin):
+        yield from stream_lines(sys.stdin)
+    else:
+        yield read_lines(args.input)
+
+
+def output_lines(results, texts: list[str], offset: int, scores: bool, links) -> list[str]:
+    """The printed lines of `results` (translations of `texts`, input lines offset + 1, ...)."""
+    if any(r.alternatives for r in results):
+        return [f"{offset + i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {links(alt, texts[i], offset + i)}"
+                                                                     if links else "")
+                for i, r in enumerate(results) for alt in r.alternatives]
+    if scores or links:
+        return [" ||| ".join([r.text] + ([f"{r.score:.4f}"] if scores else []) +
+                             ([links(r, texts[i], offset + i)] if links else [])) for i, r in enumerate(results)]
+    return [r.text for r in results]
+
+
+def note_relaxed(lines: list[int], where: str) -> None:
+    """One line on stderr naming the inputs whose translation the constraints cut short."""
+    import sys
+
+    shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+    print(f"xattn translate: note: {where}: line{'s' if len(lines) > 1 else ''} {shown}: the decoding constraints "
+          "(--min-len, --no-repeat-ngram, --prefix) left no token allowed, so the translation ends there",
+          file=sys.stderr)
 
 
 def alignment_of(args, translator):

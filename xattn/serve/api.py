@@ -61,6 +61,8 @@ class Settings:
     """What a translate call needs besides the texts; equal settings may share a call."""
     decode: DecodeConfig
     attention: bool                    # carry the cross-attention (for attention or alignment)
+    wider: DecodeConfig | None = None  # a search wide enough for the alternatives asked, when `decode`'s beam is not:
+    #   the first translation still comes from `decode`, so asking for alternatives never changes it
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: tuple[str, str],
@@ -96,8 +98,8 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         raise ApiError(413, f"q[{item}]: {longest} source tokens and </s> do not fit the model's {max_positions} "
                        "positions", "too_many_tokens")
     check_alternatives(req, base, limits)
-    decode = decode_config(req, base)
-    check_decode(decode, limits)
+    decode, wider = decode_config(req, base)
+    check_decode(wider or decode, limits)
     if decode.max_len_a * longest + decode.max_len_b > limits.max_output_tokens:
         raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
                        f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
@@ -107,31 +109,44 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
-    return texts, Settings(decode, req.attention != "none" or req.alignment)
+    return texts, Settings(decode, req.attention != "none" or req.alignment, wider)
 
 
-def decode_config(req: TranslateRequest, base: DecodeConfig) -> DecodeConfig:
-    """The model's decoding settings with the request's; `alternatives` asks for that many more hypotheses."""
+def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:
+    """The model's decoding settings with the request's, and the wider search of Settings.wider when the
+    `alternatives` asked for need more hypotheses than its beam holds."""
     given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
     asked = set(given) - {"sampling"}
+    sampling, wanted, widen = given.get("sampling", base.sampling), req.alternatives + 1, {}
     if req.alternatives:
-        sampling = given.get("sampling", base.sampling)
-        wanted = req.alternatives + 1
         for key in ("num_samples",) if sampling else ("n_best", "beam_size"):
             if given.get(key, wanted) < wanted:  # set by the request too low: a contradiction, not a default
                 raise ApiError(422, f"{key}: {given[key]} is too few for {req.alternatives} alternatives (needs "
                                f"{wanted} or more; or leave it out)", "invalid_request")
-            given[key] = max(given.get(key, 1 if key != "beam_size" else base.beam_size), wanted)
-    sampling, beam = given.get("sampling", base.sampling), given.get("beam_size", base.beam_size)
+        if sampling:
+            given["num_samples"] = max(given.get("num_samples", 1), wanted)
+        elif given.get("beam_size", base.beam_size) >= wanted:
+            given["n_best"] = max(given.get("n_best", 1), wanted)
+        else:
+            widen = {"beam_size": wanted, "n_best": wanted}
+    beam = widen.get("beam_size", given.get("beam_size", base.beam_size))
     if ignored := ignored_settings(asked, sampling, beam):
         raise ApiError(422, f"{ignored[0]}: " + ("applies to beam search, not to sampling (samples: num_samples)"
                                                  if sampling else "applies to beam search with beam_size 2 or more"
                                                  if ignored[0] in BEAM_ONLY else
                                                  "applies to sampling only; set sampling: true"), "invalid_request")
     try:
-        return dataclasses.replace(base, **given)
+        decode = dataclasses.replace(base, **given)
+        return decode, dataclasses.replace(decode, **widen) if widen else None
     except XattnError as e:  # a ConfigError "decode.beam_size: must be ..."
         raise ApiError(422, str(e).removeprefix("decode."), "invalid_request") from None
+
+
+def with_alternatives(first: list, wider: list, count: int) -> list:
+    """Each translation of `first` with, as its alternatives, itself and then the `count` best of the wider
+    search's translations (`wider`, same texts) that differ from it."""
+    return [dataclasses.replace(f, alternatives=[f] + [a for a in w.alternatives if a.text != f.text][:count])
+            for f, w in zip(first, wider)]
 
 
 def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits) -> None:
@@ -164,6 +179,8 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
     out = {"translatedText": translation.text, "score": round(float(translation.score), 4),
            "source_tokens": translation.src_tokens, "target_tokens": translation.tgt_tokens,
            "source_words": text.split(), "target_words": translation.text.split()}
+    if translation.relaxed:  # the decoding constraints left nothing but end of sentence: it ends early
+        out["relaxed"] = True
     if req.attention != "none":
         weights = translation.cross_attention  # (L, H, T, S)
         if req.attention == "mean":

@@ -23,7 +23,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 from xattn.errors import XattnError
-from xattn.serve.api import TranslateRequest, parse_request, plan, response
+from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.batcher import Batcher, QueueFull
 
@@ -52,8 +52,12 @@ class Model:
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size)
 
     def translate(self, texts, settings):
-        return self.translator.translate(texts, settings.decode, return_attention=settings.attention,
-                                         attention_from="rescore")
+        first = self.translator.translate(texts, settings.decode, return_attention=settings.attention,
+                                          attention_from="rescore")
+        if settings.wider is None:
+            return first
+        wider = self.translator.translate(texts, settings.wider)
+        return with_alternatives(first, wider, settings.wider.n_best - 1)
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
