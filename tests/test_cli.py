@@ -2,6 +2,7 @@ import json
 import math
 import os
 import select
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,43 @@ def test_every_verb_has_help_with_an_example():
     for verb in ("quickstart", "train", "translate", "evaluate"):
         result = _run(verb, "--help")
         assert result.returncode == 0 and "example:" in result.stdout
+
+
+SMALL = ["data.numbers_size=3000", "model.d_model=32", "model.d_ff=64", "train.eval_every=20",
+         "train.eval_bleu_sentences=20", "train.threads=1", "train.max_steps=40", "--examples", "3"]
+
+
+def slowed(monkeypatch, seconds: float) -> None:
+    """Every training step takes `seconds` longer, as on a machine busy with other work."""
+    from xattn.training import Trainer
+
+    step = Trainer._train_step
+
+    def slow_step(self, group):
+        time.sleep(seconds)
+        return step(self, group)
+    monkeypatch.setattr(Trainer, "_train_step", slow_step)
+
+
+def quickstart(out: Path, capsys, *args) -> str:
+    assert main(["quickstart", "--out", str(out), *SMALL, *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_quickstart_result_does_not_depend_on_the_machine_being_busy(tmp_path, capsys, monkeypatch):
+    """A step budget, not the wall clock, decides the model: a slowed run prints the same results."""
+    quick = quickstart(tmp_path / "quick", capsys, "--minutes", "30")
+    slowed(monkeypatch, 0.3)
+    slow = quickstart(tmp_path / "slow", capsys, "--minutes", "30")
+    results = lambda text: text[text.index("== held-out"):text.index("== cross-attention")]  # noqa: E731
+    assert results(slow) == results(quick) and "exact match" in results(quick)
+    assert "cap ended training" not in slow
+
+
+def test_a_quickstart_cut_by_its_time_cap_says_so_and_how_to_go_on(tmp_path, capsys, monkeypatch):
+    slowed(monkeypatch, 0.5)
+    out = quickstart(tmp_path / "capped", capsys, "--minutes", "0.05")
+    assert "note: the 0.05-minute cap ended training at step" in out and "of 40 (a slow or busy machine)" in out
+    assert f"xattn quickstart --out {tmp_path / 'capped'} --minutes 0.1 data.numbers_size=3000" in out
+    again = quickstart(tmp_path / "capped", capsys, "--minutes", "0.05")
+    assert "already trained to max_minutes" in again and "raise --minutes to go on" in again

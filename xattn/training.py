@@ -79,8 +79,10 @@ class Trainer:
     optimizer never sees them), and its RunParts.cfg is the run's config from then on: build both from one.
     """
 
-    def __init__(self, cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None):
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None,
+                 flags: dict[str, str] | None = None):
         self.out_dir, self.quiet = Path(out_dir), quiet
+        self.flags = flags or {}  # how the caller's command line names a config key, for messages
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise XattnError(f"{self.out_dir}: exists and is not a directory; train into a new or a model directory")
         self.ctx = dist.setup(cfg.train.device)
@@ -243,7 +245,9 @@ class Trainer:
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
         if stop_reason is not None and p.finished:
-            self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise the limit to go on")
+            key = f"train.{'patience' if stop_reason == 'early_stopping' else stop_reason}"
+            self._print(f"{self.out_dir}: already trained to {stop_reason} (step {p.step}); raise "
+                        f"{self.flags.get(key, key + '=')} to go on")
             p.stop_reason = stop_reason
             return p
         p.finished = False  # training goes on, or only its end (averaging) is left to redo
@@ -374,10 +378,12 @@ class Trainer:
             echo(message)
 
 
-def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None) -> Progress:
+def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Factory | None = None,
+          flags: dict[str, str] | None = None) -> Progress:
     """Train (or resume) a model directory; returns where training stopped. `factory`: the parts to train
-    (default: those `xattn train` builds from the config)."""
-    trainer = Trainer(cfg, out_dir, quiet, factory)
+    (default: those `xattn train` builds from the config); `flags`: {config key: the caller's flag for it},
+    named in messages instead of the key."""
+    trainer = Trainer(cfg, out_dir, quiet, factory, flags)
     try:
         return trainer.fit()
     finally:

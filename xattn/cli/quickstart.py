@@ -12,11 +12,12 @@ PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --datase
 def register(sub) -> None:
     p = add_verb(sub, "quickstart", "Train a small de->en model (offline numbers task by default), "
                  "translate held-out examples and write a cross-attention heatmap.",
-                 "xattn quickstart            # about 3 minutes on a 2-core CPU, no download\n"
+                 "xattn quickstart            # about 2 minutes on an idle 2-core CPU, no download\n"
                  "  xattn quickstart --dataset multi30k --data-dir ../shared/data/multi30k", run)
     p.add_argument("--dataset", choices=sorted(PRESETS), default="numbers")
     p.add_argument("--out", type=path_arg, help="model directory (default: runs/quickstart-DATASET)")
-    p.add_argument("--minutes", type=float, help="training time budget (default: the preset's)")
+    p.add_argument("--minutes", type=float, help="cap on training time: training ends at the preset's step "
+                   "count or at this many minutes, whichever comes first (default: the preset's cap)")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
     p.add_argument("--examples", type=int, default=5, help="held-out translations to print")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="override preset keys")
@@ -43,8 +44,12 @@ def run(args) -> int:
     check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out or f"runs/quickstart-{args.dataset}")
     print(f"== training {cfg.data.src_lang}->{cfg.data.tgt_lang} on {cfg.data.dataset} into {out} "
-          f"(budget {cfg.train.max_minutes:g} min)")
-    train(cfg, out)
+          f"({cfg.train.max_steps} steps, at most {cfg.train.max_minutes:g} min)")
+    progress = train(cfg, out, flags={"train.max_minutes": "--minutes", "train.max_steps": "train.max_steps="})
+    if progress.stop_reason == "max_minutes":
+        print(f"note: the {cfg.train.max_minutes:g}-minute cap ended training at step {progress.step} of "
+              f"{cfg.train.max_steps} (a slow or busy machine), so the model below is undertrained; continue "
+              f"where it stopped with: {again(args, 2 * cfg.train.max_minutes)}")
 
     translator = Translator.from_dir(out)
     pairs = load_pairs(cfg.data.dataset, cfg.data.src_lang, cfg.data.tgt_lang, "test", cfg.data.data_dir)
@@ -64,3 +69,13 @@ def run(args) -> int:
     print(f"\n== cross-attention heatmap of \"{pairs[pick][0]}\": {png}")
     print(f"next: echo '{pairs[0][0]}' | xattn translate {out}")
     return 0
+
+
+def again(args, minutes: float) -> str:
+    """The command that resumes this quickstart with a cap of `minutes`."""
+    import shlex
+
+    words = ["xattn", "quickstart"] + (["--dataset", args.dataset] if args.dataset != "numbers" else [])
+    words += ["--data-dir", args.data_dir] if args.data_dir else []
+    words += ["--out", args.out] if args.out else []
+    return shlex.join(words + ["--minutes", f"{minutes:g}", *args.overrides])
