@@ -104,7 +104,7 @@ def test_heads_align_stores_the_choice_that_align_uses(work, capsys, tmp_path):
     assert stored == named
     # new weights: the stored choice no longer applies, with a warning
     (model / "model.safetensors").write_bytes((work / "model" / "model.safetensors").read_bytes())
-    text = (model / "analysis.yaml").read_text().replace(record["weights"], "0" * 64)
+    text = (model / "analysis.yaml").read_text().replace(record["weights"], "f" * 64)
     (model / "analysis.yaml").write_text(text)
     code, _, err = run(capsys, "align", model, "--pairs", work / "pairs.txt")
     assert code == 0 and "measured on other weights; ignored" in err
@@ -173,6 +173,8 @@ def test_attention_files(work, capsys, kind):
     (["heads"], "the following arguments are required: SUBCOMMAND"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--ref", "{w}/short.txt"], "line counts differ"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--under", "-1"], "--under: must be >= 0"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be >= 0, got inf"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--over", "nan"], "--over: must be >= 0, got nan"),
 ])
 def test_errors_are_one_line(work, capsys, argv, message):
     (work / "short.txt").write_text("one\n")
@@ -188,9 +190,18 @@ def test_errors_are_one_line(work, capsys, argv, message):
 
 @pytest.mark.parametrize("content, message", [
     (b"- a list\n", "expected sections such as `alignment:`"),
-    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "the alignment record is not one"),
-    (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "the alignment record is not one"),
-    (b"\xff\xfe\n", "not readable YAML"),
+    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "alignment.layer: 7 is not a layer of this model"),
+    (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "alignment.method: 'sideways' is not one of"),
+    (b"alignment: {layer: 0, heads: [], method: naive}\n", "alignment.heads: expected 'mean' or distinct head numbers"),
+    (b"alignment: {layer: 1.5, heads: mean, method: naive}\n", "alignment.layer: expected int, got 1.5"),
+    (b"alignment: {layer: 0, heads: [0, 0], method: naive}\n", "alignment.heads: expected 'mean' or distinct"),
+    (b"alignment: {layer: 0, heads: [9], method: naive}\n", "alignment.heads: 9 is not a head of this model"),
+    (b"alignment: {layer: 0, heads: mean, method: naive, threshold: .inf}\n", "alignment.threshold: must be in"),
+    (b"alignment: {layer: 0, heads: mean, method: naive, layers: 2}\n", "unknown key alignment.layers"),
+    (b"alignment: {layer: 0, heads: mean}\n", "alignment.method: missing"),
+    (b"alignment: {layer: 0, layer: 1, heads: mean, method: naive}\n", "line 1: invalid YAML ('layer' is given twice)"),
+    (b"alignment: [0, mean]\n", "alignment: expected a mapping with the keys layer, heads"),
+    (b"\xff\xfe\n", "not UTF-8"),
 ])
 def test_a_damaged_analysis_file_is_one_line(work, capsys, tmp_path, content, message):
     model = tmp_path / "model"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
+import math
 import os
 import shutil
 import sys
@@ -104,6 +106,22 @@ def split_lines(raw: bytes, where: str) -> list[str]:
         except UnicodeDecodeError:
             raise XattnError(f"{where}: line {number}: invalid UTF-8") from None
     return out
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+    """`json.dumps(value, **kwargs)` for every JSON xattn writes: NaN and infinities, which JSON does not have
+    (Python would write the non-JSON `NaN`, `Infinity`), become null."""
+    return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def one_line(text: str) -> str:

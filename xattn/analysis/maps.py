@@ -47,12 +47,13 @@ class HeadChoice:
             raise XattnError(f"--heads: expected distinct head numbers, got {','.join(map(str, heads))}")
         return cls(layer, tuple(int(h) for h in heads))
 
-    def check(self, n_layers: int, n_heads: int) -> None:
+    def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("--layer", "--heads")) -> None:
+        """Refuse a layer or head the model lacks; `names`: what the layer and the heads are called in errors."""
         if not 0 <= self.layer < n_layers:
-            raise XattnError(f"--layer: {self.layer} is not a layer of this model (0 to {n_layers - 1})")
+            raise XattnError(f"{names[0]}: {self.layer} is not a layer of this model (0 to {n_layers - 1})")
         for h in self.heads or ():
             if not 0 <= h < n_heads:
-                raise XattnError(f"--heads: {h} is not a head of this model (0 to {n_heads - 1})")
+                raise XattnError(f"{names[1]}: {h} is not a head of this model (0 to {n_heads - 1})")
 
     def select(self, weights: np.ndarray) -> np.ndarray:
         """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged. A head that is all NaN is

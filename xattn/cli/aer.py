@@ -1,11 +1,9 @@
 """`xattn aer --gold G --hyp H`: precision, recall and AER of Pharaoh word alignments against sure/possible gold."""
 from __future__ import annotations
 
-import json
-
 from xattn.cli.common import add_verb, path_arg, read_sentence_pairs
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import json_text, read_lines
 
 HANSARDS = "../shared/data/alignment/hansards-en-fr"
 
@@ -56,7 +54,7 @@ def run(args) -> int:
               "sentences": len(hyps)}
     percent = {"precision": 100 * result.precision, "recall": 100 * result.recall, "AER": 100 * result.aer}
     if args.json:
-        print(json.dumps({k.lower(): round(v, 2) for k, v in percent.items()} | counts))
+        print(json_text({k.lower(): round(v, 2) for k, v in percent.items()} | counts))
     else:
         cells = {k: f"{v:.1f}" for k, v in percent.items()} | {k: str(v) for k, v in counts.items()}
         print("  ".join(f"{k:>{max(len(k), len(v))}}" for k, v in cells.items()))

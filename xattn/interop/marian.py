@@ -28,6 +28,7 @@ from xattn.checkpoint import load_model_dir, save_model_dir
 from xattn.config import DataConfig, ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.interop import require, staged_dir
+from xattn.io import json_text
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer, TokenizerPair, load_tokenizers, \
     read_vocab, vocab_file
@@ -189,7 +190,7 @@ def from_hf_model(hf, where: str) -> Transformer:
 # ----------------------------------------------------------------------------------------- tokenizers
 
 def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json_text(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
