@@ -16,6 +16,10 @@ TGT = ["three hundred four", "one", "two thousand seven hundred eleven", ""]
 def work(tmp_path_factory, numbers_model):
     root = tmp_path_factory.mktemp("analysis")
     shutil.copytree(numbers_model, root / "model")
+    shutil.copytree(numbers_model, root / "reverse")  # the same weights, labelled as the other direction
+    cfg = yaml.safe_load((root / "reverse" / "config.yaml").read_text())
+    cfg["data"]["src_lang"], cfg["data"]["tgt_lang"] = cfg["data"]["tgt_lang"], cfg["data"]["src_lang"]
+    (root / "reverse" / "config.yaml").write_text(yaml.safe_dump(cfg))
     (root / "src.txt").write_text("".join(f"{s}\n" for s in SRC))
     (root / "tgt.txt").write_text("".join(f"{t}\n" for t in TGT))
     (root / "pairs.txt").write_text("".join(f"{s} ||| {t}\n" for s, t in zip(SRC, TGT)))
@@ -60,7 +64,7 @@ def test_align_methods_heads_threshold_and_symmetrisation(work, capsys):
     low = links(run(capsys, *base, "--threshold", "0.01")[1])
     assert all(len(x) >= len(y) for x, y in zip(low, naive))  # a low threshold keeps more links
     assert len(naive) == len(head) == len(SRC)
-    sym = {m: links(run(capsys, *base, "--backward", work / "model", "--sym", m)[1])
+    sym = {m: links(run(capsys, *base, "--backward", work / "reverse", "--sym", m)[1])
            for m in ("intersect", "grow-diag-final", "union")}
     for k in range(len(SRC)):
         assert sym["intersect"][k] <= sym["grow-diag-final"][k] <= sym["union"][k]
@@ -163,6 +167,8 @@ def test_attention_files(work, capsys, kind):
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "5"], "--heads: 5 is not a head of this model"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--threshold", "0"], "--threshold: must be in (0, 1]"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}"], "--backward and --sym go together"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}", "--sym", "union"],
+     "translates de->en, but the reverse of"),
     (["align", "{w}/src.txt", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{w}", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--max-tokens", "0"], "--max-tokens: must be >= 1"),

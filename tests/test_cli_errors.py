@@ -282,6 +282,8 @@ CASES = {
     "aer pairs and src": (["aer", "--gold", "{space}/aer-gold.talp", "--hyp", "{space}/aer-hyp.align", "--pairs",
                            "{space}/aer-pairs.txt", "--src", "{space}/aer-src.txt", "--tgt", "{space}/aer-tgt.txt"],
                           "give --pairs or --src and --tgt, not both"),
+    "align backward of the same direction": (["align", M, "--pairs", "{space}/aer-pairs.txt", "--backward", M, "--sym",
+                                              "union"], "translates de->en, but the reverse of"),
     "aer gold missing": (["aer", "--gold", "{space}/nope.talp", "--hyp", "{space}/aer-hyp.align"],
                          "nope.talp: no such file"),
     "aer hyp a directory": (["aer", "--gold", "{space}/aer-gold.talp", "--hyp", "{space}"], "is a directory"),

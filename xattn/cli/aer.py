@@ -4,6 +4,7 @@ from __future__ import annotations
 from xattn.cli.common import add_verb, path_arg, read_sentence_pairs
 from xattn.errors import XattnError
 from xattn.io import json_text, read_lines
+from xattn.words import split_words
 
 HANSARDS = "../shared/data/alignment/hansards-en-fr"
 
@@ -70,7 +71,7 @@ def sentence_lengths(args, n_lines: int) -> list[tuple[int, int]] | None:
         raise XattnError("--src and --tgt go together")
     first, second = read_sentence_pairs(args.pairs, args.src, args.tgt)
     _same_count(args.hyp, n_lines, args.pairs or args.src, len(first))
-    return [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
+    return [(len(split_words(a)), len(split_words(b))) for a, b in zip(first, second)]
 
 
 def _same_count(name_a: str, count_a: int, name_b: str, count_b: int) -> None:

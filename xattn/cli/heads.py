@@ -10,6 +10,7 @@ from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import json_text, read_lines
+from xattn.words import split_words
 
 
 def register(sub) -> None:
@@ -26,7 +27,7 @@ def register(sub) -> None:
                  "--gold-one-indexed --first 100", run_align)
     a.prog = "xattn heads align"
     a.add_argument("model", type=path_arg, help="model directory")
-    a.add_argument("--src", type=path_arg, help="source-language file, one whitespace-tokenised sentence per line")
+    a.add_argument("--src", type=path_arg, help="source-language file, one sentence per line, words separated by spaces")
     a.add_argument("--tgt", type=path_arg, help="target-language file, line-aligned with --src")
     a.add_argument("--pairs", type=path_arg, help="file of `first ||| second` lines instead of --src/--tgt")
     a.add_argument("--reverse", action="store_true", help="with --pairs: the first side is the model's target language")
@@ -81,7 +82,7 @@ def run_align(args) -> int:
         if args.first < 1:
             raise XattnError(f"--first: must be >= 1, got {args.first}")
         first, second, gold_lines = first[: args.first], second[: args.first], gold_lines[: args.first]
-    lengths = [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
+    lengths = [(len(split_words(a)), len(split_words(b))) for a, b in zip(first, second)]
     gold = parse_alignments(gold_lines, str(args.gold), one_indexed=args.gold_one_indexed, lengths=lengths)
     if not any(sure for sure, _ in gold):
         raise XattnError(f"{args.gold}: no sure links in the {len(gold)} pairs used; nothing to rank heads by")
