@@ -27,8 +27,8 @@ from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.checkpoint import load_model_dir, save_model_dir
 from xattn.config import DataConfig, ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
-from xattn.interop import require, staged_dir
-from xattn.io import json_text
+from xattn.interop import require
+from xattn.io import atomic_dir, json_text
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer, TokenizerPair, load_tokenizers, \
     read_vocab, vocab_file
@@ -278,7 +278,7 @@ def write_marian(model: Transformer, cfg: RunConfig, tokenizers: TokenizerPair, 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
     """xattn model directory -> new directory that `MarianMTModel` / `MarianTokenizer.from_pretrained` load."""
     require("transformers")
-    with staged_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         loaded = load_model_dir(model_dir)
         check_exportable(loaded.model)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, tmp)
@@ -301,7 +301,7 @@ def load_hf(hf_dir: str | Path):
 def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Marian directory (an xattn export or a Helsinki-NLP opus-mt model) -> new xattn model directory."""
     hf_dir = Path(hf_dir)
-    with staged_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         model = from_hf_model(load_hf(hf_dir), str(hf_dir / "config.json"))
         tokenizers = read_marian_tokenizer(hf_dir, tmp)
         if tokenizers.src.eos_id != model.cfg.eos_id or tokenizers.tgt.eos_id != model.cfg.eos_id:
