@@ -94,6 +94,11 @@ def bad_manifest(d: Path):
     manifest.write_text(json.dumps(record))
 
 
+def manifest_key_twice(d: Path):
+    manifest = d / "train_state" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"step":', '"step": 999999,\n "step":', 1))
+
+
 def analysis(text: str):
     return lambda d: (d / "analysis.yaml").write_text(text)
 
@@ -312,6 +317,8 @@ CASES = {
     "train out other seed": ([*TRAIN, "train.seed=7", "--out", M], "train.seed: 1 -> 7"),
     "train out other tokenizer": ([*TRAIN, "--out", "{damaged:tokenizer}"], "spm.model"),
     "train out damaged checkpoint": ([*TRAIN, "--out", "{damaged:manifest}"], "does not match its checksum"),
+    "train out manifest key twice": ([*TRAIN, "--out", "{damaged:manifest-twice}"],
+                                     "manifest.json: invalid JSON ('step' is given twice in one object)"),
     "export out is a file": (["export", M, "{space}/file-not-dir"], "already exists and is not an empty directory"),
     "import out is a file": (["import", M, "{space}/file-not-dir"], "{space}/file-not-dir"),
     "import not a Marian dir": (["import", M, "{space}/new-import"], "config.json"),
@@ -334,6 +341,7 @@ CASES = {
 DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmodel": edit_model_config("d_model", 32),
           "dropout": edit_model_config("dropout", 2), "tokenizer": other_tokenizer,
           "truncated": truncate("model.safetensors"), "spm": truncate("spm.model"), "manifest": bad_manifest,
+          "manifest-twice": manifest_key_twice,
           "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),
           "no-heads": analysis("alignment: {layer: 0, heads: [], method: naive}\n"),
           "layer-1.5": analysis("alignment: {layer: 1.5, heads: mean, method: naive}\n"),

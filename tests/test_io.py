@@ -83,3 +83,20 @@ def test_prune_removes_a_dead_prunes_leftover(numbers_model, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0 and not stale.exists() and (tmp_path / "pruned" / "config.yaml").is_file()
     assert f"xattn: removed {stale}, left half-written by process {dead}, which is gone" in err.splitlines()
+
+
+def test_json_files_refuse_a_key_given_twice_and_non_json_numbers(tmp_path):
+    import pytest
+
+    from xattn.errors import XattnError
+    from xattn.io import read_json
+
+    cases = {'{"a": 1,\n "a": 2}': "'a' is given twice", '{"a": NaN}': "NaN is not a JSON number",
+             '{"a": -Infinity}': "-Infinity is not a JSON number", '{"a": 1,\n}': "line 2: invalid JSON"}
+    for text, message in cases.items():
+        (tmp_path / "v.json").write_text(text)
+        with pytest.raises(XattnError, match=message) as e:
+            read_json(tmp_path / "v.json")
+        assert str(e.value).startswith(str(tmp_path / "v.json")) and "\n" not in str(e.value)
+    (tmp_path / "v.json").write_text('{"a": [1, {"b": null}]}')
+    assert read_json(tmp_path / "v.json") == {"a": [1, {"b": None}]}

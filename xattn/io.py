@@ -111,6 +111,38 @@ def split_lines(raw: bytes, where: str) -> list[str]:
     return out
 
 
+def read_json(path: Path) -> Any:
+    """The JSON document in `path`. Like read_yaml, a key given twice in one object (json.loads would keep
+    the last silently) is refused, and so are NaN and Infinity, which are not JSON: a one-line XattnError
+    naming the file and, where known, the line."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise XattnError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise XattnError(f"{path}: not UTF-8 text") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
+    except json.JSONDecodeError as e:
+        raise XattnError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except ValueError as e:
+        raise XattnError(f"{path}: invalid JSON ({e})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"{key!r} is given twice in one object")
+        seen[key] = value
+    return seen
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def json_text(value: Any, **kwargs: Any) -> str:
     """`json.dumps(value, **kwargs)` for every JSON xattn writes: NaN and infinities, which JSON does not have
     (Python would write the non-JSON `NaN`, `Infinity`), become null."""

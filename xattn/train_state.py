@@ -21,7 +21,7 @@ import torch
 from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
-from xattn.io import atomic_write, atomic_write_text, json_text, sha256_file
+from xattn.io import atomic_write, atomic_write_text, json_text, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "xattn.train_state/1"
@@ -60,11 +60,7 @@ class TrainStateDir:
                                  "checked, so it is not resumed: train into a new directory")
             return None
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise XattnError(f"{path}: damaged ({e}); delete {self.dir} to train from the start") from None
-        try:
-            manifest = read_record(Manifest, raw, f"{path}: damaged")
+            manifest = read_record(Manifest, read_json(path), f"{path}: damaged")
         except XattnError as e:
             raise XattnError(f"{e}; delete {self.dir} to train from the start") from None
         for name, digest in manifest.files.items():

@@ -14,7 +14,6 @@ pad = V - 1 = decoder start); an import keeps their ids and stores the table nex
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from xattn.checkpoint import load_model_dir, save_model_dir
 from xattn.config import DataConfig, ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.interop import require
-from xattn.io import atomic_dir, json_text
+from xattn.io import atomic_dir, json_text, read_json
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer, TokenizerPair, load_tokenizers, \
     read_vocab, vocab_file
@@ -194,10 +193,7 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise XattnError(f"{path}: cannot read ({e})") from None
+    value = read_json(path)
     if not isinstance(value, dict):
         raise XattnError(f"{path}: expected a JSON object")
     return value
