@@ -16,6 +16,10 @@ TGT = ["three hundred four", "one", "two thousand seven hundred eleven", ""]
 def work(tmp_path_factory, numbers_model):
     root = tmp_path_factory.mktemp("analysis")
     shutil.copytree(numbers_model, root / "model")
+    shutil.copytree(numbers_model, root / "reverse")  # the same weights, labelled as the other direction
+    cfg = yaml.safe_load((root / "reverse" / "config.yaml").read_text())
+    cfg["data"]["src_lang"], cfg["data"]["tgt_lang"] = cfg["data"]["tgt_lang"], cfg["data"]["src_lang"]
+    (root / "reverse" / "config.yaml").write_text(yaml.safe_dump(cfg))
     (root / "src.txt").write_text("".join(f"{s}\n" for s in SRC))
     (root / "tgt.txt").write_text("".join(f"{t}\n" for t in TGT))
     (root / "pairs.txt").write_text("".join(f"{s} ||| {t}\n" for s, t in zip(SRC, TGT)))
@@ -60,7 +64,7 @@ def test_align_methods_heads_threshold_and_symmetrisation(work, capsys):
     low = links(run(capsys, *base, "--threshold", "0.01")[1])
     assert all(len(x) >= len(y) for x, y in zip(low, naive))  # a low threshold keeps more links
     assert len(naive) == len(head) == len(SRC)
-    sym = {m: links(run(capsys, *base, "--backward", work / "model", "--sym", m)[1])
+    sym = {m: links(run(capsys, *base, "--backward", work / "reverse", "--sym", m)[1])
            for m in ("intersect", "grow-diag-final", "union")}
     for k in range(len(SRC)):
         assert sym["intersect"][k] <= sym["grow-diag-final"][k] <= sym["union"][k]
@@ -104,7 +108,7 @@ def test_heads_align_stores_the_choice_that_align_uses(work, capsys, tmp_path):
     assert stored == named
     # new weights: the stored choice no longer applies, with a warning
     (model / "model.safetensors").write_bytes((work / "model" / "model.safetensors").read_bytes())
-    text = (model / "analysis.yaml").read_text().replace(record["weights"], "0" * 64)
+    text = (model / "analysis.yaml").read_text().replace(record["weights"], "f" * 64)
     (model / "analysis.yaml").write_text(text)
     code, _, err = run(capsys, "align", model, "--pairs", work / "pairs.txt")
     assert code == 0 and "measured on other weights; ignored" in err
@@ -163,6 +167,8 @@ def test_attention_files(work, capsys, kind):
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "5"], "--heads: 5 is not a head of this model"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--threshold", "0"], "--threshold: must be in (0, 1]"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}"], "--backward and --sym go together"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}", "--sym", "union"],
+     "translates de->en, but the reverse of"),
     (["align", "{w}/src.txt", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{w}", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--max-tokens", "0"], "--max-tokens: must be >= 1"),
@@ -173,6 +179,8 @@ def test_attention_files(work, capsys, kind):
     (["heads"], "the following arguments are required: SUBCOMMAND"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--ref", "{w}/short.txt"], "line counts differ"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--under", "-1"], "--under: must be >= 0"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be >= 0, got inf"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--over", "nan"], "--over: must be >= 0, got nan"),
 ])
 def test_errors_are_one_line(work, capsys, argv, message):
     (work / "short.txt").write_text("one\n")
@@ -188,9 +196,18 @@ def test_errors_are_one_line(work, capsys, argv, message):
 
 @pytest.mark.parametrize("content, message", [
     (b"- a list\n", "expected sections such as `alignment:`"),
-    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "the alignment record is not one"),
-    (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "the alignment record is not one"),
-    (b"\xff\xfe\n", "not readable YAML"),
+    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "alignment.layer: 7 is not a layer of this model"),
+    (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "alignment.method: 'sideways' is not one of"),
+    (b"alignment: {layer: 0, heads: [], method: naive}\n", "alignment.heads: expected 'mean' or distinct head numbers"),
+    (b"alignment: {layer: 1.5, heads: mean, method: naive}\n", "alignment.layer: expected int, got 1.5"),
+    (b"alignment: {layer: 0, heads: [0, 0], method: naive}\n", "alignment.heads: expected 'mean' or distinct"),
+    (b"alignment: {layer: 0, heads: [9], method: naive}\n", "alignment.heads: 9 is not a head of this model"),
+    (b"alignment: {layer: 0, heads: mean, method: naive, threshold: .inf}\n", "alignment.threshold: must be in"),
+    (b"alignment: {layer: 0, heads: mean, method: naive, layers: 2}\n", "unknown key alignment.layers"),
+    (b"alignment: {layer: 0, heads: mean}\n", "alignment.method: missing"),
+    (b"alignment: {layer: 0, layer: 1, heads: mean, method: naive}\n", "line 1: invalid YAML ('layer' is given twice)"),
+    (b"alignment: [0, mean]\n", "alignment: expected a mapping with the keys layer, heads"),
+    (b"\xff\xfe\n", "not UTF-8"),
 ])
 def test_a_damaged_analysis_file_is_one_line(work, capsys, tmp_path, content, message):
     model = tmp_path / "model"

@@ -20,6 +20,9 @@ from safetensors.torch import load_file, save_file
 from xattn.cli.main import main
 from tests.conftest import NUMBERS_TINY
 
+IMPORTANCE_TOP = b"# weights: " + b"f" * 64 + b"\n# method: gradient\nlayer\tplace\thead\tscore\n"
+
+
 @pytest.fixture(scope="module")
 def space(tmp_path_factory, numbers_model) -> Path:
     """A workspace: a trained model directory `model`, corpus files, and damaged copies made per case."""
@@ -37,7 +40,10 @@ def space(tmp_path_factory, numbers_model) -> Path:
              "aer-hyp.align": b"0-0 1-2 2-2\n1-1\n", "aer-hyp-far.align": b"0-0 1-3\n1-1\n", "aer-hyp-short.align": b"0-0\n",
              "aer-hyp-possible.align": b"0-0 1p2\n1-1\n", "aer-pairs.txt": b"a b c ||| x y z\nd e ||| u v\n",
              "aer-pairs-bad.txt": b"a b c ||| x y z\nd e u v\n", "aer-pairs-short.txt": b"a b c ||| x y z\n",
-             "aer-src.txt": b"a b c\nd e\n", "aer-tgt.txt": b"x y z\nu v\n"}
+             "aer-src.txt": b"a b c\nd e\n", "aer-tgt.txt": b"x y z\nu v\n",
+             "importance-twice.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n0\tcross\t1\t0.9\n",
+             "importance-other.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n",
+             "mask-above-1.yaml": b"cross: [[1, 2]]\n"}
     for name, data in files.items():
         (root / name).write_bytes(data)
     with gzip.open(root / "corrupt.de.gz", "wb") as f:
@@ -86,6 +92,15 @@ def bad_manifest(d: Path):
     record = json.loads(manifest.read_text())
     record["files"][record["weights"]] = "0" * 64
     manifest.write_text(json.dumps(record))
+
+
+def manifest_key_twice(d: Path):
+    manifest = d / "train_state" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"step":', '"step": 999999,\n "step":', 1))
+
+
+def analysis(text: str):
+    return lambda d: (d / "analysis.yaml").write_text(text)
 
 
 def remove(name: str):
@@ -272,11 +287,28 @@ CASES = {
     "aer pairs and src": (["aer", "--gold", "{space}/aer-gold.talp", "--hyp", "{space}/aer-hyp.align", "--pairs",
                            "{space}/aer-pairs.txt", "--src", "{space}/aer-src.txt", "--tgt", "{space}/aer-tgt.txt"],
                           "give --pairs or --src and --tgt, not both"),
+    "align backward of the same direction": (["align", M, "--pairs", "{space}/aer-pairs.txt", "--backward", M, "--sym",
+                                              "union"], "translates de->en, but the reverse of"),
     "aer gold missing": (["aer", "--gold", "{space}/nope.talp", "--hyp", "{space}/aer-hyp.align"],
                          "nope.talp: no such file"),
     "aer hyp a directory": (["aer", "--gold", "{space}/aer-gold.talp", "--hyp", "{space}"], "is a directory"),
     "aer hyp not given": (["aer", "--gold", "{space}/aer-gold.talp"], "the following arguments are required: --hyp"),
     "aer gold empty path": (["aer", "--gold", "", "--hyp", "{space}/aer-hyp.align"], "argument --gold: an empty path"),
+    # files xattn reads besides the config: checked by the same typed rules, tied to the weights they describe
+    "analysis choice without heads": (["align", "{damaged:no-heads}", "--pairs", "{space}/aer-pairs.txt"],
+                                      "analysis.yaml: alignment.heads: expected 'mean' or distinct head numbers, got []"),
+    "analysis choice of a fractional layer": (["diagnose", "{damaged:layer-1.5}", "--src", "{space}/good.txt"],
+                                              "analysis.yaml: alignment.layer: expected int, got 1.5"),
+    "importance row twice": (["prune", M, "--fraction", "0.5", "--importance", "{space}/importance-twice.tsv", "--out",
+                              "{space}/new-prune"],
+                             "importance-twice.tsv: line 5: cross layer 0 head 1 is given twice (first on line 4)"),
+    "importance of other weights": (["prune", M, "--fraction", "0.5", "--importance", "{space}/importance-other.tsv",
+                                     "--out", "{space}/new-prune"],
+                                    "importance-other.tsv: measured on other weights than this model's"),
+    "head mask factor above 1": (["translate", M, "--head-mask", "{space}/mask-above-1.yaml"],
+                                 "mask-above-1.yaml: cross: must be in [0, 1], got 2"),
+    "diagnose threshold infinite": (["diagnose", M, "--src", "{space}/good.txt", "--detached", "inf"],
+                                    "--detached: must be >= 0, got inf"),
     # output directories
     "train out is a file": ([*TRAIN, "--out", "{space}/file-not-dir"], "exists and is not a directory"),
     "train out holds a model": ([*TRAIN, "--out", "{damaged:no-state}"], "holds a model but no training state"),
@@ -285,6 +317,8 @@ CASES = {
     "train out other seed": ([*TRAIN, "train.seed=7", "--out", M], "train.seed: 1 -> 7"),
     "train out other tokenizer": ([*TRAIN, "--out", "{damaged:tokenizer}"], "spm.model"),
     "train out damaged checkpoint": ([*TRAIN, "--out", "{damaged:manifest}"], "does not match its checksum"),
+    "train out manifest key twice": ([*TRAIN, "--out", "{damaged:manifest-twice}"],
+                                     "manifest.json: invalid JSON ('step' is given twice in one object)"),
     "export out is a file": (["export", M, "{space}/file-not-dir"], "already exists and is not an empty directory"),
     "import out is a file": (["import", M, "{space}/file-not-dir"], "{space}/file-not-dir"),
     "import not a Marian dir": (["import", M, "{space}/new-import"], "config.json"),
@@ -307,7 +341,10 @@ CASES = {
 DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmodel": edit_model_config("d_model", 32),
           "dropout": edit_model_config("dropout", 2), "tokenizer": other_tokenizer,
           "truncated": truncate("model.safetensors"), "spm": truncate("spm.model"), "manifest": bad_manifest,
+          "manifest-twice": manifest_key_twice,
           "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),
+          "no-heads": analysis("alignment: {layer: 0, heads: [], method: naive}\n"),
+          "layer-1.5": analysis("alignment: {layer: 1.5, heads: mean, method: naive}\n"),
           "no-weights": remove("model.safetensors"), "no-config": remove("config.yaml"), "no-state": remove("train_state")}
 
 

@@ -113,11 +113,15 @@ def test_confidence_is_the_mean_largest_weight():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("cros: [[1, 1, 1, 1], null]", "'cros' is not a place"),
+    ("cros: [[1, 1, 1, 1], null]", "unknown key cros (did you mean 'cross'?)"),
     ("cross: [[1, 1, 1, 1]]", "cross: expected a list of 2 layers"),
     ("cross: [[1, 1, 1], null]", "cross layer 0: expected 4 factors"),
-    ("cross: [[1, 1, 2, 1], null]", "cross layer 0: factors must be numbers in [0, 1]"),
-    ("[1, 2]", "expected a mapping of places"),
+    ("cross: [[1, 1, 2, 1], null]", "cross: must be in [0, 1], got 2"),
+    ("cross: [[1, true, 1, 1], null]", "cross: expected float, got True"),
+    ("cross: [[1, .nan, 1, 1], null]", "cross: must be in [0, 1], got nan"),
+    ("cross: {0: [1, 1, 1, 1]}", "cross: expected a list of a list of float"),
+    ("[1, 2]", "expected a mapping with the keys enc_self, dec_self, cross"),
+    ("", "expected a mapping with the keys enc_self, dec_self, cross"),
     ("cross: [[1, 0, 1, 1], null]\ncross: [null, null]\n", "line 2: invalid YAML ('cross' is given twice)"),
     (None, "is a directory, not a file"),
 ])
@@ -172,7 +176,10 @@ def test_importance_then_prune_then_translate_like_the_masked_model(four_heads, 
     shutil.copytree(four_heads, model)
     code, out, _ = cli(capsys, "heads", "importance", model, "--sentences", "20")
     lines = out.splitlines()
-    assert code == 0 and lines[0] == "layer\tplace\thead\tscore" and len(lines) == 1 + 4 * (1 + 2 + 2)
+    from xattn.checkpoint import weights_id
+
+    assert code == 0 and lines[:3] == [f"# weights: {weights_id(model)}", "# method: gradient", "layer\tplace\thead\tscore"]
+    assert len(lines) == 3 + 4 * (1 + 2 + 2)
     assert (model / "head_importance.tsv").read_text().splitlines() == lines
     code, out, _ = cli(capsys, "heads", "importance", model, "--method", "confidence", "-o", tmp_path / "c.tsv")
     assert code == 0 and (tmp_path / "c.tsv").is_file()
@@ -208,14 +215,32 @@ def test_importance_then_prune_then_translate_like_the_masked_model(four_heads, 
     (["--fraction", "1.5", "--out", "{tmp}/x"], "--fraction: must be in [0, 1]"),
     (["--fraction", "0.5", "--places", "crosss", "--out", "{tmp}/x"], "--places: 'crosss' is not a place"),
     (["--fraction", "0.5", "--importance", "{tmp}/none.tsv", "--out", "{tmp}/x"], "no importance table"),
-    (["--fraction", "0.5", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "bad.tsv: line 2: expected layer"),
+    (["--fraction", "0.5", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "bad.tsv: line 4: head: expected int"),
+    (["--fraction", "0.5", "--importance", "{tmp}/twice.tsv", "--out", "{tmp}/x"],
+     "twice.tsv: line 5: cross layer 0 head 1 is given twice (first on line 4)"),
+    (["--fraction", "0.5", "--importance", "{tmp}/other.tsv", "--out", "{tmp}/x"],
+     "other.tsv: measured on other weights than this model's"),
+    (["--fraction", "0.5", "--importance", "{tmp}/unnamed.tsv", "--out", "{tmp}/x"],
+     "unnamed.tsv: does not name the weights it was measured on"),
+    (["--fraction", "0.5", "--importance", "{tmp}/nan.tsv", "--out", "{tmp}/x"],
+     "nan.tsv: line 4: score: must be a finite number, got nan"),
+    (["--fraction", "0.5", "--importance", "{tmp}/short.tsv", "--out", "{tmp}/x"],
+     "short.tsv: line 4: expected 4 tab-separated values"),
     (["--fraction", "0.5", "--heads", "{tmp}/m.yaml", "--out", "{tmp}/x"], "not allowed with argument"),
     (["--fraction", "0.5", "--places", " ,", "--out", "{tmp}/x"], "--places: names no place"),
     (["--heads", "{tmp}/m.yaml", "--places", "cross", "--out", "{tmp}/x"], "--places: only with --fraction"),
     (["--heads", "{tmp}/m.yaml", "--importance", "{tmp}/bad.tsv", "--out", "{tmp}/x"], "--importance: only with"),
 ])
 def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
-    (tmp_path / "bad.tsv").write_text("layer\tplace\thead\tscore\n0\tcross\tzero\t0.5\n")
+    from xattn.checkpoint import weights_id
+
+    top = f"# weights: {weights_id(four_heads)}\n# method: gradient\nlayer\tplace\thead\tscore\n"
+    tables = {"bad": "0\tcross\tzero\t0.5\n", "twice": "0\tcross\t1\t0.5\n0\tcross\t1\t0.7\n",
+              "nan": "0\tcross\t1\tnan\n", "short": "0\tcross\t1\n"}
+    for name, rows in tables.items():
+        (tmp_path / f"{name}.tsv").write_text(top + rows)
+    (tmp_path / "other.tsv").write_text(top.replace(weights_id(four_heads), "0" * 64) + "0\tcross\t1\t0.5\n")
+    (tmp_path / "unnamed.tsv").write_text("layer\tplace\thead\tscore\n0\tcross\t1\t0.5\n")
     code, _, err = cli(capsys, "prune", four_heads, *[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
@@ -260,8 +285,8 @@ def test_pruning_renumbers_or_drops_the_stored_head_choice(tmp_path, removed, st
     if left is None:
         assert record is None
     else:
-        assert record["heads"] == (list(left) if left != "mean" else "mean") and record["method"] == "shift"
-        assert record["aer"] == 0.3
+        assert record.heads == (list(left) if left != "mean" else "mean") and record.method == "shift"
+        assert record.aer == 0.3
 
 
 def test_pruning_keeps_frozen_parameters_frozen():

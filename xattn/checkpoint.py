@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save
 
 from xattn.config import ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
-from xattn.io import atomic_write_bytes, sha256_file
+from xattn.io import atomic_write_bytes, json_text, sha256_file
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, TokenizerPair, load_tokenizers, vocab_file
 
@@ -45,8 +45,8 @@ class Fingerprint:
     tensors: str           # SHA-256 of the tensors (`tensors_digest`)
 
     def metadata(self) -> dict[str, str]:
-        return {"format": FORMAT, "model": json.dumps(self.model, sort_keys=True),
-                "tokenizers": json.dumps(self.tokenizers, sort_keys=True), "tensors": self.tensors}
+        return {"format": FORMAT, "model": json_text(self.model, sort_keys=True),
+                "tokenizers": json_text(self.tokenizers, sort_keys=True), "tensors": self.tensors}
 
     @classmethod
     def from_metadata(cls, meta: dict[str, str] | None, path: Path) -> Fingerprint | None:
@@ -103,6 +103,20 @@ def save_weights(model: Transformer, path: Path, tokenizers: dict[str, str], nam
     # to bytes first: safetensors' own save_file writes through a temporary file of its own, which a
     # killed process would leave behind under a name that xattn does not know
     atomic_write_bytes(path, save(tensors, metadata=fingerprint.metadata()))
+
+
+def weights_id(model_dir: Path) -> str:
+    """What analysis files (analysis.yaml, importance tables) record of the weights they were measured on:
+    the tensors' SHA-256 from the fingerprint, else the weights file's SHA-256."""
+    path = Path(model_dir) / WEIGHTS
+    if not path.is_file():
+        raise XattnError(f"{model_dir}: no {WEIGHTS}")
+    try:
+        with safe_open(str(path), "np") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise XattnError(f"{path}: cannot read weights ({e})") from None
+    return meta.get("tensors") or sha256_file(path)
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Fingerprint | None]:

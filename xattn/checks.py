@@ -1,7 +1,9 @@
-"""Checks for config values: each field's type, then its range or choices, then the rules that tie
-fields together (those live in each dataclass's __post_init__). A failed check is a ConfigError that
-names `section.key`, which the CLI prints as one line. Also the conversion of YAML and command-line
-values to each field's type (`build`).
+"""Checks for config values and for the records of every other file xattn reads: each field's type,
+then its range or choices, then the rules that tie fields together (those live in each dataclass's
+__post_init__). A failed check is a ConfigError that names `section.key`, which the CLI prints as one
+line. Also the conversion of YAML, command-line and table values to each field's type (`build`), and
+`read_record`, which builds a record of a file (analysis.yaml, a head mask, a row of an importance
+table) by the same rules and names the file, and line where there is one, in its errors.
 """
 from __future__ import annotations
 
@@ -54,19 +56,40 @@ def device_name(value: str) -> str | None:
     return f"{value!r} is not a device: use auto, cpu, cuda, cuda:N or mps"
 
 
+def sha256_hex(value: str) -> str | None:
+    if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return None
+    return f"expected 64 lowercase hex digits (a SHA-256), got {value!r}"
+
+
+def finite(value: float) -> str | None:
+    return None if math.isfinite(value) else f"must be a finite number, got {value!r}"
+
+
 POSITIVE, NON_NEGATIVE, FRACTION = within(1), within(0), within(0, 1, hi_open=True)
 
 
 def validate(config: Any, section: str) -> None:
-    """Check each field's type and its entry in the class's CHECKS table; raise ConfigError on the first miss."""
+    """Check each field's type and its entry in the class's CHECKS table (applied to each item of a tuple or
+    list, nested lists included, None items left out); raise ConfigError on the first miss."""
     for name, hint in hints(type(config)).items():
-        key, value = f"{section}.{name}", getattr(config, name)
+        key, value = _key(section, name), getattr(config, name)
         problem = _type_problem(value, hint)
         if problem is None and value is not None and name in config.CHECKS:
-            values = value if isinstance(value, tuple) else (value,)
-            problem = next((p for p in map(config.CHECKS[name], values) if p), None)
+            problem = next((p for p in map(config.CHECKS[name], _items(value)) if p), None)
         if problem:
             raise ConfigError(key, problem)
+
+
+def _key(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def _items(value: Any) -> list:
+    """The items a CHECKS entry sees: a tuple's or (nested) list's items, else the value itself."""
+    if not isinstance(value, (tuple, list)):
+        return [value]
+    return [item for v in value if v is not None for item in _items(v)]
 
 
 @functools.cache
@@ -80,17 +103,35 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        origin = typing.get_origin(hint)
+        arms = [a for a in typing.get_args(hint) if a is not type(None)]
+        problems = [_type_problem(value, a) for a in arms]
+        if all(problems):
+            return problems[0] if len(arms) == 1 else f"expected {type_name(hint)}, got {value!r}"
+        return None
     if origin is tuple:
         args = typing.get_args(hint)
         if not isinstance(value, tuple) or len(value) != len(args):
             return f"expected {len(args)} values, got {value!r}"
         return next((p for v, a in zip(value, args) if (p := _type_problem(v, a))), None)
-    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,), dict: (dict,)}[hint]
+    if origin is list or hint is list:
+        if not isinstance(value, list):
+            return f"expected {type_name(hint)}, got {value!r}"
+        item = (typing.get_args(hint) or (None,))[0]
+        return None if item is None else next((p for v in value if (p := _type_problem(v, item))), None)
+    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,), dict: (dict,)}[origin or hint]
     if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
-        return f"expected {hint.__name__}, got {value!r}"
+        return f"expected {type_name(hint)}, got {value!r}"
     return None
+
+
+def type_name(hint: Any) -> str:
+    """`int`, `list of float`, `list of int or str`, ...: a field's type as an error message says it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args if a is not type(None))
+    if origin is list:
+        return f"a list of {type_name(args[0])}"
+    return getattr(origin or hint, "__name__", str(hint))
 
 
 # ------------------------------------------------------------------ values from YAML and overrides
@@ -104,12 +145,25 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Convert a YAML or command-line value to the field's declared type (ranges are checked by `validate`)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+        arms = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(arms) < len(typing.get_args(hint)) and (value is None or (isinstance(value, str) and
+                                                                        value.lower() in ("null", "none"))):
             return None
-        return _coerce(value, next(a for a in typing.get_args(hint) if a is not type(None)), where)
+        problems = []
+        for arm in arms:  # the first type the value converts to
+            try:
+                return _coerce(value, arm, where)
+            except ConfigError as e:
+                problems.append(e.problem)
+        raise ConfigError(where, problems[0] if len(arms) == 1 else f"expected {type_name(hint)}, got {value!r}")
     if value is None:
-        raise ConfigError(where, f"expected {getattr(hint, '__name__', hint)}, got null")
-    if hint is dict:  # a mapping, from YAML or from an override written as YAML: model.heads={cross: [8, 1, 8]}
+        raise ConfigError(where, f"expected {type_name(hint)}, got null")
+    if origin is list or hint is list:
+        if not isinstance(value, list):
+            raise ConfigError(where, f"expected {type_name(hint)}, got {value!r}")
+        item = (typing.get_args(hint) or (None,))[0]
+        return list(value) if item is None else [_coerce(v, item, where) for v in value]
+    if hint is dict or origin is dict:  # from YAML, or an override written as YAML: model.heads={cross: [8, 1, 8]}
         from xattn.io import unique_key_loader, yaml_problem
 
         try:
@@ -149,12 +203,34 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         raise ConfigError(where, f"expected {hint.__name__}, got {value!r}") from None
 
 
-def build(cls: type, values: dict[str, Any], section: str, base: Any = None) -> Any:
-    """Build dataclass `cls` from `values`, on top of `base` (an instance) if given."""
+def build(cls: type, values: dict[str, Any], section: str, base: Any = None, what: str = "config key") -> Any:
+    """Build dataclass `cls` from `values`, on top of `base` (an instance) if given; `what` the values are
+    ("config key") names an unknown one."""
     fields = hints(cls)
     kwargs = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
         if key not in fields:
-            raise XattnError(f"unknown config key {section}.{key}{nearest(str(key), list(fields))}")
-        kwargs[key] = _coerce(value, fields[key], f"{section}.{key}")
+            raise XattnError(f"unknown {what} {_key(section, str(key))}{nearest(str(key), list(fields))}")
+        kwargs[key] = _coerce(value, fields[key], _key(section, key))
     return cls(**kwargs)
+
+
+def read_record(cls: type, values: Any, where: str, section: str = "") -> Any:
+    """Dataclass `cls` (typed fields, a CHECKS table, rules in __post_init__) from `values` read from a file:
+    a mapping (a YAML section, a table row by its header). Not a mapping, a key missing, unknown or given
+    twice (read_yaml refuses those), a value of the wrong type or out of range: one XattnError
+    `where: key: problem`, `where` naming the file and, where there is one, the line."""
+    if not isinstance(values, dict):
+        keys = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise XattnError(f"{where}: {f'{section}: ' if section else ''}expected a mapping with the keys {keys}, "
+                         f"got {values!r}")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing := [name for name in required if name not in values]:
+        raise XattnError(f"{where}: {_key(section, missing[0])}: missing")
+    try:
+        record = build(cls, values, section, what="key")
+        validate(record, section)
+    except XattnError as e:
+        raise XattnError(f"{where}: {e}") from None
+    return record

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import yaml
 
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
-    validate, within
+    sha256_hex, validate, within
 from xattn.errors import XattnError
 from xattn.io import read_yaml
 from xattn.variants import PLACES, SCORES, VARIANTS
@@ -249,12 +249,6 @@ class DecodeConfig:
         return self.num_samples if self.sampling else self.beam_size
 
 
-def _sha256_hex(value: Any) -> str | None:
-    if value is None or (len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
-        return None
-    return f"expected 64 lowercase hex digits (a SHA-256), got {value!r}"
-
-
 @dataclass(frozen=True)
 class ParentConfig:
     """The model a fine-tuned child was made from (xattn finetune, xattn compose)."""
@@ -262,7 +256,7 @@ class ParentConfig:
     tensors: str | None = None          # SHA-256 of the parent's full weights (checkpoint.tensors_digest)
     delta: bool = True                  # model.safetensors holds only what differs from the parent's weights
 
-    CHECKS: ClassVar[dict[str, Check]] = dict(tensors=_sha256_hex)
+    CHECKS: ClassVar[dict[str, Check]] = dict(tensors=sha256_hex)
 
     def __post_init__(self) -> None:
         validate(self, "parent")

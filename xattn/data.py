@@ -15,6 +15,7 @@ import torch
 from xattn.io import read_lines as read_text_lines
 from xattn.errors import XattnError
 from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+from xattn.words import split_words
 
 Pair = tuple[str, str]
 
@@ -56,7 +57,7 @@ class FilterStats:
 
 
 def _word_count(text: str) -> int:
-    return len(text.split())
+    return len(split_words(text))
 
 
 def clean_pairs(
@@ -68,7 +69,7 @@ def clean_pairs(
 ) -> tuple[list[Pair], FilterStats]:
     """Drop pairs with an empty side, a side longer than `max_len`, or a longer/shorter ratio above `max_ratio`.
 
-    `length` measures a sentence (default: whitespace words; pass e.g. a tokenizer's
+    `length` measures a sentence (default: words, xattn.words; pass e.g. a tokenizer's
     `lambda s: len(tok.encode(s))` for tokens); `tgt_length`, if given, measures the target side. Checks apply in that order; each dropped pair is counted once.
     """
     kept, stats = [], FilterStats()

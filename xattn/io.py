@@ -1,11 +1,15 @@
-"""Files in and out. Atomic writes: a temporary file in the target's folder, then a rename over the
-target, so a reader (or a run resumed after a crash) sees the old file or the new one, never half of one.
+"""Files in and out. Atomic writes: a temporary file (or directory) in the target's folder, named after the
+target and the writing process, then a rename over the target, so a reader (or a run resumed after a crash)
+sees the old file or the new one, never half of one. What a killed process leaves is removed, with a message,
+when the same target is next written (`remove_leftovers`).
 Text in: one rule for every file and stream, `read_lines`.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
+import math
 import os
 import shutil
 import sys
@@ -25,7 +29,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     if path.is_dir():
         raise XattnError(f"{path}: is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    remove_leftovers(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
@@ -158,6 +163,54 @@ def stream_lines(stream, where: str = "stdin") -> Iterator[list[str]]:
         yield lines[start:start + STREAM_BATCH]
 
 
+def read_json(path: Path) -> Any:
+    """The JSON document in `path`. Like read_yaml, a key given twice in one object (json.loads would keep
+    the last silently) is refused, and so are NaN and Infinity, which are not JSON: a one-line XattnError
+    naming the file and, where known, the line."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise XattnError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise XattnError(f"{path}: not UTF-8 text") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
+    except json.JSONDecodeError as e:
+        raise XattnError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except ValueError as e:
+        raise XattnError(f"{path}: invalid JSON ({e})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"{key!r} is given twice in one object")
+        seen[key] = value
+    return seen
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+    """`json.dumps(value, **kwargs)` for every JSON xattn writes: NaN and infinities, which JSON does not have
+    (Python would write the non-JSON `NaN`, `Infinity`), become null."""
+    return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def one_line(text: str) -> str:
     """`text` with any "\\n" or "\\r" replaced by a space, so that it prints as exactly one line."""
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
@@ -165,17 +218,66 @@ def one_line(text: str) -> str:
 
 @contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
-    """Write a new directory as a whole: yields a temporary sibling to fill, renamed to `path` at the end
-    (`path` must not exist, or be empty); on an error the temporary one is removed and `path` untouched."""
+    """Write a new directory as a whole (prune, compose, export, import): yields a temporary sibling
+    `.NAME.tmp-PID` to fill, renamed to `path` at the end (`path` must not exist, or be an empty directory);
+    on an error the temporary one is removed and `path` untouched."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise XattnError(f"{path}: already exists and is not an empty directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(path)
+    tmp = _temporary(path)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
         yield tmp
+        if path.exists():
+            path.rmdir()
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _temporary(path: Path) -> Path:
+    """Where this process writes `path` before the rename: `.NAME.tmp-PID`, a directory, or the start of a
+    file's temporary name (`.NAME.tmp-PID.XXXXXXXX.tmp`)."""
+    return path.parent / f"{_leftover_prefix(path)}{os.getpid()}"
+
+
+def _leftover_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"
+
+
+def remove_leftovers(path: Path) -> list[Path]:
+    """Remove what a process killed while writing `path` (atomic_write, atomic_dir) left beside it: the
+    temporary directory or files named after `path` and the process, if that process is gone; one line on
+    stderr for each. Returns what was removed."""
+    prefix, removed = _leftover_prefix(path), []
+    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
+        pid = entry.name[len(prefix):].partition(".")[0] if entry.name.startswith(prefix) else ""
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        print(f"xattn: removed {entry}, left half-written by process {pid}, which is gone", file=sys.stderr)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (on this machine). Where that cannot be asked safely (Windows, whose
+    os.kill would end it), every process counts as alive, so nothing is removed."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def read_yaml(path: Path) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from xattn.errors import XattnError
-from xattn.io import atomic_write_bytes
+from xattn.io import atomic_write_bytes, read_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
@@ -142,10 +141,7 @@ def _check_texts(texts: Sequence[object]) -> None:
 
 def read_vocab(path: Path) -> dict[str, int]:
     """A piece -> id JSON table (Marian's vocab.json); ids must be distinct non-negative integers."""
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise XattnError(f"{path}: cannot read the vocabulary ({e})") from None
+    table = read_json(path)
     if not isinstance(table, dict) or not table or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in table.values()):
         raise XattnError(f"{path}: expected a JSON object of piece -> non-negative integer id")

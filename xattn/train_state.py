@@ -14,13 +14,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 
+from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
-from xattn.io import atomic_write, atomic_write_text, sha256_file
+from xattn.io import atomic_write, atomic_write_text, json_text, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "xattn.train_state/1"
@@ -39,6 +40,9 @@ class Manifest:
     run: dict[str, Any]                 # the run's identity (see training.run_identity)
     format: str = FORMAT
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(serial=POSITIVE, step=NON_NEGATIVE, log_bytes=NON_NEGATIVE,
+                                              format=one_of(FORMAT))
+
 
 class TrainStateDir:
     """The train_state/ folder of a model directory."""
@@ -56,12 +60,9 @@ class TrainStateDir:
                                  "checked, so it is not resumed: train into a new directory")
             return None
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            manifest = Manifest(**raw)
-        except (OSError, ValueError, TypeError) as e:
-            raise XattnError(f"{path}: damaged ({e}); delete {self.dir} to train from the start") from None
-        if manifest.format != FORMAT:
-            raise XattnError(f"{path}: format {manifest.format!r}, expected {FORMAT!r}")
+            manifest = read_record(Manifest, read_json(path), f"{path}: damaged")
+        except XattnError as e:
+            raise XattnError(f"{e}; delete {self.dir} to train from the start") from None
         for name, digest in manifest.files.items():
             file = self.dir / name
             if not file.is_file() or sha256_file(file) != digest:
@@ -92,7 +93,7 @@ class TrainStateDir:
         names = {weights, state_file, *(name for _, name in averaging)}
         files = {name: known.get(name) or sha256_file(self.dir / name) for name in sorted(names)}
         manifest = Manifest(serial, step, weights, state_file, averaging, files, log_bytes, run)
-        atomic_write_text(self.dir / MANIFEST, json.dumps(dataclasses.asdict(manifest), indent=1) + "\n")
+        atomic_write_text(self.dir / MANIFEST, json_text(dataclasses.asdict(manifest), indent=1) + "\n")
         self.manifest = manifest
         self.remove_unlisted()
         return manifest
@@ -131,4 +132,4 @@ def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], p
     identity = {"tokenizers": tokenizers, "data": data | {"text_sha256": text_sha256},
                 "model": cfg.model.as_dict(),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
-    return json.loads(json.dumps(identity))  # as the manifest stores it
+    return json.loads(json_text(identity))  # as the manifest stores it

@@ -8,7 +8,6 @@ command again continues from there, and the loss curve continues as if never int
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import signal
@@ -27,7 +26,7 @@ from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
-from xattn.io import is_temporary
+from xattn.io import is_temporary, json_text
 from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences, run_identity
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config
@@ -371,7 +370,7 @@ class Trainer:
             return
         path = self.out_dir / LOG
         with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_text(record) + "\n")
 
     def _print(self, message: str) -> None:
         if self.ctx.rank == 0 and not self.quiet:

@@ -15,6 +15,7 @@ import numpy as np
 from xattn.analysis.maps import HeadChoice, PairAttention
 from xattn.errors import XattnError
 from xattn.io import read_lines
+from xattn.words import split_words
 
 Links = set[tuple[int, int]]
 
@@ -34,13 +35,13 @@ def parse_links(line: str, one_indexed: bool = False, reverse: bool = False,
                 lengths: tuple[int, int] | None = None, where: str = "links") -> tuple[Links, Links]:
     """One line of Pharaoh links -> (sure, possible), 0-based; `possible` includes `sure`.
 
-    Tokens are `i-j` (sure) or `ipj` (possible), separated by whitespace; an empty line has no links.
+    Tokens are `i-j` (sure) or `ipj` (possible), separated as words are (xattn.words); an empty line has no links.
     `lengths` = (n, m) bounds the first and the second index as written (before `reverse`, which turns
     (i, j) into (j, i)). Errors name `where` (e.g. "gold.talp: line 3") and the token.
     """
     base = 1 if one_indexed else 0
     sure, possible = set(), set()
-    for token in line.split():
+    for token in split_words(line):
         match = _LINK.fullmatch(token)
         if match is None:
             raise XattnError(f"{where}: {token!r} is not a link (expected i-j for sure or ipj for possible)")
@@ -248,7 +249,7 @@ def flip(links: Links) -> Links:
 
 def align_pairs(translator, sources: Sequence[str], targets: Sequence[str], settings: AlignSettings,
                 max_tokens: int = 4096, progress: str | None = None) -> list[Links]:
-    """Links of each given pair (whitespace-tokenised), teacher-forced in batches; `progress`: a bar label
+    """Links of each given pair (words as xattn.words splits them), teacher-forced in batches; `progress`: a bar label
     (shown on a terminal only)."""
     from tqdm import tqdm
 

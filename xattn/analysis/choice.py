@@ -6,28 +6,64 @@ measured on; after the weights change it is ignored with a warning.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
-from xattn.analysis.alignment import AlignSettings
+from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES, AlignSettings
 from xattn.analysis.maps import HeadChoice
+from xattn.checkpoint import weights_id
+from xattn.checks import NON_NEGATIVE, POSITIVE, Check, ConfigError, one_of, read_record, sha256_hex, validate, \
+    within
 from xattn.errors import XattnError
-from xattn.io import atomic_write_text, sha256_file
+from xattn.io import atomic_write_text, read_yaml
 
 ANALYSIS = "analysis.yaml"
+SECTION = "alignment"
 
 
-def weights_id(model_dir: Path) -> str:
-    """The weights' tensor SHA-256 from their fingerprint, else the file's SHA-256."""
-    from safetensors import safe_open
+def _head(value) -> str | None:
+    if value == "mean" or (isinstance(value, int) and value >= 0):
+        return None
+    return f"expected 'mean' or head numbers >= 0, got {value!r}"
 
-    from xattn.checkpoint import WEIGHTS
 
-    with safe_open(str(model_dir / WEIGHTS), "np") as f:
-        meta = f.metadata() or {}
-    return meta.get("tensors") or sha256_file(model_dir / WEIGHTS)
+@dataclass(frozen=True)
+class AlignmentRecord:
+    """The `alignment` section of analysis.yaml, as `xattn heads align` writes it."""
+    layer: int                          # decoder layer, 0-based
+    heads: list[int] | str              # its heads, 0-based, or "mean" (all of them)
+    method: str
+    threshold: float | None = None
+    eos: str = "drop"
+    punct: str = "free"
+    weights: str | None = None          # checkpoint.weights_id of the weights it was measured on
+    aer: float | None = None            # how it scored, on how many pairs of which gold file
+    pairs: int | None = None
+    gold: str | None = None
+
+    CHECKS: ClassVar[dict[str, Check]] = dict(
+        layer=NON_NEGATIVE, heads=_head, method=one_of(*METHODS), threshold=within(0, 1, lo_open=True),
+        eos=one_of(*EOS_RULES), punct=one_of(*PUNCT_RULES), weights=sha256_hex, aer=within(0, 1), pairs=POSITIVE)
+
+    def __post_init__(self) -> None:
+        validate(self, SECTION)
+        if isinstance(self.heads, list) and (not self.heads or len(set(self.heads)) != len(self.heads)):
+            raise ConfigError(f"{SECTION}.heads", f"expected 'mean' or distinct head numbers, got {self.heads}")
+
+    @property
+    def settings(self) -> AlignSettings:
+        choice = HeadChoice(self.layer, None if self.heads == "mean" else tuple(self.heads))
+        return AlignSettings(choice, self.method, self.threshold, self.eos, self.punct)
+
+    @property
+    def figures(self) -> dict:
+        """How the choice scored: aer, pairs, gold (those recorded)."""
+        return {k: v for k, v in (("aer", self.aer), ("pairs", self.pairs), ("gold", self.gold)) if v is not None}
 
 
 DEFAULT_METHOD = "naive"
@@ -50,38 +86,31 @@ def read(model_dir: Path) -> dict:
     path = model_dir / ANALYSIS
     if not path.is_file():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise XattnError(f"{path}: not readable YAML ({' '.join(str(e).split())[:120]}); delete it or run "
-                         "`xattn heads align` again") from None
+    data = read_yaml(path)
     if data is not None and not isinstance(data, dict):
         raise XattnError(f"{path}: expected sections such as `alignment:`, found a {type(data).__name__}")
     return data or {}
 
 
-def stored(model_dir: str | Path, cfg) -> dict | None:
-    """The `alignment` section of analysis.yaml, checked, with its HeadChoice as "choice"; None when there is
-    none, or when it was measured on other weights (with a warning)."""
+def stored(model_dir: str | Path, cfg) -> AlignmentRecord | None:
+    """The `alignment` section of analysis.yaml, checked by the rules of AlignmentRecord and against the model
+    of ModelConfig `cfg`; None when there is none, or when it was measured on other weights (with a warning)."""
     model_dir = Path(model_dir)
     path = model_dir / ANALYSIS
-    record = read(model_dir).get("alignment")
-    if record is None:
+    data = read(model_dir)
+    if SECTION not in data:
         return None
     try:
-        heads = record["heads"]
-        choice = HeadChoice(int(record["layer"]), None if heads == "mean" else tuple(int(h) for h in heads))
-        choice.check(cfg.n_decoder_layers, cfg.n_heads)
-        settings = AlignSettings(choice, record["method"], record.get("threshold"), record.get("eos", "drop"),
-                                 record.get("punct", "free"))
-    except (TypeError, KeyError, ValueError, XattnError) as e:
-        raise XattnError(f"{path}: the alignment record is not one `xattn heads align` writes "
-                         f"({' '.join(str(e).split())}); delete it or run `xattn heads align` again") from None
-    if record.get("weights") != weights_id(model_dir):
+        record = read_record(AlignmentRecord, data[SECTION], str(path), SECTION)
+        record.settings.choice.check(cfg.n_decoder_layers, cfg.n_heads,
+                                     (f"{path}: {SECTION}.layer", f"{path}: {SECTION}.heads"))
+    except XattnError as e:
+        raise XattnError(f"{e} (run `xattn heads align` again, or delete the file)") from None
+    if record.weights != weights_id(model_dir):
         print(f"xattn: warning: {path} was measured on other weights; ignored (run `xattn heads align` again)",
               file=sys.stderr)
         return None
-    return {**record, "settings": settings}
+    return record
 
 
 def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: str | None = None,
@@ -90,7 +119,7 @@ def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: st
     """AlignSettings for the model of ModelConfig `cfg` from the flags; what a flag leaves unset comes from
     the stored record, else the default (default_choice, DEFAULT_METHOD, argmax, eos drop, punct free)."""
     record = stored(model_dir, cfg)
-    base = record["settings"] if record else AlignSettings(default_choice(cfg), DEFAULT_METHOD)
+    base = record.settings if record else AlignSettings(default_choice(cfg), DEFAULT_METHOD)
     choice = base.choice
     if layer is not None or heads is not None:
         choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
@@ -104,8 +133,9 @@ def save(model_dir: str | Path, settings: AlignSettings, figures: dict) -> Path:
     scored), keeping its other sections."""
     model_dir = Path(model_dir)
     data = read(model_dir)
-    data["alignment"] = {**settings.choice.to_dict(), "method": settings.method, "threshold": settings.threshold,
-                         "eos": settings.eos, "punct": settings.punct, "weights": weights_id(model_dir), **figures}
+    record = AlignmentRecord(**settings.choice.to_dict(), method=settings.method, threshold=settings.threshold,
+                             eos=settings.eos, punct=settings.punct, weights=weights_id(model_dir), **figures)
+    data[SECTION] = {k: v for k, v in dataclasses.asdict(record).items() if v is not None or k == "threshold"}
     text = "# written by xattn analysis verbs; `alignment` by `xattn heads align`, read by align, translate --alignment\n"
     atomic_write_text(model_dir / ANALYSIS, text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return model_dir / ANALYSIS

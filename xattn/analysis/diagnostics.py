@@ -11,11 +11,13 @@ Per sentence, from one layer's heads (the stored alignment choice by default), o
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from xattn.analysis.alignment import is_punctuation, word_attention
 from xattn.analysis.maps import HeadChoice, PairAttention
+from xattn.checks import NON_NEGATIVE, Check, validate
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,11 @@ class Thresholds:
     under: float = 0.2      # coverage below this: the word may be left untranslated
     over: float = 4.0       # coverage above this: the word may be translated repeatedly
     detached: float = 0.5   # share of target words attending </s> most: output detached from the source
+
+    CHECKS: ClassVar[dict[str, Check]] = dict(under=NON_NEGATIVE, over=NON_NEGATIVE, detached=NON_NEGATIVE)
+
+    def __post_init__(self) -> None:
+        validate(self, "")
 
 
 @dataclass

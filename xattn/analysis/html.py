@@ -22,7 +22,6 @@ Element ids and classes (stable; tests and users' scripts rely on them):
 from __future__ import annotations
 
 import html
-import json
 import re
 from pathlib import Path
 from typing import Mapping
@@ -32,7 +31,7 @@ import numpy as np
 from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
 from xattn.analysis.plots import TITLES
 from xattn.errors import XattnError
-from xattn.io import atomic_write_text
+from xattn.io import atomic_write_text, json_text
 
 EXTENSIONS = (".html", ".htm")
 SCALE = 10_000  # weights are embedded as round(weight * SCALE): 4 decimals, and short integers in the JSON
@@ -73,7 +72,7 @@ def save(page: str, path: str | Path) -> Path:
 
 def _script_json(data) -> str:
     """JSON that can sit inside <script>: no "<", ">" or "&" (so no "</script" or "<!--"), no line separators."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = json_text(data, ensure_ascii=False, separators=(",", ":"))
     for ch, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                         ("\u2029", "\\u2029")):
         text = text.replace(ch, escaped)

@@ -10,11 +10,15 @@ Layers and heads are numbered from 0, as everywhere in xattn.
 """
 from __future__ import annotations
 
-import math
-from typing import Sequence
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 import torch
 
+from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha256_hex, validate
+from xattn.errors import XattnError
+from xattn.io import read_lines
 from xattn.model import Transformer
 from xattn.variants import PLACES
 
@@ -94,29 +98,75 @@ def confidence_scores(model: Transformer, data) -> dict[str, list[torch.Tensor]]
     return {place: [s / max(counts[place], 1) for s in layers] for place, layers in sums.items()}
 
 
-def format_table(rows: list[dict]) -> list[str]:
-    """The table `xattn heads importance` prints and saves (tab-separated, with a header)."""
-    return ["layer\tplace\thead\tscore"] + [f"{r['layer']}\t{r['place']}\t{r['head']}\t{r['score']:.6g}" for r in rows]
+COLUMNS = ["layer", "place", "head", "score"]
 
 
-def read_table(path) -> list[dict]:
-    """A table `format_table` wrote; a malformed line is a one-line XattnError naming the file and line."""
-    from xattn.errors import XattnError
-    from xattn.io import read_lines
+@dataclass(frozen=True)
+class Row:
+    """One line of an importance table."""
+    layer: int
+    place: str
+    head: int
+    score: float
 
+    CHECKS: ClassVar[dict[str, Check]] = dict(layer=NON_NEGATIVE, place=one_of(*PLACES), head=NON_NEGATIVE,
+                                              score=finite)
+
+    def __post_init__(self) -> None:
+        validate(self, "")
+
+
+@dataclass(frozen=True)
+class About:
+    """The `# key: value` lines above a table's header: how it was measured, on which weights."""
+    weights: str                        # checkpoint.weights_id of the model's weights
+    method: str
+
+    CHECKS: ClassVar[dict[str, Check]] = dict(weights=sha256_hex, method=one_of(*METHODS))
+
+    def __post_init__(self) -> None:
+        validate(self, "")
+
+
+def format_table(rows: list[dict], about: About) -> list[str]:
+    """The table `xattn heads importance` prints and saves: `# key: value` lines (About), then tab-separated
+    columns with a header."""
+    return [f"# {key}: {value}" for key, value in dataclasses.asdict(about).items()] + ["\t".join(COLUMNS)] + \
+        [f"{r['layer']}\t{r['place']}\t{r['head']}\t{r['score']:.6g}" for r in rows]
+
+
+def read_table(path, weights: str | None = None) -> list[dict]:
+    """The rows of a table `format_table` wrote. A malformed line, a head given twice, or (with `weights`, the
+    weights_id of the model it is for) a table measured on other weights is a one-line XattnError naming the
+    file, and the line where there is one."""
     lines = read_lines(path)
-    if not lines or lines[0].split("\t") != ["layer", "place", "head", "score"]:
-        raise XattnError(f"{path}: line 1: expected the header layer, place, head, score (tab-separated)")
-    rows = []
-    for n, line in enumerate(lines[1:], start=2):
+    info, n = {}, 0
+    while n < len(lines) and lines[n].startswith("#"):
+        key, sep, value = lines[n][1:].partition(":")
+        if not sep or key.strip() in info:
+            raise XattnError(f"{path}: line {n + 1}: expected `# key: value`, each key once, got {lines[n]!r}")
+        info[key.strip()] = value.strip()
+        n += 1
+    if n == len(lines) or lines[n].split("\t") != COLUMNS:
+        raise XattnError(f"{path}: line {n + 1}: expected the header {', '.join(COLUMNS)} (tab-separated)")
+    if "weights" not in info:
+        raise XattnError(f"{path}: does not name the weights it was measured on (a `# weights:` line above the "
+                         "header); run `xattn heads importance` again")
+    about = read_record(About, info, f"{path}: the lines `# key: value` above the header")
+    rows, first = [], {}
+    for k, line in enumerate(lines[n + 1:], start=n + 2):
         parts = line.split("\t")
-        try:
-            layer, place, head, score = int(parts[0]), parts[1], int(parts[2]), float(parts[3])
-        except (IndexError, ValueError):
-            raise XattnError(f"{path}: line {n}: expected layer, place, head and score, got {line!r}") from None
-        if not math.isfinite(score):
-            raise XattnError(f"{path}: line {n}: the score {parts[3]!r} is not a finite number")
-        if place not in PLACES:
-            raise XattnError(f"{path}: line {n}: {place!r} is not a place; one of {', '.join(PLACES)}")
-        rows.append({"place": place, "layer": layer, "head": head, "score": score})
+        if len(parts) != len(COLUMNS):
+            raise XattnError(f"{path}: line {k}: expected {len(COLUMNS)} tab-separated values "
+                             f"({', '.join(COLUMNS)}), got {line!r}")
+        row = read_record(Row, dict(zip(COLUMNS, parts)), f"{path}: line {k}")
+        head = (row.place, row.layer, row.head)
+        if head in first:
+            raise XattnError(f"{path}: line {k}: {row.place} layer {row.layer} head {row.head} is given twice "
+                             f"(first on line {first[head]})")
+        first[head] = k
+        rows.append(dataclasses.asdict(row))
+    if weights is not None and about.weights != weights:
+        raise XattnError(f"{path}: measured on other weights than this model's; run `xattn heads importance` on "
+                         "this model again")
     return rows

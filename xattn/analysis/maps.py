@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from xattn.errors import XattnError
+from xattn.words import is_separator, split_words
 
 if TYPE_CHECKING:
     from xattn.translator import Translation, Translator
@@ -47,12 +48,13 @@ class HeadChoice:
             raise XattnError(f"--heads: expected distinct head numbers, got {','.join(map(str, heads))}")
         return cls(layer, tuple(int(h) for h in heads))
 
-    def check(self, n_layers: int, n_heads: int) -> None:
+    def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("--layer", "--heads")) -> None:
+        """Refuse a layer or head the model lacks; `names`: what the layer and the heads are called in errors."""
         if not 0 <= self.layer < n_layers:
-            raise XattnError(f"--layer: {self.layer} is not a layer of this model (0 to {n_layers - 1})")
+            raise XattnError(f"{names[0]}: {self.layer} is not a layer of this model (0 to {n_layers - 1})")
         for h in self.heads or ():
             if not 0 <= h < n_heads:
-                raise XattnError(f"--heads: {h} is not a head of this model (0 to {n_heads - 1})")
+                raise XattnError(f"{names[1]}: {h} is not a head of this model (0 to {n_heads - 1})")
 
     def select(self, weights: np.ndarray) -> np.ndarray:
         """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged. A head that is all NaN is
@@ -123,7 +125,7 @@ SPECIALS = frozenset({EOS, BOS, "<pad>"})
 def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[list[str], list[int]]:
     """SentencePiece pieces -> (words, word index of each piece; -1 for </s>, <s>).
 
-    A word is a whitespace token of the text the pieces spell ("\u2581" read as a space, an unknown piece as
+    A word (xattn.words) of the text the pieces spell ("\u2581" read as a space, an unknown piece as
     `unk_surface`): for a hypothesis, the words of its printed text (its tokenizer decodes "<unk>" to " \u2047 ");
     for a source, those of the line it was encoded from. A piece that spells no character (a lone "\u2581")
     belongs to the word after it.
@@ -140,7 +142,7 @@ def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[
         word_of.append(-2)
         pending.append(len(word_of) - 1)
         for ch in unk_surface if piece == UNK_PIECE else piece.replace(WORD_START, " "):
-            if ch.isspace():
+            if is_separator(ch):
                 in_word = False
                 continue
             if not in_word:
@@ -156,9 +158,10 @@ def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[
 
 
 def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | None:
-    """Word index of each of `pieces` (the line's pieces + </s>), from encoding its whitespace tokens one by
+    """Word index of each of `pieces` (the line's pieces + </s>), from encoding its words (xattn.words) one by
     one; None when the line's pieces are not its words' pieces in a row."""
-    per_word = [tokenizer.pieces(ids) for ids in tokenizer.encode_batch(text.split())] if text.split() else []
+    words = split_words(text)
+    per_word = [tokenizer.pieces(ids) for ids in tokenizer.encode_batch(words)] if words else []
     if [p for word in per_word for p in word] != list(pieces[:-1]):
         return None
     return [w for w, word in enumerate(per_word) for _ in word] + [-1]
@@ -175,14 +178,14 @@ class TextWords:
         """(words, word index of each piece)."""
         if self.text is None:  # the tokenizer prints <unk> as " \u2047 "
             return piece_words(pieces, f" {UNK_SURFACE} ")
-        words = self.text.split()
+        words = split_words(self.text)
         if self.word_of is not None:
             return words, list(self.word_of)
         spelled, word_of = piece_words(pieces)
         if len(spelled) != len(words):
             where = f"line {line}: " if line is not None else ""
             raise XattnError(f"{where}the {side} tokenizer splits this {side} into {len(spelled)} words, the text has "
-                             f"{len(words)} whitespace tokens (a character the tokenizer drops or treats as a space?)")
+                             f"{len(words)} words (a character the tokenizer drops or treats as a space?)")
         return words, word_of
 
 
@@ -239,7 +242,7 @@ class PairAttention:
     def from_translation(cls, translation: Translation, source: str | None = None, line: int | None = None,
                          tokenizer=None) -> PairAttention:
         """The attention a Translation carries (translate with return_attention=True; return_self_attention
-        for decoder-self). `source`: the translated line, whose whitespace tokens are the source words;
+        for decoder-self). `source`: the translated line, whose words (xattn.words) are the source words;
         with its `tokenizer` (translator.tokenizers.src) each word's pieces are known exactly."""
         if translation.cross_attention is None:
             raise XattnError("this Translation carries no attention; translate with return_attention=True")
@@ -285,7 +288,7 @@ def teacher_forced(translator: Translator, sources: Sequence[str], targets: Sequ
     """The attention of given pairs: the model reads `targets[i]` as its translation of `sources[i]`.
 
     Batched by length so that sentences * longest side <= max_tokens; `progress(n)` after each batch of n
-    pairs. Each side's whitespace tokens must be the words its tokenizer sees (errors name the line, 1-based).
+    pairs. Each side's words (xattn.words) must be the words its tokenizer sees (errors name the line, 1-based).
     """
     out: list[PairAttention | None] = [None] * len(sources)
     for i, pair in iter_teacher_forced(translator, sources, targets, kinds, max_tokens, progress):
@@ -332,12 +335,12 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
 
 
 def by_words(tokenizer, texts: Sequence[str], eos: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Each text encoded word by word (its whitespace tokens) + </s>: (ids, word index of each id, -1 for </s>).
+    """Each text encoded word by word (xattn.words) + </s>: (ids, word index of each id, -1 for </s>).
 
-    SentencePiece never joins pieces across whitespace, so this is the whole line's encoding, with each
+    SentencePiece never joins pieces across a word separator, so this is the whole line's encoding, with each
     piece's word known exactly (a word the tokenizer drops entirely has no piece).
     """
-    words = [text.split() for text in texts]
+    words = [split_words(text) for text in texts]
     flat = tokenizer.encode_batch([w for ws in words for w in ws])
     ids, word_of, k = [], [], 0
     for ws in words:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
+from xattn.checks import Check, read_record, validate, within
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.model import HeadMask, Transformer
@@ -34,33 +36,40 @@ def attention_module(model: Transformer, place: str, layer: int) -> torch.nn.Mod
     return getattr(stack.layers[layer], "cross_attn" if place == "cross" else "self_attn")
 
 
+@dataclass(frozen=True)
+class MaskFile:
+    """A head mask file: per place, one entry per layer, each a list of factors in [0, 1] (one per head) or
+    null (that layer unmasked); a place left out is unmasked."""
+    enc_self: list[list[float] | None] | None = None
+    dec_self: list[list[float] | None] | None = None
+    cross: list[list[float] | None] | None = None
+
+    CHECKS: ClassVar[dict[str, Check]] = {place: within(0, 1) for place in PLACES}
+
+    def __post_init__(self) -> None:
+        validate(self, "")
+
+
 def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
-    """The head mask in the YAML file `path`, checked against the model's layers and heads."""
+    """The head mask in the YAML file `path` (MaskFile), checked against the model's layers and heads."""
     from xattn.io import read_yaml
 
     path = Path(path)
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise XattnError(f"{path}: expected a mapping of places ({', '.join(PLACES)}) to per-layer lists of factors")
+    record = read_record(MaskFile, read_yaml(path), str(path))
     mask: HeadMask = {}
-    for place, layers in data.items():
-        if place not in PLACES:
-            raise XattnError(f"{path}: {place!r} is not a place; one of {', '.join(PLACES)}")
-        n = cfg.layers_of(place)
-        if not isinstance(layers, list) or len(layers) != n:
-            raise XattnError(f"{path}: {place}: expected a list of {n} layers (a list of factors or null each)")
-        mask[place] = [None if factors is None else _factors(factors, cfg.heads_of(place, i), f"{path}: {place} "
-                                                             f"layer {i}") for i, factors in enumerate(layers)]
+    for place in PLACES:
+        layers = getattr(record, place)
+        if layers is None:
+            continue
+        if len(layers) != cfg.layers_of(place):
+            raise XattnError(f"{path}: {place}: expected a list of {cfg.layers_of(place)} layers (a list of factors "
+                             f"or null each), got {len(layers)}")
+        for i, factors in enumerate(layers):
+            if factors is not None and len(factors) != cfg.heads_of(place, i):
+                raise XattnError(f"{path}: {place} layer {i}: expected {cfg.heads_of(place, i)} factors (one per "
+                                 f"head), got {factors!r}")
+        mask[place] = [None if factors is None else torch.tensor(factors, dtype=torch.float32) for factors in layers]
     return mask
-
-
-def _factors(value, heads: int, where: str) -> torch.Tensor:
-    if not isinstance(value, list) or len(value) != heads:
-        raise XattnError(f"{where}: expected {heads} factors (one per head), got {value!r}")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-               for v in value):
-        raise XattnError(f"{where}: factors must be numbers in [0, 1], got {value!r}")
-    return torch.tensor([float(v) for v in value])
 
 
 def removal_of_mask(mask: HeadMask, where: str) -> Removal:
@@ -126,10 +135,10 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
         copy_tokenizers(model_dir, tmp)
         save_model_dir(tmp, pruned, cfg)
         if record is not None:
-            layer = record["settings"].choice.layer
-            settings = remapped(record["settings"], removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
+            layer = record.settings.choice.layer
+            settings = remapped(record.settings, removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
             if settings is not None:
-                choice.save(tmp, settings, {k: record[k] for k in ("aer", "pairs", "gold") if k in record})
+                choice.save(tmp, settings, record.figures)
     return pruned
 
 

@@ -1,11 +1,10 @@
 """`xattn aer --gold G --hyp H`: precision, recall and AER of Pharaoh word alignments against sure/possible gold."""
 from __future__ import annotations
 
-import json
-
 from xattn.cli.common import add_verb, path_arg, read_sentence_pairs
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import json_text, read_lines
+from xattn.words import split_words
 
 HANSARDS = "../shared/data/alignment/hansards-en-fr"
 
@@ -56,7 +55,7 @@ def run(args) -> int:
               "sentences": len(hyps)}
     percent = {"precision": 100 * result.precision, "recall": 100 * result.recall, "AER": 100 * result.aer}
     if args.json:
-        print(json.dumps({k.lower(): round(v, 2) for k, v in percent.items()} | counts))
+        print(json_text({k.lower(): round(v, 2) for k, v in percent.items()} | counts))
     else:
         cells = {k: f"{v:.1f}" for k, v in percent.items()} | {k: str(v) for k, v in counts.items()}
         print("  ".join(f"{k:>{max(len(k), len(v))}}" for k, v in cells.items()))
@@ -72,7 +71,7 @@ def sentence_lengths(args, n_lines: int) -> list[tuple[int, int]] | None:
         raise XattnError("--src and --tgt go together")
     first, second = read_sentence_pairs(args.pairs, args.src, args.tgt)
     _same_count(args.hyp, n_lines, args.pairs or args.src, len(first))
-    return [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
+    return [(len(split_words(a)), len(split_words(b))) for a, b in zip(first, second)]
 
 
 def _same_count(name_a: str, count_a: int, name_b: str, count_b: int) -> None:

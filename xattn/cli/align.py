@@ -8,7 +8,7 @@ from xattn.errors import XattnError
 
 def register(sub) -> None:
     p = add_verb(sub, "align", "Align the words of given sentence pairs, teacher-forced, from the cross-attention. "
-                 "Input: whitespace-tokenised words; output: one line of Pharaoh links i-j per pair, 0-based, "
+                 "Input: words separated by spaces or tabs; output: one line of Pharaoh links i-j per pair, 0-based, "
                  "i indexing the first side (--src, or the left of --pairs), j the second.",
                  "xattn align runs/multi30k-fr-en --pairs test.en-fr --reverse --backward runs/multi30k-en-fr "
                  "--sym grow-diag-final > links.txt", run)
@@ -34,10 +34,20 @@ def read_pairs(args) -> tuple[list[str], list[str]]:
     return read_sentence_pairs(args.pairs, args.src, args.tgt)
 
 
+def check_reverse(args, forward, backward) -> None:
+    """--backward must translate the other way: its languages (DataConfig) are the model's, swapped."""
+    if (backward.src_lang, backward.tgt_lang) != (forward.tgt_lang, forward.src_lang):
+        raise XattnError(f"--backward {args.backward}: translates {backward.src_lang}->{backward.tgt_lang}, but the "
+                         f"reverse of {args.model} ({forward.src_lang}->{forward.tgt_lang}) is "
+                         f"{forward.tgt_lang}->{forward.src_lang} (the languages are data.src_lang and data.tgt_lang "
+                         "in each config.yaml)")
+
+
 def run(args) -> int:
     from xattn.analysis.alignment import align_pairs, flip, format_links, symmetrise
     from xattn.devices import resolve_device
     from xattn.translator import Translator
+    from xattn.words import split_words
 
     if bool(args.backward) != bool(args.sym):
         raise XattnError("--backward and --sym go together: a model of the opposite direction and how to combine")
@@ -48,13 +58,16 @@ def run(args) -> int:
     device = resolve_device(args.device or "auto", "--device")
     forward = Translator.from_dir(args.model, device=device)
     settings = alignment_settings(args, args.model, forward.model.cfg)
-    links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
     if args.backward:
         backward = Translator.from_dir(args.backward, device=device)
+        check_reverse(args, forward.config.data, backward.config.data)
         back_settings = alignment_settings(args, args.backward, backward.model.cfg)
+    links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
+    if args.backward:
         back = [flip(x) for x in align_pairs(backward, tgt, src, back_settings, args.max_tokens,
                                              f"aligning with {args.backward}")]
-        links = [symmetrise(f, b, args.sym, len(s.split()), len(t.split())) for f, b, s, t in zip(links, back, src, tgt)]
+        links = [symmetrise(f, b, args.sym, len(split_words(s)), len(split_words(t)))
+                 for f, b, s, t in zip(links, back, src, tgt)]
     if args.reverse:
         links = [flip(x) for x in links]
     write_output_lines(args.output, [format_links(x) for x in links])

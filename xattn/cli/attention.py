@@ -7,6 +7,7 @@ from xattn.analysis.maps import KINDS
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg
 from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.errors import XattnError
+from xattn.words import split_words
 
 STATIC = (".png", ".svg", ".pdf")
 
@@ -49,8 +50,8 @@ def run(args) -> int:
         raise XattnError("--grid draws every layer and head; leave out --layer and --heads")
     if args.grid and kind == ".html":
         raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
-    if not args.sentence.strip():
-        raise XattnError("the sentence is empty")
+    if not split_words(args.sentence):
+        raise XattnError("the sentence is empty (it has no words)")
     if args.no_links and args.kind != "cross":
         raise XattnError(f"--no-links: only cross-attention is drawn with alignment links, not --kind {args.kind}")
     if args.reference is not None:

@@ -98,6 +98,7 @@ def read_sentence_pairs(pairs: str | None, src: str | None, tgt: str | None) -> 
     """(first sides, second sides) from --pairs (`first ||| second` lines) or the line-aligned --src/--tgt."""
     from xattn.errors import XattnError
     from xattn.io import read_lines
+    from xattn.words import strip_separators
 
     if pairs and (src or tgt):
         raise XattnError("give --pairs or --src and --tgt, not both")
@@ -108,8 +109,8 @@ def read_sentence_pairs(pairs: str | None, src: str | None, tgt: str | None) -> 
             if len(sides) != 2:
                 raise XattnError(f"{pairs}: line {n}: expected 'source ||| target', found {len(sides) - 1} "
                                  "'|||' separators")
-            first.append(sides[0].strip())
-            second.append(sides[1].strip())
+            first.append(strip_separators(sides[0]))
+            second.append(strip_separators(sides[1]))
         return first, second
     if not (src and tgt):
         raise XattnError("give the sentence pairs: --src FILE --tgt FILE, or --pairs FILE")

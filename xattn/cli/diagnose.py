@@ -1,13 +1,13 @@
 """`xattn diagnose MODEL --src FILE`: coverage, entropy, mass on </s> and under/over-translation flags per sentence."""
 from __future__ import annotations
 
-import json
 import sys
 
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
+from xattn.checks import ConfigError, build
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import json_text, read_lines
 
 
 def register(sub) -> None:
@@ -32,8 +32,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from dataclasses import replace
-
     from xattn.analysis.choice import settings_for
     from xattn.analysis.diagnostics import Thresholds, diagnose, summary
     from xattn.analysis.maps import PairAttention, teacher_forced
@@ -47,10 +45,10 @@ def run(args) -> int:
             raise XattnError(f"line counts differ: {getattr(args, name[2:])} has {len(lines)} lines, "
                              f"{args.src} has {len(sources)}")
     changes = {k: getattr(args, k) for k in ("under", "over", "detached") if getattr(args, k) is not None}
-    for key, value in changes.items():
-        if not value >= 0:
-            raise XattnError(f"--{key}: must be >= 0, got {value}")
-    thresholds = replace(Thresholds(), **changes)
+    try:
+        thresholds = build(Thresholds, changes, "")
+    except ConfigError as e:  # the key is the flag's name
+        raise XattnError(f"--{e}") from None
     if hyps is not None:
         refuse_search_flags(args, "not used with --hyp, whose translations are read teacher-forced (nothing is "
                             "searched)")
@@ -73,7 +71,7 @@ def run(args) -> int:
                   "source_words": pairs[n].src_words}
         if chrf is not None:
             record["chrf"] = round(chrf[n], 2)
-        lines.append(json.dumps(record, ensure_ascii=False))
+        lines.append(json_text(record, ensure_ascii=False))
     write_output_lines(args.output, lines)
     total = summary(diagnoses)
     if chrf is not None:
@@ -81,7 +79,7 @@ def run(args) -> int:
         clean = [c for c, d in zip(chrf, diagnoses) if not d.flags]
         total |= {"chrf_flagged": round(sum(flagged) / len(flagged), 2) if flagged else None,
                   "chrf_unflagged": round(sum(clean) / len(clean), 2) if clean else None}
-    print(json.dumps({"summary": total, "choice": str(choice), "thresholds": vars(thresholds)}), file=sys.stderr)
+    print(json_text({"summary": total, "choice": str(choice), "thresholds": vars(thresholds)}), file=sys.stderr)
     return 0
 
 

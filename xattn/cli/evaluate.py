@@ -1,12 +1,10 @@
 """`xattn evaluate MODEL`: translate a test set and score it with sacreBLEU (BLEU cased and lowercased, chrF)."""
 from __future__ import annotations
 
-import json
-
 from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import json_text, read_lines
 
 
 def register(sub) -> None:
@@ -55,7 +53,7 @@ def run(args) -> int:
         write_output_lines(args.output, hyps)
     scores = evaluate(hyps, refs)
     if args.json:
-        print(json.dumps({k: {"score": round(s.score, 2), "signature": s.signature} for k, s in scores.items()}))
+        print(json_text({k: {"score": round(s.score, 2), "signature": s.signature} for k, s in scores.items()}))
     else:
         for score in scores.values():
             print(score)

@@ -1,7 +1,6 @@
 """`xattn heads SUBCOMMAND`: per-head analysis. `heads align` ranks layers and heads by AER on gold alignments."""
 from __future__ import annotations
 
-import json
 import sys
 
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
@@ -10,7 +9,8 @@ from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import json_text, read_lines
+from xattn.words import split_words
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
                  "--gold-one-indexed --first 100", run_align)
     a.prog = "xattn heads align"
     a.add_argument("model", type=path_arg, help="model directory")
-    a.add_argument("--src", type=path_arg, help="source-language file, one whitespace-tokenised sentence per line")
+    a.add_argument("--src", type=path_arg, help="source-language file, one sentence per line, words separated by spaces")
     a.add_argument("--tgt", type=path_arg, help="target-language file, line-aligned with --src")
     a.add_argument("--pairs", type=path_arg, help="file of `first ||| second` lines instead of --src/--tgt")
     a.add_argument("--reverse", action="store_true", help="with --pairs: the first side is the model's target language")
@@ -45,8 +45,10 @@ def register(sub) -> None:
     i = add_verb(subs, "importance", "Score every head of the encoder self-, decoder self- and cross-attention "
                  "over sentence pairs: gradient (Michel et al. 2019: the expected absolute gradient of the loss with "
                  "respect to the head's mask, normalised per layer) or confidence (Voita et al. 2019: the mean "
-                 "largest attention weight). Prints the table (layer, place, head, score; 0-based) and saves it, "
-                 "by default as head_importance.tsv in the model directory, where `xattn prune --fraction` reads it.",
+                 "largest attention weight). Prints the table (layer, place, head, score; 0-based), below lines "
+                 "naming the method and the weights it was measured on, and saves it, by default as "
+                 "head_importance.tsv in the model directory, where `xattn prune --fraction` reads it (and refuses "
+                 "a table of other weights).",
                  "xattn heads importance runs/multi30k-de-en --split val --sentences 500", run_importance)
     i.prog = "xattn heads importance"
     i.add_argument("model", type=path_arg, help="model directory")
@@ -80,7 +82,7 @@ def run_align(args) -> int:
         if args.first < 1:
             raise XattnError(f"--first: must be >= 1, got {args.first}")
         first, second, gold_lines = first[: args.first], second[: args.first], gold_lines[: args.first]
-    lengths = [(len(a.split()), len(b.split())) for a, b in zip(first, second)]
+    lengths = [(len(split_words(a)), len(split_words(b))) for a, b in zip(first, second)]
     gold = parse_alignments(gold_lines, str(args.gold), one_indexed=args.gold_one_indexed, lengths=lengths)
     if not any(sure for sure, _ in gold):
         raise XattnError(f"{args.gold}: no sure links in the {len(gold)} pairs used; nothing to rank heads by")
@@ -93,7 +95,7 @@ def run_align(args) -> int:
               f"{r['layer']:>5}  {r['heads']}" for r in ranking]
     write_output_lines(None, lines)
     if args.table:
-        write_output_lines(args.table, [json.dumps(r) for r in ranking])
+        write_output_lines(args.table, [json_text(r) for r in ranking])
     if not args.no_store:
         best = ranking[0]
         settings = AlignSettings(HeadChoice.parse(best["layer"], best["heads"]), best["method"], None, args.eos,
@@ -107,7 +109,8 @@ def run_align(args) -> int:
 def run_importance(args) -> int:
     from pathlib import Path
 
-    from xattn.analysis.importance import IMPORTANCE_FILE, batches, format_table, head_importance
+    from xattn.analysis.importance import IMPORTANCE_FILE, About, batches, format_table, head_importance
+    from xattn.checkpoint import weights_id
     from xattn.cli.evaluate import test_pairs
     from xattn.devices import resolve_device
     from xattn.translator import Translator
@@ -120,7 +123,7 @@ def run_importance(args) -> int:
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
     rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)
-    lines = format_table(rows)
+    lines = format_table(rows, About(weights_id(Path(args.model)), args.method))
     write_output_lines(None, lines)
     output = args.output or str(Path(args.model) / IMPORTANCE_FILE)
     if output != "-":

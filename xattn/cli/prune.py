@@ -32,6 +32,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from xattn.analysis.importance import IMPORTANCE_FILE, read_table
     from xattn.analysis.pruning import least_important, prune_dir, read_head_mask, removal_of_mask
+    from xattn.checkpoint import weights_id
     from xattn.config import load_config
     from xattn.variants import PLACES
 
@@ -56,7 +57,8 @@ def run(args) -> int:
         if not table.is_file():
             raise XattnError(f"{table}: no importance table; run `xattn heads importance {args.model}` first, "
                              "or name one with --importance")
-        removal = least_important(cfg, read_table(table), places, args.fraction, str(table))
+        removal = least_important(cfg, read_table(table, weights_id(Path(args.model))), places, args.fraction,
+                                  str(table))
     pruned = prune_dir(args.model, removal, args.out)
     removed = sum(len(h) for layers in removal.values() for h in layers)
     print(f"{args.out}: removed {removed} heads; heads left per layer: "

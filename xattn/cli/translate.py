@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
     p.add_argument("--alignment", action="store_true",
-                   help="print text ||| links (Pharaoh i-j, 0-based; i counts the input line's whitespace tokens, "
+                   help="print text ||| links (Pharaoh i-j, 0-based; i counts the input line's words, "
                         "j the printed translation's), from the cross-attention; with --n-best: index ||| text ||| "
                         "score ||| links")
     add_decode_flags(p)

@@ -17,8 +17,9 @@ import torch
 from xattn.checkpoint import load_model_dir
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
-from xattn.interop import require, staged_dir
+from xattn.interop import require
 from xattn.interop.marian import check_exportable, write_marian
+from xattn.io import atomic_dir
 from xattn.tokenizer import Tokenizer
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -76,7 +77,7 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         raise XattnError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     require("transformers")
     require("ctranslate2")
-    with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory() as hf_dir:
+    with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory() as hf_dir:
         loaded = load_model_dir(model_dir)
         check_exportable(loaded.model)
         cfg = loaded.config.model

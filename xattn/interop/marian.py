@@ -14,7 +14,6 @@ pad = V - 1 = decoder start); an import keeps their ids and stores the table nex
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,8 @@ from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.checkpoint import load_model_dir, save_model_dir
 from xattn.config import DataConfig, ModelConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
-from xattn.interop import require, staged_dir
+from xattn.interop import require
+from xattn.io import atomic_dir, json_text, read_json
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer, TokenizerPair, load_tokenizers, \
     read_vocab, vocab_file
@@ -189,14 +189,11 @@ def from_hf_model(hf, where: str) -> Transformer:
 # ----------------------------------------------------------------------------------------- tokenizers
 
 def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json_text(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise XattnError(f"{path}: cannot read ({e})") from None
+    value = read_json(path)
     if not isinstance(value, dict):
         raise XattnError(f"{path}: expected a JSON object")
     return value
@@ -277,7 +274,7 @@ def write_marian(model: Transformer, cfg: RunConfig, tokenizers: TokenizerPair, 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
     """xattn model directory -> new directory that `MarianMTModel` / `MarianTokenizer.from_pretrained` load."""
     require("transformers")
-    with staged_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         loaded = load_model_dir(model_dir)
         check_exportable(loaded.model)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, tmp)
@@ -300,7 +297,7 @@ def load_hf(hf_dir: str | Path):
 def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Marian directory (an xattn export or a Helsinki-NLP opus-mt model) -> new xattn model directory."""
     hf_dir = Path(hf_dir)
-    with staged_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         model = from_hf_model(load_hf(hf_dir), str(hf_dir / "config.json"))
         tokenizers = read_marian_tokenizer(hf_dir, tmp)
         if tokenizers.src.eos_id != model.cfg.eos_id or tokenizers.tgt.eos_id != model.cfg.eos_id:

@@ -15,6 +15,7 @@ from xattn.checks import hints
 from xattn.config import DecodeConfig
 from xattn.decoding import BEAM_ONLY, ignored_settings
 from xattn.errors import XattnError
+from xattn.words import split_words
 from xattn.serve.limits import ApiError, Limits
 
 
@@ -178,7 +179,7 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
     """One item of `results`: score, tokens and words of both sides, attention and alignment when asked."""
     out = {"translatedText": translation.text, "score": round(float(translation.score), 4),
            "source_tokens": translation.src_tokens, "target_tokens": translation.tgt_tokens,
-           "source_words": text.split(), "target_words": translation.text.split()}
+           "source_words": split_words(text), "target_words": split_words(translation.text)}
     if translation.relaxed:  # the decoding constraints left nothing but end of sentence: it ends early
         out["relaxed"] = True
     if req.attention != "none":

@@ -19,10 +19,11 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from xattn.errors import XattnError
+from xattn.io import json_text
 from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.batcher import Batcher, QueueFull
@@ -199,7 +200,8 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
             body = await asyncio.to_thread(response, *args) if heavy else response(*args)
         except XattnError as e:  # words the alignment cannot place
             raise ApiError(422, f"q: {e}", "invalid_request") from None
-        return JSONResponse(body)  # plain JSON types already: no jsonable_encoder pass
+        return Response(json_text(body, ensure_ascii=False, separators=(",", ":")),  # plain JSON types already
+                        media_type="application/json")
 
 
 def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:

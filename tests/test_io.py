@@ -1,0 +1,102 @@
+"""xattn.io: JSON that is JSON (no NaN or Infinity); atomic writes and what a killed writer leaves."""
+import json
+import math
+import os
+
+from xattn.io import json_text
+
+
+def test_json_text_writes_non_finite_numbers_as_null_and_parses_strictly():
+    value = {"coverage": [0.5, math.nan], "over": math.inf, "nested": [{"low": -math.inf}], "pair": (1.0, 2)}
+    text = json_text(value)
+    strict = json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert strict == {"coverage": [0.5, None], "over": None, "nested": [{"low": None}], "pair": [1.0, 2]}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+# ------------------------------------------------------------------ what a killed writer leaves behind
+
+def dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: no process has this id now
+    return child.pid
+
+
+def test_a_dead_writers_directory_is_removed_with_a_message_and_a_live_ones_kept(tmp_path, capsys):
+    from xattn.io import atomic_dir
+
+    dead, live = dead_pid(), os.getppid()
+    stale = tmp_path / f".out.tmp-{dead}"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.safetensors").write_bytes(b"half")
+    busy = tmp_path / f".out.tmp-{live}"
+    busy.mkdir()
+    other = tmp_path / f".other.tmp-{dead}"  # another target's: left for its own next write
+    other.mkdir()
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "config.yaml").write_text("x\n")
+    err = capsys.readouterr().err
+    assert not stale.exists() and busy.is_dir() and other.is_dir()
+    assert err == f"xattn: removed {stale}, left half-written by process {dead}, which is gone\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, other.name, "out"])
+    assert (tmp_path / "out" / "config.yaml").read_text() == "x\n"
+
+
+def test_a_dead_writers_temporary_file_is_removed_when_the_file_is_written_again(tmp_path, capsys):
+    from xattn.io import atomic_write_text, is_temporary
+
+    dead = dead_pid()
+    stale = tmp_path / f".out.txt.tmp-{dead}.k2j4h1.tmp"
+    stale.write_text("half")
+    kept = tmp_path / f".out.txt.tmp-{os.getpid()}.zz.tmp"  # this process is alive
+    kept.write_text("mine")
+    atomic_write_text(tmp_path / "out.txt", "whole\n")
+    assert not stale.exists() and kept.exists() and is_temporary(kept)
+    assert f"removed {stale}, left half-written by process {dead}" in capsys.readouterr().err
+    assert (tmp_path / "out.txt").read_text() == "whole\n"
+
+
+def test_a_failed_directory_write_leaves_nothing(tmp_path):
+    import pytest
+
+    from xattn.io import atomic_dir
+
+    with pytest.raises(RuntimeError):
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "half").write_text("x")
+            raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prune_removes_a_dead_prunes_leftover(numbers_model, tmp_path, capsys):
+    from xattn.cli.main import main
+
+    dead = dead_pid()
+    stale = tmp_path / f".pruned.tmp-{dead}"
+    stale.mkdir()
+    (stale / "spm.model").write_bytes(b"partial")
+    (tmp_path / "mask.yaml").write_text("cross: [[1, 0]]\n")
+    code = main(["prune", str(numbers_model), "--heads", str(tmp_path / "mask.yaml"), "--out", str(tmp_path / "pruned")])
+    err = capsys.readouterr().err
+    assert code == 0 and not stale.exists() and (tmp_path / "pruned" / "config.yaml").is_file()
+    assert f"xattn: removed {stale}, left half-written by process {dead}, which is gone" in err.splitlines()
+
+
+def test_json_files_refuse_a_key_given_twice_and_non_json_numbers(tmp_path):
+    import pytest
+
+    from xattn.errors import XattnError
+    from xattn.io import read_json
+
+    cases = {'{"a": 1,\n "a": 2}': "'a' is given twice", '{"a": NaN}': "NaN is not a JSON number",
+             '{"a": -Infinity}': "-Infinity is not a JSON number", '{"a": 1,\n}': "line 2: invalid JSON"}
+    for text, message in cases.items():
+        (tmp_path / "v.json").write_text(text)
+        with pytest.raises(XattnError, match=message) as e:
+            read_json(tmp_path / "v.json")
+        assert str(e.value).startswith(str(tmp_path / "v.json")) and "\n" not in str(e.value)
+    (tmp_path / "v.json").write_text('{"a": [1, {"b": null}]}')
+    assert read_json(tmp_path / "v.json") == {"a": [1, {"b": None}]}
