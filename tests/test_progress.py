@@ -36,13 +36,22 @@ def test_a_line_under_a_step_limit_estimates_the_time_left_from_the_pace():
     assert line(_status(0, 0.0), budget).endswith("0:00 elapsed")
 
 
-@pytest.mark.parametrize("minutes, total, position", [(2.0, 120.0, 62.0), (0.0, 5000.0, 200.0)])
-def test_on_a_terminal_the_bar_runs_against_the_binding_budget(minutes, total, position):
+def test_a_step_budget_with_a_time_cap_reads_as_steps_once_the_pace_says_they_come_first():
+    budget = Budget.of(TrainConfig(max_steps=900, max_minutes=10.0))
+    assert line(_status(0, 0.0), budget).endswith("0:00 elapsed, 10:00 left of the 10:00 budget")
+    assert line(_status(200, 25.0), budget).startswith("step 200/900  epoch 3")
+    assert line(_status(200, 25.0), budget).endswith("0:25 elapsed, about 1:28 left (cap 10:00)")  # 700 at 0.125 s
+    slow = line(_status(20, 25.0), budget)  # 900 steps at 1.25 s would take 18:45: the cap comes first
+    assert slow.startswith("step 20  epoch") and slow.endswith("9:35 left of the 10:00 budget")
+
+
+@pytest.mark.parametrize("minutes, percent", [(2.0, 100 * 62 / 120), (0.0, 100 * 200 / 5000), (60.0, 100 * 200 / 5000)])
+def test_on_a_terminal_the_bar_runs_against_the_binding_limit(minutes, percent):
     tc = TrainConfig(max_steps=5000, max_minutes=minutes)
     display = open_display(tc, step=100, seconds=30.0, stream=Terminal())
-    assert isinstance(display, BarDisplay) and display.bar.total == total
+    assert isinstance(display, BarDisplay) and display.bar.total == 100
     display.update(_status(200, 62.0))
-    assert display.bar.n == pytest.approx(position)
+    assert display.bar.n == pytest.approx(percent)
     display.close()
 
 

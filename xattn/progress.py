@@ -1,11 +1,14 @@
 """How training reports progress: a bar on a terminal, one plain line per logged step anywhere else.
 
-Progress is measured against the budget that binds: the time budget when `train.max_minutes` is set
-(`train.max_steps` is then a ceiling, usually far away), else `train.max_steps`. Where stderr is not a
-terminal (CI, a pipe, a log file) nothing is redrawn with carriage returns; every `train.log_every` steps
-one line says where training stands:
+Progress is measured against the limit that binds: of `train.max_steps` and `train.max_minutes`, the one
+the run will reach first at its pace so far (the time budget until the first step sets a pace, or the steps
+when there is no time budget). A step budget with a time cap (the quickstart's 900 steps, at most 10
+minutes) then reads as steps, and a time budget with a far ceiling of steps reads as time. Where stderr is
+not a terminal (CI, a pipe, a log file) nothing is redrawn with carriage returns; every `train.log_every`
+steps one line says where training stands:
 
     step 200  epoch 3  loss 2.345  lr 5.0e-04  4012 tok/s  1:02 elapsed, 0:58 left of the 2:00 budget
+    step 200/900  epoch 3  loss 2.345  lr 5.0e-04  4012 tok/s  0:25 elapsed, about 1:28 left (cap 10:00)
 
 Times count across resumes. Messages printed with `echo` go to stdout and leave a bar intact.
 """
@@ -40,7 +43,7 @@ class StepStatus:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a run is measured against: its time budget if it has one, else its step limit."""
+    """What a run is measured against: its step limit and its time budget, whichever binds."""
     max_steps: int
     seconds: float = 0.0    # 0: no time budget
 
@@ -52,44 +55,45 @@ class Budget:
     def timed(self) -> bool:
         return self.seconds > 0
 
-    @property
-    def total(self) -> float:
-        """Length of the bar: seconds under a time budget, else steps."""
-        return self.seconds if self.timed else float(self.max_steps)
+    def by_time(self, step: int, seconds: float) -> bool:
+        """Whether the time budget ends the run before its step limit, at the pace so far."""
+        return self.timed and (step == 0 or self.max_steps * seconds / step > self.seconds)
 
-    def position(self, step: int, seconds: float) -> float:
-        """How far along the bar a run is, in the units of `total`."""
-        return min(seconds if self.timed else float(step), self.total)
+    def fraction(self, step: int, seconds: float) -> float:
+        """How much of the run is done: of the two limits, the nearer one's share (0 to 1)."""
+        return min(max(step / self.max_steps, seconds / self.seconds if self.timed else 0.0), 1.0)
 
-    def steps(self, step: int) -> str:
-        return f"step {step}" if self.timed else f"step {step}/{self.max_steps}"
+    def steps(self, step: int, seconds: float) -> str:
+        return f"step {step}" if self.by_time(step, seconds) else f"step {step}/{self.max_steps}"
 
     def left(self, step: int, seconds: float) -> float | None:
-        """Seconds to go: exact under a time budget, else estimated from the pace so far (None before it)."""
-        if self.timed:
+        """Seconds to go: exact under the time budget, else estimated from the pace so far (None before it)."""
+        if self.by_time(step, seconds):
             return max(self.seconds - seconds, 0.0)
         return (self.max_steps - step) * seconds / step if step else None
 
 
+def timing(s: StepStatus, budget: Budget, short: bool = False) -> str:
+    """How long the run has taken and has to go, against the binding limit."""
+    left = budget.left(s.step, s.seconds)
+    if budget.by_time(s.step, s.seconds):
+        return f"{clock(left)} left of {clock(budget.seconds)}" if short else \
+            f"{clock(s.seconds)} elapsed, {clock(left)} left of the {clock(budget.seconds)} budget"
+    cap = f" (cap {clock(budget.seconds)})" if budget.timed else ""
+    estimate = f"about {clock(left)} left{cap}" if left is not None else ""
+    return estimate if short else f"{clock(s.seconds)} elapsed" + (f", {estimate}" if estimate else "")
+
+
 def line(s: StepStatus, budget: Budget) -> str:
     """The plain progress line of one logged step."""
-    left = budget.left(s.step, s.seconds)
-    if budget.timed:
-        timing = f"{clock(s.seconds)} elapsed, {clock(left)} left of the {clock(budget.seconds)} budget"
-    else:
-        timing = f"{clock(s.seconds)} elapsed" + (f", about {clock(left)} left" if left is not None else "")
-    return (f"{budget.steps(s.step)}  epoch {s.epoch}  loss {s.loss:.3f}  lr {s.lr:.1e}  "
-            f"{s.tokens_per_s:.0f} tok/s  {timing}")
+    return (f"{budget.steps(s.step, s.seconds)}  epoch {s.epoch}  loss {s.loss:.3f}  lr {s.lr:.1e}  "
+            f"{s.tokens_per_s:.0f} tok/s  {timing(s, budget)}")
 
 
 def bar_text(s: StepStatus, budget: Budget) -> str:
     """What follows the bar: shorter than `line`, since the bar itself shows how much of the budget is used."""
-    left = budget.left(s.step, s.seconds)
-    if budget.timed:
-        timing = f"{clock(left)} left of {clock(budget.seconds)}"
-    else:
-        timing = f"about {clock(left)} left" if left is not None else ""
-    return f"{budget.steps(s.step)}  loss {s.loss:.3f}  {s.tokens_per_s:.0f} tok/s  {timing}".rstrip()
+    return (f"{budget.steps(s.step, s.seconds)}  loss {s.loss:.3f}  {s.tokens_per_s:.0f} tok/s  "
+            f"{timing(s, budget, short=True)}").rstrip()
 
 
 class Display(Protocol):
@@ -123,16 +127,16 @@ class LineDisplay:
 
 
 class BarDisplay:
-    """A bar over the budget, redrawn in place on a terminal."""
+    """A bar over the binding limit (Budget.fraction, in percent), redrawn in place on a terminal."""
 
     def __init__(self, budget: Budget, step: int, seconds: float, stream: TextIO):
         self.budget = budget
-        self.bar = tqdm(total=budget.total, initial=budget.position(step, seconds), file=stream,
+        self.bar = tqdm(total=100.0, initial=100 * budget.fraction(step, seconds), file=stream,
                         dynamic_ncols=True, bar_format="train {percentage:3.0f}%|{bar:12}| {desc}")
 
     def update(self, status: StepStatus) -> None:
         self.bar.set_description_str(bar_text(status, self.budget), refresh=False)
-        self.bar.update(self.budget.position(status.step, status.seconds) - self.bar.n)
+        self.bar.update(100 * self.budget.fraction(status.step, status.seconds) - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()
