@@ -67,7 +67,7 @@ def test_one_head_of_one_layer():
     (ax,) = heatmaps(figure(maps, HeadChoice(0, (1,)), title="mine"))
     np.testing.assert_allclose(ax.images[0].get_array(), maps.weights[0, 1])
     assert ax.get_title() == "mine"
-    with pytest.raises(XattnError, match="--layer: 2"):
+    with pytest.raises(XattnError, match="layer 2 is not a layer of this model"):
         figure(maps, HeadChoice(2))
 
 

@@ -39,10 +39,7 @@ def default_choice(cfg) -> HeadChoice:
     """Without a stored choice: the mean of the heads of the second-to-last decoder layer (Garg et al. 2019
     found the penultimate layer of a 6-layer Transformer aligns best); in a pruned model, the nearest layer
     below it (else above) with cross-attention heads left. `cfg`: the ModelConfig."""
-    layers = range(cfg.n_decoder_layers)
-    start = max(cfg.n_decoder_layers - 2, 0)
-    order = sorted(layers, key=lambda i: (i > start, abs(i - start)))
-    return HeadChoice(next((i for i in order if cfg.heads_of("cross", i) > 0), start))
+    return HeadChoice.nearest(cfg.heads_per_layer("cross"), max(cfg.n_decoder_layers - 2, 0), "cross-attention")
 
 
 def read(model_dir: Path) -> dict:
@@ -71,7 +68,7 @@ def stored(model_dir: str | Path, cfg) -> dict | None:
     try:
         heads = record["heads"]
         choice = HeadChoice(int(record["layer"]), None if heads == "mean" else tuple(int(h) for h in heads))
-        choice.check(cfg.n_decoder_layers, cfg.n_heads)
+        choice.check(cfg.heads_per_layer("cross"), "cross-attention")
         settings = AlignSettings(choice, record["method"], record.get("threshold"), record.get("eos", "drop"),
                                  record.get("punct", "free"))
     except (TypeError, KeyError, ValueError, XattnError) as e:
@@ -94,7 +91,7 @@ def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: st
     choice = base.choice
     if layer is not None or heads is not None:
         choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
-    choice.check(cfg.n_decoder_layers, cfg.n_heads)
+    choice.check(cfg.heads_per_layer("cross"), "cross-attention")
     return AlignSettings(choice, method or base.method, base.threshold if threshold is None else threshold,
                          eos or base.eos, punct or base.punct)
 

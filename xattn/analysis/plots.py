@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xattn.analysis.fonts import fonts_for
-from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
+from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean, heads_per_layer
 from xattn.errors import XattnError
 from xattn.io import atomic_write
 
@@ -35,16 +35,17 @@ def figure(maps: AttentionMaps, choice: HeadChoice | None = None, grid: bool = F
            title: str | None = None) -> Figure:
     """A heatmap of `maps`: rows (queries) down, columns (attended tokens) across, weights 0 to 1.
 
-    choice: the (R, C) view to draw, `choice.select(maps.weights)`; None is the last layer's mean of heads.
+    choice: the (R, C) view to draw, `choice.select(maps.weights)`; None is the last layer's mean of heads
+    (in a pruned model, of the last layer with heads).
     grid: instead, every layer (rows of panels) x every head, plus each layer's mean (the last column),
     labelled "layer l, head h" (0-based), with one colour bar.
     Masked cells (the decoder's future) are grey and hatched; `maps.links` are outlined squares.
     """
-    L, H, R, C = maps.weights.shape
     if grid and choice is not None:
         raise ValueError("figure: choose a view (choice) or every layer and head (grid), not both")
-    choice = choice or HeadChoice(L - 1)
-    choice.check(L, H)
+    heads, what = heads_per_layer(maps.weights), TITLES[maps.kind]
+    choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
+    choice.check(heads, what)
     with fonts_for([*maps.rows, *maps.cols, title or ""]):
         if grid:
             return _grid(maps, title or f"{TITLES[maps.kind]}, every layer and head")
@@ -126,15 +127,15 @@ def _grid(maps: AttentionMaps, title: str) -> Figure:
     size = MIN_FONT
     fig = Figure(figsize=_figsize(maps, size, (L, H + 1)), layout="constrained")
     axes = fig.subplots(L, H + 1, sharex=True, sharey=True, squeeze=False)
-    means = head_mean(maps.weights)  # (L, R, C); a pruned head is NaN in maps.weights and drawn blank
+    means = head_mean(maps.weights)  # (L, R, C); a pruned head, or the mean of a layer without heads, is NaN: blank
     for layer in range(L):
         for head in range(H + 1):
             ax = axes[layer, head]
             mean = head == H
             view = means[layer] if mean else maps.weights[layer, head]
             image = _heatmap(ax, maps, view, size)
-            gone = not mean and view.size and np.isnan(view).all()
-            ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}" + (" (pruned)" if gone else "")),
+            gone = view.size and np.isnan(view).all()
+            ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}") + (" (pruned)" if gone else ""),
                          fontsize=size + 1)
             _label(ax, maps, size, rows=head == 0, cols=layer == L - 1)
     fig.suptitle(_wrap(fig, title, MAX_FONT), fontsize=MAX_FONT)
