@@ -4,6 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 let current = null;  // the last result: tokens, attention (L x H x T x S), alignment, words
+let info = null;  // the model: GET /info (languages, cross-attention heads per layer)
 
 function el(name, attrs, text) {
   const node = document.createElementNS(SVG, name);
@@ -20,7 +21,8 @@ function showError(message) {
 async function translate(event) {
   event.preventDefault();
   $("error").hidden = true;
-  const body = {q: $("text").value, attention: "full", alignment: true,
+  const attention = !info || info.heads.some((n) => n > 0);  // a model whose every cross head was pruned has none
+  const body = {q: $("text").value, attention: attention ? "full" : "none", alignment: attention,
                 alternatives: Number($("alternatives").value) || 0};
   if ($("sample").checked) {
     Object.assign(body, {sampling: true, temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
@@ -53,31 +55,46 @@ async function post(body) {
 }
 
 function show(result, alternatives, kind) {
-  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
   current = result;
+  result.kind = kind;  // none, mean or full
   $("result").hidden = false;
   $("translation").textContent = result.translatedText;
   $("alts").replaceChildren(...alternatives.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
-  const layers = result.attention.length, heads = result.attention[0].length;
-  const keep = Math.min(Number($("layer").value || layers - 1), layers - 1);
-  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => new Option(String(l), String(l))));
+  $("attention").hidden = kind === "none";
+  $("no-attention").hidden = kind !== "none";
+  if (kind === "none") return;
+  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
+  // each layer's heads: those not null (a pruned layer has fewer, maybe none, and its mean is null)
+  result.heads = result.attention.map((layer) => layer.filter((h) => h[0] && h[0][0] !== null).length);
+  const layers = result.attention.length, withHeads = [...Array(layers).keys()].filter((l) => result.heads[l] > 0);
+  const wanted = Number($("layer").value || layers - 1);
+  const keep = result.heads[wanted] > 0 ? wanted : withHeads[withHeads.length - 1];
+  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => {
+    const option = new Option(result.heads[l] ? String(l) : `${l} (no heads: pruned)`, String(l));
+    option.disabled = !result.heads[l];
+    return option;
+  }));
   $("layer").value = String(keep);
-  const single = kind === "mean" ? [] : [...Array(heads).keys()].map((h) => new Option(String(h), String(h)));
-  $("head").replaceChildren(new Option("mean", "mean"), ...single);
+  heads();
   draw();
 }
 
+function heads() {  // the head picker: the chosen layer's own heads
+  const n = current.kind === "mean" ? 0 : current.heads[Number($("layer").value)];
+  $("head").replaceChildren(new Option("mean", "mean"), ...[...Array(n).keys()].map((h) => new Option(String(h), String(h))));
+}
+
 function view() {
-  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has (null: a pruned head)
+  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has
   const layer = current.attention[Number($("layer").value)];
   const head = $("head").value;
-  if (head !== "mean") return layer[Number(head)].map((row) => row.map((w) => w ?? 0));
-  const present = layer.filter((h) => h[0] && h[0][0] !== null);
-  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / Math.max(present.length, 1)));
+  if (head !== "mean") return layer[Number(head)];
+  const present = layer.slice(0, current.heads[Number($("layer").value)]);
+  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / present.length));
 }
 
 function draw() {
-  if (!current) return;
+  if (!current || !current.attention) return;
   const weights = view(), rows = current.target_tokens, cols = current.source_tokens;
   const cell = 22, left = 8 + 7 * Math.max(...rows.map((r) => r.length)), top = 8 + 7 * Math.max(...cols.map((c) => c.length));
   const svg = $("heatmap");
@@ -123,18 +140,20 @@ function drawLinks() {
 async function languages() {
   try {
     const reply = await fetch("/info");
-    const info = await reply.json();
+    const data = await reply.json();
     if (reply.ok) {
+      info = data;
       $("langs").textContent = `${info.source} → ${info.target}`;
       $("key-field").hidden = !info.api_key_required;
     }
-    else showError(info.error || `HTTP ${reply.status}`);
+    else showError(data.error || `HTTP ${reply.status}`);
   } catch (e) { showError(`the server cannot be reached (${e.message})`); }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
-  for (const id of ["layer", "head"]) $(id).addEventListener("change", draw);
+  $("layer").addEventListener("change", () => { heads(); draw(); });
+  $("head").addEventListener("change", draw);
   $("show-links").addEventListener("change", drawLinks);
   languages();
 });
