@@ -243,3 +243,20 @@ def test_a_layer_without_heads_cannot_be_picked_and_each_layer_offers_its_own_he
     page.select_option("#xa-layer", "2")  # head 2 is gone: back to the mean
     assert page.input_value("#xa-head") == "mean"
 
+
+LONG = "siebenhundertdreiundzwanzigtausendvierhundertneunundneunzig"
+
+
+@pytest.mark.parametrize("width", [1000, 390])
+def test_no_label_is_clipped(open_view, width):
+    w = rows_sum_to_one(np.random.default_rng(3).random((1, 2, 3, 3)))
+    page = open_view(AttentionMaps(w, rows=["seven", LONG, "</s>"], cols=[LONG, "zwei", "</s>"]), width=width)
+    clipped = page.evaluate("""() => [...document.querySelectorAll("th.xa-col span, th.xa-row, #xa-title")]
+        .filter((e) => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1 ||
+                       e.getBoundingClientRect().height < 1)
+        .map((e) => e.textContent)""")
+    assert clipped == []
+    label = page.locator('th.xa-col[data-col="0"] span').evaluate("(e) => e.getBoundingClientRect().height")
+    row = page.locator('th.xa-row[data-row="1"]').evaluate("(e) => e.getBoundingClientRect().width")
+    assert label > 0.5 * row  # the whole word, about as long standing as lying
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

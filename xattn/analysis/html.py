@@ -111,7 +111,7 @@ STYLE = """<style>
 :root { font: 14px/1.4 system-ui, "Noto Sans", "DejaVu Sans", sans-serif; color: #222; background: #fff; }
 body { margin: 0; padding: 12px; }
 [hidden] { display: none !important; }
-h1 { font-size: 1.15rem; margin: 0 0 8px; }
+h1 { font-size: 1.15rem; margin: 0 0 8px; white-space: pre-line; overflow-wrap: anywhere; }
 #xa-controls { display: flex; flex-wrap: wrap; gap: 8px 16px; align-items: center; margin: 0 0 6px; }
 #xa-controls label { white-space: nowrap; }
 select { font: inherit; padding: 2px 4px; max-width: 100%; }
@@ -122,7 +122,7 @@ select { font: inherit; padding: 2px 4px; max-width: 100%; }
 th.xa-row { position: sticky; left: 0; z-index: 1; text-align: right; padding: 0 6px; }
 th.xa-col { position: sticky; top: 0; z-index: 1; vertical-align: bottom; padding: 4px 0; }
 th.xa-col span { display: inline-block; writing-mode: vertical-rl; text-orientation: sideways;
-  transform: rotate(180deg); max-height: 12em; overflow: hidden; text-overflow: ellipsis; }
+  transform: rotate(180deg); }
 th.xa-corner { position: sticky; left: 0; top: 0; z-index: 2; }
 td.xa-cell { width: 22px; min-width: 22px; height: 22px; padding: 0; border: 1px solid #fff; }
 td.xa-masked, .xa-swatch.xa-masked {
