@@ -140,9 +140,22 @@ def translated(browser, server: str, text: str, width: int):
     return context, page
 
 
-def test_the_page_reads_on_a_narrow_screen(browser, server):
-    context, page = translated(browser, server, "sieben hundert drei und zwanzig", 360)
-    assert page.evaluate("document.documentElement.scrollWidth") <= 360  # wide maps scroll inside their box
+CLIPPED = """(id) => { const svg = document.getElementById(id), box = svg.getBoundingClientRect();
+  return [...svg.querySelectorAll("text")].filter((t) => { const r = t.getBoundingClientRect();
+    return r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5; })
+  .map((t) => t.textContent); }"""
+
+
+@pytest.mark.parametrize("width", [1000, 390, 360])
+@pytest.mark.parametrize("text", ["sieben hundert drei und zwanzig",
+                                  "sieben hundert drei und zwanzig tausend neun hundert neun und neunzig"])
+def test_the_page_fits_every_label_and_the_link_diagram_on_the_screen(browser, server, width, text):
+    context, page = translated(browser, server, text, width)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # wide maps scroll inside their box
+    assert page.evaluate(CLIPPED, "heatmap") == [] and page.evaluate(CLIPPED, "links") == []
+    links = page.locator("#links").evaluate("(e) => e.getBoundingClientRect().toJSON()")
+    assert links["width"] > 0 and 0 <= links["left"] and links["right"] <= width, links
+    assert page.locator("#links line.link").count() > 0
     context.close()
 
 

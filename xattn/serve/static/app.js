@@ -93,14 +93,19 @@ function view() {
   return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / present.length));
 }
 
+function fit(svg) {  // the SVG's box is its drawing's, so that no label is cut off whatever its length
+  const box = svg.getBBox(), pad = 2;
+  svg.setAttribute("viewBox", `${box.x - pad} ${box.y - pad} ${box.width + 2 * pad} ${box.height + 2 * pad}`);
+  svg.setAttribute("width", box.width + 2 * pad);
+  svg.setAttribute("height", box.height + 2 * pad);
+}
+
 function draw() {
   if (!current || !current.attention) return;
   const weights = view(), rows = current.target_tokens, cols = current.source_tokens;
   const cell = 22, left = 8 + 7 * Math.max(...rows.map((r) => r.length)), top = 8 + 7 * Math.max(...cols.map((c) => c.length));
   const svg = $("heatmap");
   svg.replaceChildren();
-  svg.setAttribute("width", left + cell * cols.length + 8);
-  svg.setAttribute("height", top + cell * rows.length + 8);
   cols.forEach((c, s) => svg.append(el("text", {x: left + cell * s + cell / 2, y: top - 4, "data-col": s,
     transform: `rotate(-60 ${left + cell * s + cell / 2} ${top - 4})`}, c)));
   rows.forEach((r, t) => svg.append(el("text", {x: left - 4, y: top + cell * t + cell * 0.7, "text-anchor": "end", "data-row": t}, r)));
@@ -111,6 +116,7 @@ function draw() {
     rect.addEventListener("mouseenter", () => hover(t, s, w));
     svg.append(rect);
   }));
+  fit(svg);
   drawLinks();
 }
 
@@ -123,18 +129,54 @@ function hover(t, s, w) {
 }
 
 function drawLinks() {
-  const svg = $("links"), src = current.source_words, tgt = current.target_words;
+  // source words above target words with a line per link; where a row of words is wider than the box (a phone),
+  // source words in a column on the left and target words on the right instead
+  const svg = $("links");
   svg.replaceChildren();
-  if (!$("show-links").checked) { svg.setAttribute("height", 0); return; }
-  const width = Math.max(src.length, tgt.length) * 80 + 20;
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", 90);
-  const x = (i, n) => 10 + (i + 0.5) * (width - 20) / n;
-  src.forEach((w, i) => svg.append(el("text", {x: x(i, src.length), y: 14, "text-anchor": "middle"}, w)));
-  tgt.forEach((w, j) => svg.append(el("text", {x: x(j, tgt.length), y: 84, "text-anchor": "middle"}, w)));
+  if (!$("show-links").checked || !current.alignment) { svg.setAttribute("width", 0); svg.setAttribute("height", 0); return; }
+  const label = (word) => svg.appendChild(el("text", {}, word));
+  const src = current.source_words.map(label), tgt = current.target_words.map(label);
+  const width = (texts) => texts.map((t) => t.getComputedTextLength());
+  const gap = 16, row = (ws) => ws.reduce((a, b) => a + b + gap, -gap), room = svg.parentElement.clientWidth - 4;
+  const across = Math.max(row(width(src)), row(width(tgt))) <= room;
+  if (!across) [...src, ...tgt].forEach((t) => shorten(t, (room - 70) / 2));  // a word longer than a column
+  const [sw, tw] = [width(src), width(tgt)];
+  const ends = across ? placeAcross(src, sw, tgt, tw, gap) : placeDown(src, sw, tgt, tw);
   for (const [i, j] of current.alignment) {
-    svg.append(el("line", {class: "link", x1: x(i, src.length), y1: 20, x2: x(j, tgt.length), y2: 70}));
+    svg.append(el("line", {class: "link", x1: ends[0][i][0], y1: ends[0][i][1], x2: ends[1][j][0], y2: ends[1][j][1]}));
   }
+  fit(svg);
+}
+
+function shorten(text, most) {  // cut a word to `most` pixels with an ellipsis; the whole word is its tooltip
+  if (text.getComputedTextLength() <= most) return;
+  const word = text.textContent;
+  let keep = word.length;
+  while (keep > 1 && text.getSubStringLength(0, keep) > most - 12) keep--;
+  text.textContent = word.slice(0, keep) + "\u2026";
+  text.append(el("title", {}, word));
+}
+
+function placeAcross(src, sw, tgt, tw, gap) {  // two rows, each spread over the wider one's width
+  const total = Math.max(...[sw, tw].map((ws) => ws.reduce((a, b) => a + b + gap, -gap)));
+  return [[src, sw, 14, 20], [tgt, tw, 84, 70]].map(([texts, ws, y, end]) => {
+    const spare = (total - ws.reduce((a, b) => a + b, 0)) / Math.max(texts.length - 1, 1);
+    let x = texts.length > 1 ? 0 : (total - (ws[0] || 0)) / 2;
+    return texts.map((t, k) => {
+      const middle = x + ws[k] / 2;
+      t.setAttribute("x", middle); t.setAttribute("y", y); t.setAttribute("text-anchor", "middle");
+      x += ws[k] + spare;
+      return [middle, end];
+    });
+  });
+}
+
+function placeDown(src, sw, tgt, tw) {  // two columns: source words right-aligned on the left, target words on the right
+  const line = 22, left = Math.max(...sw, 0), right = left + 70;
+  const place = (t, k, x, anchor) => { t.setAttribute("x", x); t.setAttribute("y", 16 + line * k); t.setAttribute("text-anchor", anchor); };
+  src.forEach((t, k) => place(t, k, left, "end"));
+  tgt.forEach((t, k) => place(t, k, right, "start"));
+  return [src.map((_, k) => [left + 4, 12 + line * k]), tgt.map((_, k) => [right - 4, 12 + line * k])];
 }
 
 async function languages() {
