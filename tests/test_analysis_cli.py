@@ -139,6 +139,21 @@ def test_attention_files(work, capsys, kind):
     assert text.startswith("<!DOCTYPE html>") and "drei" in text
 
 
+def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
+    import re
+
+    def outlined(sentence: str, *flags) -> int:
+        page = work / "links.html"
+        assert run(capsys, "attention", work / "model", sentence, "-o", page, *flags)[0] == 0
+        data = re.search(r'<script type="application/json" id="xa-data">(.*?)</script>', page.read_text(), re.S)[1]
+        return len(json.loads(data)["views"][0]["links"])
+
+    assert outlined("drei hundert vier") > 0
+    assert outlined("drei hundert vier", "--no-links") == 0
+    assert outlined("siebenhundertdrei") == 0  # every target word would be linked to it: nothing to say
+    assert outlined("siebenhundertdrei", "--words") == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["attention", "{m}", "eins", "-o", "{w}/x.txt"], "the extension must be one of .png, .svg, .pdf, .html"),
     (["attention", "{m}", "eins", "-o", "{w}/x.html", "--grid"], "--grid applies to .png"),

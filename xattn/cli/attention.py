@@ -30,7 +30,8 @@ def register(sub) -> None:
                    help="merge subword pieces into the words of the text: a source word's weight is the sum "
                         "over its pieces, a target word's row the average of its pieces' rows, so rows still "
                         "sum to 1")
-    p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross)")
+    p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross; they are "
+                   "never marked for a one-word source, whose every target word links to it)")
     add_decode_flags(p, one_per_input=True)
 
 
@@ -58,7 +59,7 @@ def run(args) -> int:
     translator = load_translator(args)
     pair = attention_pair(args, translator)
     links = []
-    if args.kind == "cross" and not args.no_links:
+    if args.kind == "cross" and not args.no_links and len(pair.src_words) > 1:  # one source word: every link is to it
         settings = settings_for(args.model, translator.model.cfg)
         links = sorted(attention_links(pair, settings))
         label = f"alignment link ({settings.method}, {settings.choice})"
