@@ -81,10 +81,10 @@ def describe(s: AlignSettings) -> dict:
 
 def direction_rows(d: Direction, gold) -> dict:
     cfg = d.translator.model.cfg
-    L, H = cfg.n_decoder_layers, cfg.n_heads  # noqa: N806
+    L, counts = cfg.n_decoder_layers, cfg.heads_per_layer("cross")  # noqa: N806
     layers = {f"{m} layer {layer}": both(d.links(AlignSettings(HeadChoice(layer), m)), gold)
               for m in ("naive", "shift") for layer in range(L)}
-    heads = [AlignSettings(c, m) for m in ("naive", "shift") for c in candidates(L, H) if c.heads is not None]
+    heads = [AlignSettings(c, m) for m in ("naive", "shift") for c in candidates(counts) if c.heads is not None]
     head, head_aer = d.best(heads, gold)
     # what `xattn heads align --first 100` stores, read back through the model directory
     src = [" ".join(p.src_words) for p in d.pairs[:TUNE]]
@@ -94,7 +94,7 @@ def direction_rows(d: Direction, gold) -> dict:
     stored_choice.save(d.model_dir, AlignSettings(HeadChoice.parse(top["layer"], top["heads"]), top["method"]),
                        {"aer": round(top["aer"], 4), "pairs": TUNE, "gold": str(HANSARDS / "gold.talp")})
     stored = stored_choice.settings_for(d.model_dir, d.translator.model.cfg)
-    full = [AlignSettings(c, m, t, e, p) for m in ("naive", "shift") for c in candidates(L, H)
+    full = [AlignSettings(c, m, t, e, p) for m in ("naive", "shift") for c in candidates(counts)
             for t in THRESHOLDS for e in ("drop", "keep") for p in ("free", "match")]
     tuned, tuned_aer = d.best(full, gold)
     chosen_layer = min(range(L), key=lambda layer: min(layers[f"{m} layer {layer}"]["tune"]["aer"]

@@ -143,12 +143,27 @@ def test_attention_files(work, capsys, kind):
     assert text.startswith("<!DOCTYPE html>") and "drei" in text
 
 
+def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
+    import re
+
+    def outlined(sentence: str, *flags) -> int:
+        page = work / "links.html"
+        assert run(capsys, "attention", work / "model", sentence, "-o", page, *flags)[0] == 0
+        data = re.search(r'<script type="application/json" id="xa-data">(.*?)</script>', page.read_text(), re.S)[1]
+        return len(json.loads(data)["views"][0]["links"])
+
+    assert outlined("drei hundert vier") > 0
+    assert outlined("drei hundert vier", "--no-links") == 0
+    assert outlined("siebenhundertdrei") == 0  # every target word would be linked to it: nothing to say
+    assert outlined("siebenhundertdrei", "--words") == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["attention", "{m}", "eins", "-o", "{w}/x.txt"], "the extension must be one of .png, .svg, .pdf, .html"),
     (["attention", "{m}", "eins", "-o", "{w}/x.html", "--grid"], "--grid applies to .png"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--grid", "--layer", "0"], "leave out --layer"),
     (["attention", "{m}", " ", "-o", "{w}/x.png"], "the sentence is empty"),
-    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "--layer: 2 is not a layer"),
+    (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "layer 2 is not a layer"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", ""], "--heads: expected 'mean' or head numbers"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", ""], "--heads: expected 'mean' or head numbers"),
     (["translate", "{m}", "-i", "{w}/src.txt", "--layer", "0", "--eos", "keep"], "--layer, --eos apply to --alignment"),
@@ -162,9 +177,9 @@ def test_attention_files(work, capsys, kind):
     (["align", "{m}", "--pairs", "{w}/bad-pairs.txt"], "bad-pairs.txt: line 2: expected 'source ||| target'"),
     (["align", "{m}", "--src", "{w}/src.txt"], "give the sentence pairs"),
     (["align", "{m}", "--src", "{w}/src.txt", "--tgt", "{w}/tgt.txt", "--reverse"], "--reverse applies to --pairs"),
-    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--layer", "3"], "--layer: 3 is not a layer of this model (0 to 0)"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--layer", "3"], "layer 3 is not a layer of this model (0 to 0)"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "0,x"], "--heads: expected 'mean' or head numbers"),
-    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "5"], "--heads: 5 is not a head of this model"),
+    (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", "5"], "layer 0 has no head 5 (its cross-attention heads: 0 to 1)"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--threshold", "0"], "--threshold: must be in (0, 1]"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}"], "--backward and --sym go together"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--backward", "{m}", "--sym", "union"],
@@ -172,7 +187,7 @@ def test_attention_files(work, capsys, kind):
     (["align", "{w}/src.txt", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{w}", "--pairs", "{w}/pairs.txt"], "not a model directory"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--max-tokens", "0"], "--max-tokens: must be >= 1"),
-    (["translate", "{m}", "-i", "{w}/src.txt", "--alignment", "--layer", "1"], "--layer: 1 is not a layer"),
+    (["translate", "{m}", "-i", "{w}/src.txt", "--alignment", "--layer", "1"], "layer 1 is not a layer"),
     (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/bad-gold.txt"], "bad-gold.txt: line 1"),
     (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/gold.txt"], "beyond"),
     (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/short.txt"], "line counts differ"),
@@ -196,12 +211,12 @@ def test_errors_are_one_line(work, capsys, argv, message):
 
 @pytest.mark.parametrize("content, message", [
     (b"- a list\n", "expected sections such as `alignment:`"),
-    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "alignment.layer: 7 is not a layer of this model"),
+    (b"alignment: {layer: 7, heads: mean, method: shift}\n", "alignment: layer 7 is not a layer of this model"),
     (b"alignment: {layer: 0, heads: [0], method: sideways}\n", "alignment.method: 'sideways' is not one of"),
     (b"alignment: {layer: 0, heads: [], method: naive}\n", "alignment.heads: expected 'mean' or distinct head numbers"),
     (b"alignment: {layer: 1.5, heads: mean, method: naive}\n", "alignment.layer: expected int, got 1.5"),
     (b"alignment: {layer: 0, heads: [0, 0], method: naive}\n", "alignment.heads: expected 'mean' or distinct"),
-    (b"alignment: {layer: 0, heads: [9], method: naive}\n", "alignment.heads: 9 is not a head of this model"),
+    (b"alignment: {layer: 0, heads: [9], method: naive}\n", "alignment: layer 0 has no head 9"),
     (b"alignment: {layer: 0, heads: mean, method: naive, threshold: .inf}\n", "alignment.threshold: must be in"),
     (b"alignment: {layer: 0, heads: mean, method: naive, layers: 2}\n", "unknown key alignment.layers"),
     (b"alignment: {layer: 0, heads: mean}\n", "alignment.method: missing"),

@@ -1,4 +1,5 @@
 """Head masks, head importance (Michel et al. 2019; Voita et al. 2019) and physical pruning."""
+import numpy as np
 import pytest
 import torch
 
@@ -50,6 +51,25 @@ def test_zeroing_heads_equals_removing_them(overrides):
     with torch.no_grad():  # beam search, cached: the same translations
         a, b = (search(m, SRC, xattn.DecodeConfig(beam_size=3)) for m in (model, pruned))
     assert [[h.tokens for h in n_best] for n_best in a] == [[h.tokens for h in n_best] for n_best in b]
+
+
+@pytest.mark.parametrize("cross", [[3, 2], [0, 3], [4, 0]])
+def test_search_tracks_the_attention_of_a_pruned_model_and_reads_coverage_where_there_are_heads(cross):
+    from xattn.beam import coverage_layer
+    from xattn.decoding import search
+
+    model = prune_model(_model(), {"cross": [list(range(4 - n)) for n in cross]})
+    assert model.cfg.heads_per_layer("cross") == cross
+    with torch.no_grad():
+        for cfg in (xattn.DecodeConfig(beam_size=3), xattn.DecodeConfig(beam_size=1)):
+            hyp = search(model, SRC, cfg, need_attention=True)[0][0]
+            assert hyp.cross_attention.shape[:2] == (2, max(cross))  # (L, H, T, S), NaN for the heads a layer lacks
+            assert [int((~hyp.cross_attention[layer].isnan().all(-1).all(-1)).sum()) for layer in range(2)] == cross
+        covered = search(model, SRC, xattn.DecodeConfig(beam_size=3, coverage_penalty=0.5))
+    assert coverage_layer(model.cfg) == (1 if cross[1] else 0)
+    assert all(np.isfinite(n_best[0].score) for n_best in covered)
+    with pytest.raises(xattn.XattnError, match="coverage_penalty: every cross-attention head of this model was pruned"):
+        coverage_layer(prune_model(_model(), {"cross": [[0, 1, 2, 3], [0, 1, 2, 3]]}).cfg)
 
 
 def test_a_pruned_model_saves_reloads_and_prunes_again(tmp_path):
@@ -246,23 +266,87 @@ def test_prune_errors_are_one_line(four_heads, tmp_path, capsys, args, message):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("rows, argv, message", [
-    ([[0, 0, 0, 0], [0, 0, 0, 0]], ["align"], "no layer of this model has heads left in this attention"),
-    ([[0, 0, 0, 0], [0, 0, 0, 0]], ["diagnose"], "no layer of this model has heads left in this attention"),
-    ([[0, 0, 0, 0], [1, 1, 1, 1]], ["align", "--layer", "0"], "--layer: layer 0 has no heads left (pruned)"),
-    ([[1, 1, 0, 1], [1, 1, 1, 1]], ["align", "--layer", "0", "--heads", "3"],  # the heads left are renumbered
-     "layer 0 has no head 3 (pruned); it has heads 0,1,2"),
-])
-def test_attention_of_pruned_heads_is_asked_for_in_one_line(four_heads, tmp_path, capsys, rows, argv, message):
-    import yaml
+PRUNED = {"none": [0, 0], "first": [0, 3], "last": [4, 0]}
+"""Cross-attention heads per decoder layer (of 4), as `xattn prune` leaves them: none at all, none in the first
+layer and 3 in the second (heads renumbered 0 to 2), none in the last."""
+SENTENCE = "word1 word2 word3"
 
-    (tmp_path / "mask.yaml").write_text(yaml.safe_dump({"cross": rows}))
-    assert cli(capsys, "prune", four_heads, "--heads", tmp_path / "mask.yaml", "--out", tmp_path / "p")[0] == 0
-    (tmp_path / "src.txt").write_text("drei\n")
-    (tmp_path / "tgt.txt").write_text("three\n")
-    files = ["--src", tmp_path / "src.txt"] + (["--tgt", tmp_path / "tgt.txt"] if argv[0] == "align" else [])
-    code, _, err = cli(capsys, argv[0], tmp_path / "p", *files, *argv[1:])
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory):
+    from tests.conftest import tiny_model_dir
+
+    root = tmp_path_factory.mktemp("pruned")
+    for name, heads in PRUNED.items():
+        tiny_model_dir(root / name, n_heads=4, n_decoder_layers=2, heads={"cross": heads})
+    (root / "src.txt").write_text(SENTENCE + "\n")
+    (root / "tgt.txt").write_text("word4 word5 word6\n")
+    (root / "gold.txt").write_text("0-0 1-1 2-2\n")
+    return root
+
+
+FILES = ["--src", "{r}/src.txt"]
+PAIRS = [*FILES, "--tgt", "{r}/tgt.txt"]
+VIEWS = {  # every view and tool that reads the cross-attention's heads
+    "png": ["attention", "{m}", SENTENCE, "-o", "{o}/a.png"],
+    "svg, words": ["attention", "{m}", SENTENCE, "--words", "-o", "{o}/a.svg"],
+    "pdf, grid": ["attention", "{m}", SENTENCE, "--grid", "-o", "{o}/a.pdf"],
+    "html": ["attention", "{m}", SENTENCE, "-o", "{o}/a.html"],
+    "html, no links": ["attention", "{m}", SENTENCE, "--no-links", "-o", "{o}/a.html"],
+    "reference": ["attention", "{m}", SENTENCE, "--reference", "word4 word5", "-o", "{o}/a.png"],
+    "align": ["align", "{m}", *PAIRS],
+    "heads align": ["heads", "align", "{m}", *PAIRS, "--gold", "{r}/gold.txt", "--no-store"],
+    "diagnose": ["diagnose", "{m}", *FILES],
+    "translate --alignment": ["translate", "{m}", "-i", "{r}/src.txt", "--alignment", "--beam", "3"],
+    "coverage penalty": ["translate", "{m}", "-i", "{r}/src.txt", "--beam", "3", "--coverage-penalty", "0.5"],
+}
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("model", PRUNED)
+def test_every_view_works_on_pruned_layers_or_says_why_in_one_line(pruned, tmp_path, capsys, model, view):
+    argv = [a.format(m=pruned / model, r=pruned, o=tmp_path) for a in VIEWS[view]]
+    code, out, err = cli(capsys, *argv)
+    if model != "none":
+        assert code == 0, err
+        assert all(p.stat().st_size > 0 for p in tmp_path.iterdir())
+        return
+    why = ("coverage_penalty: every cross-attention head of this model was pruned" if view == "coverage penalty" else
+           "this model has no cross-attention heads left (all pruned): there is no attention to read")
+    assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_other_attention_of_a_model_without_cross_heads_is_drawn(pruned, tmp_path, capsys):
+    for kind in ("decoder-self", "encoder-self"):
+        code, _, err = cli(capsys, "attention", pruned / "none", SENTENCE, "--kind", kind, "--grid", "-o", tmp_path / "a.png")
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("model, argv, message", [
+    ("last", ["attention", "{m}", SENTENCE, "--layer", "1", "-o", "{o}/a.png"],
+     "layer 1 has no cross-attention heads left (pruned); layers with heads: 0"),
+    ("first", ["align", "{m}", *PAIRS, "--layer", "1", "--heads", "3"],
+     "layer 1 has no head 3 (its cross-attention heads: 0 to 2)"),
+    ("first", ["diagnose", "{m}", *FILES, "--layer", "0"],
+     "layer 0 has no cross-attention heads left (pruned); layers with heads: 1"),
+    ("first", ["translate", "{m}", "-i", "{r}/src.txt", "--alignment", "--heads", "3"], "layer 1 has no head 3"),
+    ("last", ["attention", "{m}", SENTENCE, "--heads", "4", "-o", "{o}/a.html"],  # without --layer: layer 0
+     "layer 0 has no head 4 (its cross-attention heads: 0 to 3)"),
+])
+def test_a_layer_or_head_named_that_was_pruned_is_one_line(pruned, tmp_path, capsys, model, argv, message):
+    code, _, err = cli(capsys, *[a.format(m=pruned / model, r=pruned, o=tmp_path) for a in argv])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert "--layer" not in err and "--heads" not in err  # nor names a flag
+
+
+def test_heads_align_ranks_each_layers_own_heads(pruned, capsys):
+    code, out, err = cli(capsys, "heads", "align", pruned / "first", *[a.format(r=pruned) for a in PAIRS],
+                         "--gold", pruned / "gold.txt", "--no-store")
+    assert code == 0, err
+    rows = [line.split(None, 5)[3:] for line in out.splitlines()[1:]]
+    assert sorted((method, layer, heads) for method, layer, heads in rows) == sorted(
+        (method, "1", heads) for method in ("shift", "naive") for heads in ("mean", "[0]", "[1]", "[2]"))
 
 
 @pytest.mark.parametrize("removed, stored, left", [

@@ -85,7 +85,7 @@ def test_hostile_labels_stay_text():
 def test_weights_embedded_to_four_decimals():
     maps = cross_maps()
     (view,) = data_of(render(maps))["views"]
-    assert (view["layers"], view["heads"]) == (2, 3)
+    assert (view["layers"], view["heads"]) == (2, [3, 3])
     w = np.array(view["w"]).reshape(2, 3, 3, 4) / 10_000
     np.testing.assert_allclose(w, maps.weights, atol=0.5e-4)
     np.testing.assert_allclose(np.array(view["mean"]).reshape(2, 3, 4) / 10_000, maps.weights.mean(axis=1),
@@ -98,8 +98,29 @@ def test_initial_view_and_its_errors():
     assert data_of(render(cross_maps(), choice=HeadChoice(0, (2,))))["initial"] == {"layer": 0, "head": 2}
     with pytest.raises(XattnError, match="one head or the mean"):
         render(cross_maps(), choice=HeadChoice(0, (0, 1)))
-    with pytest.raises(XattnError, match="--heads: 3"):
+    with pytest.raises(XattnError, match=r"layer 0 has no head 3 \(its cross-attention heads: 0 to 2\)"):
         render(cross_maps(), choice=HeadChoice(0, (3,)))
+
+
+def pruned_maps(heads: list[int]) -> AttentionMaps:
+    """cross_maps' labels; layer l has heads[l] heads (NaN for the rest, as attention.stack_layers pads them)."""
+    w = rows_sum_to_one(np.random.default_rng(2).random((len(heads), max(heads, default=0), 3, 4)))
+    for layer, n in enumerate(heads):
+        w[layer, n:] = np.nan
+    return AttentionMaps(w, rows=["cat", "\"q'", "猫"], cols=HOSTILE)
+
+
+def test_a_pruned_model_embeds_each_layers_own_heads():
+    maps = pruned_maps([0, 3, 1])
+    (view,) = data_of(render(maps))["views"]
+    assert view["heads"] == [0, 3, 1] and [len(w) for w in view["w"]] == [0, 3, 1]
+    assert view["mean"][0] is None
+    np.testing.assert_allclose(np.array(view["mean"][2]) / 10_000, maps.weights[2, 0].ravel(), atol=0.5e-4)
+    assert data_of(render(maps))["initial"] == {"layer": 2, "head": "mean"}  # the last layer with heads
+    with pytest.raises(XattnError, match=r"layer 0 has no cross-attention heads left \(pruned\); layers with heads: 1, 2"):
+        render(maps, choice=HeadChoice(0))
+    with pytest.raises(XattnError, match=r"this model has no cross-attention heads left \(all pruned\)"):
+        render(pruned_maps([0, 0]))
 
 
 def test_save_wants_an_html_name(tmp_path):
@@ -204,3 +225,38 @@ def test_narrow_screen_scrolls_the_map_not_the_page(open_view):
     for control in ("#xa-layer", "#xa-head", "#xa-links"):
         right = page.locator(control).evaluate("(e) => e.getBoundingClientRect().right")
         assert right <= 360, control
+
+
+def test_a_layer_without_heads_cannot_be_picked_and_each_layer_offers_its_own_heads(open_view):
+    maps = pruned_maps([0, 3, 1])
+    page = open_view(maps)
+    options = page.locator("#xa-layer option")
+    assert options.all_inner_texts() == ["layer 0: no heads (pruned)", "layer 1", "layer 2"]
+    assert [o.is_disabled() for o in options.all()] == [True, False, False]
+    assert page.input_value("#xa-layer") == "2"
+    assert page.locator("#xa-head option").all_inner_texts() == ["mean of heads", "head 0"]
+    assert cell(page, 1, 3).get_attribute("data-w") == f"{maps.weights[2, 0, 1, 3]:.4f}"
+    page.select_option("#xa-layer", "1")
+    assert page.locator("#xa-head option").all_inner_texts() == ["mean of heads", "head 0", "head 1", "head 2"]
+    page.select_option("#xa-head", "2")
+    assert cell(page, 1, 3).get_attribute("data-w") == f"{maps.weights[1, 2, 1, 3]:.4f}"
+    page.select_option("#xa-layer", "2")  # head 2 is gone: back to the mean
+    assert page.input_value("#xa-head") == "mean"
+
+
+LONG = "siebenhundertdreiundzwanzigtausendvierhundertneunundneunzig"
+
+
+@pytest.mark.parametrize("width", [1000, 390])
+def test_no_label_is_clipped(open_view, width):
+    w = rows_sum_to_one(np.random.default_rng(3).random((1, 2, 3, 3)))
+    page = open_view(AttentionMaps(w, rows=["seven", LONG, "</s>"], cols=[LONG, "zwei", "</s>"]), width=width)
+    clipped = page.evaluate("""() => [...document.querySelectorAll("th.xa-col span, th.xa-row, #xa-title")]
+        .filter((e) => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1 ||
+                       e.getBoundingClientRect().height < 1)
+        .map((e) => e.textContent)""")
+    assert clipped == []
+    label = page.locator('th.xa-col[data-col="0"] span').evaluate("(e) => e.getBoundingClientRect().height")
+    row = page.locator('th.xa-row[data-row="1"]').evaluate("(e) => e.getBoundingClientRect().width")
+    assert label > 0.5 * row  # the whole word, about as long standing as lying
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

@@ -180,3 +180,52 @@ def test_choosing_heads_before_or_after_merging_words_agrees():
         for method in ("naive", "shift"):
             np.testing.assert_allclose(word_attention(pair, method, choice),
                                        choice.select(word_attention(pair, method)), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ pruned layers (fewer heads, or none)
+
+def padded(heads: list[int], R: int = 2, C: int = 3) -> np.ndarray:
+    """(L, max heads, R, C) weights where layer l has heads[l] heads and NaN for the rest (attention.stack_layers)."""
+    w = np.random.default_rng(4).random((len(heads), max(heads, default=0), R, C)).astype(np.float32)
+    for layer, n in enumerate(heads):
+        w[layer, n:] = np.nan
+    return w
+
+
+def test_each_layer_counts_and_averages_its_own_heads():
+    from xattn.analysis.maps import head_mean, heads_per_layer
+
+    w = padded([3, 0, 1])
+    assert heads_per_layer(w) == [3, 0, 1] and heads_per_layer(np.zeros((2, 0, 2, 3))) == [0, 0]
+    mean = head_mean(w)
+    np.testing.assert_allclose(mean[0], w[0].mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(mean[2], w[2, 0])
+    assert np.isnan(mean[1]).all()  # no heads, no mean (never zeros that look like weights)
+    assert head_mean(np.zeros((2, 0, 2, 3), np.float32)).shape == (2, 2, 3)
+    np.testing.assert_allclose(HeadChoice(0).select(w), mean[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("heads, choice, message", [
+    ([3, 0, 1], HeadChoice(1), "layer 1 has no attention heads left (pruned); layers with heads: 0, 2"),
+    ([3, 0, 1], HeadChoice(2, (1,)), "layer 2 has no head 1 (its attention heads: 0 to 0)"),
+    ([3, 0, 1], HeadChoice(3), "layer 3 is not a layer of this model (0 to 2)"),
+    ([0, 0], HeadChoice(0), "this model has no attention heads left (all pruned): there is no attention to read"),
+])
+def test_a_layer_or_head_that_is_not_there_is_one_line_without_flags(heads, choice, message):
+    with pytest.raises(XattnError) as e:
+        choice.check(heads)
+    assert str(e.value) == message
+    with pytest.raises(XattnError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        choice.select(padded(heads))
+
+
+def test_a_layer_chosen_for_the_user_is_the_nearest_with_heads():
+    from xattn.attention import nearest_with_heads
+
+    assert nearest_with_heads([4, 4, 4], 1) == 1
+    assert nearest_with_heads([4, 0, 0], 2) == 0 and nearest_with_heads([0, 0, 4], 0) == 2
+    assert nearest_with_heads([4, 0, 4], 1) == 0  # below first
+    assert nearest_with_heads([0, 0], 1) is None
+    assert HeadChoice.nearest([2, 0], 1) == HeadChoice(0)
+    with pytest.raises(XattnError, match="no cross-attention heads left"):
+        HeadChoice.nearest([0, 0], 1, "cross-attention")

@@ -56,7 +56,7 @@ def test_default_view_is_the_last_layer_mean_of_heads():
     fig = figure(maps)
     (ax,) = heatmaps(fig)
     np.testing.assert_allclose(ax.images[0].get_array(), maps.weights[-1].mean(axis=0), rtol=1e-6)
-    assert ax.get_title().replace("\n", " ") == "cross-attention, layer 1, mean of heads"
+    assert fig.get_suptitle().replace("\n", " ") == "cross-attention, layer 1, mean of heads"
     assert [t.get_text() for t in ax.get_xticklabels()] == maps.cols
     assert [t.get_text() for t in ax.get_yticklabels()] == maps.rows
     assert len(fig.axes) == 2  # the heatmap and its colour bar
@@ -64,10 +64,11 @@ def test_default_view_is_the_last_layer_mean_of_heads():
 
 def test_one_head_of_one_layer():
     maps = cross_maps()
-    (ax,) = heatmaps(figure(maps, HeadChoice(0, (1,)), title="mine"))
+    fig = figure(maps, HeadChoice(0, (1,)), title="mine")
+    (ax,) = heatmaps(fig)
     np.testing.assert_allclose(ax.images[0].get_array(), maps.weights[0, 1])
-    assert ax.get_title() == "mine"
-    with pytest.raises(XattnError, match="--layer: 2"):
+    assert fig.get_suptitle() == "mine"
+    with pytest.raises(XattnError, match="layer 2 is not a layer of this model"):
         figure(maps, HeadChoice(2))
 
 
@@ -93,21 +94,124 @@ def test_grid_every_layer_and_head_plus_the_mean():
     fig = figure(maps, grid=True)
     panels = heatmaps(fig)
     assert len(panels) == 2 * (2 + 1) and len(fig.axes) == len(panels) + 1  # one shared colour bar
-    by_title = {ax.get_title(): ax.images[0].get_array() for ax in panels}
+    grid = np.array(panels).reshape(2, 3)  # made row by row
+    assert [ax.get_title() for ax in grid[0]] == ["head 0", "head 1", "mean of heads"]
     for layer in range(2):
         for head in range(2):
-            np.testing.assert_allclose(by_title[f"layer {layer}, head {head}"], maps.weights[layer, head])
-        np.testing.assert_allclose(by_title[f"layer {layer}, mean"], maps.weights[layer].mean(axis=0), rtol=1e-6)
+            np.testing.assert_allclose(grid[layer, head].images[0].get_array(), maps.weights[layer, head])
+        np.testing.assert_allclose(grid[layer, 2].images[0].get_array(), maps.weights[layer].mean(axis=0), rtol=1e-6)
     with pytest.raises(ValueError, match="not both"):
         figure(maps, HeadChoice(0), grid=True)
 
 
-def test_links_are_marked_on_top():
-    maps = cross_maps(links=[(0, 0), (1, 1), (3, 2)])
-    (ax,) = heatmaps(figure(maps))
-    (marks,) = ax.collections
-    np.testing.assert_array_equal(marks.get_offsets(), [[0, 0], [1, 1], [3, 2]])
-    assert not heatmaps(figure(cross_maps()))[0].collections
+def shown(labels) -> list[str]:
+    return [t.get_text() for t in labels if t.get_visible()]
+
+
+def test_every_row_of_the_grid_is_labelled_with_its_layer_and_tokens():
+    maps = cross_maps()
+    fig = figure(maps, grid=True)
+    draw(fig)
+    grid = np.array(heatmaps(fig)).reshape(2, 3)
+    for layer, row in enumerate(grid):
+        assert row[0].get_ylabel() == f"layer {layer}" and shown(row[0].get_yticklabels()) == maps.rows
+        assert all(shown(ax.get_yticklabels()) == [] for ax in row[1:])  # the inner panels share them
+    assert all(shown(ax.get_xticklabels()) == maps.cols for ax in grid[-1])
+    assert all(shown(ax.get_xticklabels()) == [] for ax in grid[0])
+    assert {t.get_fontsize() for ax in grid[:, 0] for t in ax.get_yticklabels()} == {MIN_FONT}
+
+
+def pruned_maps(heads: list[int], rows=("the", "cat", "</s>"), cols=("le", "chat", "noir", "</s>")) -> AttentionMaps:
+    """Random weights with NaN for the heads each layer lacks (as attention.stack_layers pads a pruned model)."""
+    w = rows_sum_to_one(np.random.default_rng(1).random((len(heads), max(heads), len(rows), len(cols))))
+    for layer, n in enumerate(heads):
+        w[layer, n:] = np.nan
+    return AttentionMaps(w, rows=list(rows), cols=list(cols))
+
+
+def panels(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def test_a_pruned_grid_leaves_missing_heads_empty_and_says_so():
+    maps = pruned_maps([0, 3, 2])
+    axes = np.array(panels(figure(maps, grid=True))).reshape(3, 4)
+    assert [[len(ax.images) for ax in row] for row in axes] == [[0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 1]]
+    notes = [[" ".join(t.get_text() for t in ax.texts) for ax in row] for row in axes]
+    assert notes[0] == ["pruned", "pruned", "pruned", "no heads (pruned)"] and notes[2][2] == "pruned"
+    np.testing.assert_allclose(axes[2, 3].images[0].get_array(), maps.weights[2, :2].mean(axis=0), rtol=1e-6)
+
+
+def test_a_pruned_model_defaults_to_its_last_layer_with_heads_and_refuses_one_without():
+    maps = pruned_maps([2, 0])
+    fig = figure(maps)
+    np.testing.assert_allclose(heatmaps(fig)[0].images[0].get_array(), maps.weights[0].mean(axis=0), rtol=1e-6)
+    assert "layer 0, mean of heads" in fig.get_suptitle().replace("\n", " ")
+    with pytest.raises(XattnError, match=r"layer 1 has no cross-attention heads left \(pruned\); layers with heads: 0"):
+        figure(maps, HeadChoice(1))
+    with pytest.raises(XattnError, match=r"layer 0 has no head 2 \(its cross-attention heads: 0 to 1\)"):
+        figure(maps, HeadChoice(0, (2,)))
+    empty = AttentionMaps(np.zeros((2, 0, 3, 4), np.float32), rows=maps.rows, cols=maps.cols)
+    for grid in (False, True):
+        with pytest.raises(XattnError, match=r"this model has no cross-attention heads left \(all pruned\)"):
+            figure(empty, grid=grid)
+
+
+def outside(fig) -> list[str]:
+    """The texts drawn, at least in part, outside the figure."""
+    from matplotlib.text import Text
+
+    renderer = draw(fig).get_renderer()
+    page = fig.bbox
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    assert texts
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in texts}
+    return [text for text, b in boxes.items()
+            if not (page.x0 - 0.5 <= b.x0 and b.x1 <= page.x1 + 0.5 and page.y0 - 0.5 <= b.y0 and b.y1 <= page.y1 + 0.5)]
+
+
+LONG = "siebenhundertdreiundzwanzigtausendvierhundertneunundneunzig"
+
+
+@pytest.mark.parametrize("maps, kw", [
+    (cross_maps(), {}),
+    (cross_maps(), {"grid": True}),
+    (cross_maps(links=[(0, 0)], links_label="alignment link (naive, layer 0, mean of heads)"), {}),
+    (AttentionMaps(cross_maps().weights[:, :, :2, :2], rows=["a", "b"], cols=["x", "y"], words=True),
+     {"title": "cross-attention, layer 1, mean of heads\n" + " ".join(["ein langer Satz"] * 12)}),
+    (AttentionMaps(cross_maps().weights[:, :, :2, :2], rows=["a", LONG], cols=[LONG, "y"]), {"title": LONG * 2}),
+    (decoder_self_maps(), {"grid": True}),
+    (pruned_maps([0, 4, 1], rows=["a"], cols=["b", "</s>"]), {"grid": True}),
+], ids=["single", "grid", "legend", "words, long title", "long words", "decoder-self grid", "pruned grid"])
+def test_no_text_is_cut_off(maps, kw):
+    assert outside(figure(maps, **kw)) == []
+
+
+def test_panel_headings_never_overlap_even_over_one_column():
+    fig = figure(pruned_maps([3, 4, 0], rows=["a"], cols=["</s>"]), grid=True)
+    renderer = draw(fig).get_renderer()
+    boxes = [ax.title.get_window_extent(renderer) for ax in panels(fig)[:5]]  # the top row
+    assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+
+
+def link_boxes(ax) -> list[tuple]:
+    return sorted(tuple(round(v, 3) for v in (p.get_x(), p.get_y(), p.get_width(), p.get_height()))
+                  for p in ax.patches if p.get_gid() == "link")
+
+
+def test_links_are_outlined_one_rectangle_per_block_of_cells():
+    from xattn.analysis.plots import LINK_INSET, _boxes
+
+    # a word link at the piece level, source pieces 1-2 x target pieces 0-1, is one block; (3, 2) one cell
+    cells = [(1, 0), (2, 0), (1, 1), (2, 1), (3, 2)]
+    assert _boxes(cells, (3, 4)) == [(1, 0, 2, 2), (3, 2, 1, 1)]
+    assert _boxes([(0, 0), (0, 2)], (3, 1)) == [(0, 0, 1, 1), (0, 2, 1, 1)]  # not adjacent: two
+    assert _boxes([(0, 0), (1, 1)], (2, 2)) == [(0, 0, 1, 1), (1, 1, 1, 1)]
+    (ax,) = heatmaps(figure(cross_maps(links=cells)))
+    d = LINK_INSET
+    expected = [(0.5 + d, -0.5 + d, 2 - 2 * d, 2 - 2 * d), (2.5 + d, 1.5 + d, 1 - 2 * d, 1 - 2 * d)]
+    assert link_boxes(ax) == [tuple(round(v, 3) for v in box) for box in expected]
+    assert not link_boxes(heatmaps(figure(cross_maps()))[0])
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])

@@ -403,3 +403,46 @@ def test_a_batch_never_goes_over_the_batch_size_except_one_larger_request():
     jobs, results = asyncio.run(main())
     assert results == [[t.upper() for t in texts] for texts in jobs]  # every request answered, none split
     assert [len(c) for c in calls] == [3, 4, 5, 1]  # abc | def+g | the five alone | m
+
+
+# ------------------------------------------------------------------------------ pruned cross-attention
+
+def pruned_client(path, heads: list[int]) -> TestClient:
+    from tests.conftest import tiny_model_dir
+
+    tiny_model_dir(path, n_decoder_layers=2, heads={"cross": heads})  # as `xattn prune` leaves a model
+    return started(create_app(str(path)))
+
+
+@pytest.mark.parametrize("heads", [[2, 0], [0, 1]])
+def test_a_layer_without_heads_is_null_in_the_attention_and_skipped_by_the_alignment(tmp_path, heads):
+    c = pruned_client(tmp_path / "m", heads)
+    try:
+        info = c.get("/info").json()
+        assert info["heads"] == heads and info["alignment"]["layer"] == heads.index(max(heads))
+        body = {"q": "word1 word2 word3", "alignment": True, "beam_size": 3, "coverage_penalty": 0.5}
+        mean = c.post("/translate", json={**body, "attention": "mean"}).json()["results"][0]["attention"]
+        full = c.post("/translate", json={**body, "attention": "full"}).json()["results"][0]["attention"]
+        assert [len(layer) for layer in full] == [max(heads)] * 2
+        for layer, n in enumerate(heads):
+            present = [head[0][0] is not None for head in full[layer]]
+            assert present == [True] * n + [False] * (max(heads) - n)
+            if n:
+                assert all(sum(row) == pytest.approx(1, abs=1e-3) for row in mean[layer])
+            else:
+                assert all(w is None for row in mean[layer] for w in row)  # no heads, no mean: null, not 0
+    finally:
+        c.__exit__(None, None, None)
+
+
+def test_a_model_without_cross_heads_translates_and_refuses_what_needs_them_naming_the_field(tmp_path):
+    c = pruned_client(tmp_path / "m", [0, 0])
+    try:
+        assert c.get("/info").json()["alignment"] is None
+        assert c.post("/translate", json={"q": "word1 word2"}).status_code == 200
+        for field, body in (("attention", {"attention": "mean"}), ("attention", {"attention": "full"}),
+                            ("alignment", {"alignment": True}), ("coverage_penalty", {"coverage_penalty": 0.5})):
+            error(c.post("/translate", json={"q": "word1 word2", **body}), 422,
+                  f"{field}: every cross-attention head of this model was pruned", "invalid_request")
+    finally:
+        c.__exit__(None, None, None)

@@ -10,6 +10,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -32,14 +34,13 @@ def post(url: str, body, timeout: float = 30) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-@pytest.fixture(scope="module")
-def server(numbers_model, tmp_path_factory):
+@contextmanager
+def serving(model, log: Path, *flags: str):
+    """`xattn serve MODEL` on a free port until the block ends; yields its URL once /health says ok."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "xattn", "serve", str(numbers_model), "--port", str(port), "--threads", "1",
-             "--max-chars", "300", "--queue-size", "8", "--batch-wait-ms", "5"],
+            [sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads", "1", *flags],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -55,12 +56,19 @@ def server(numbers_model, tmp_path_factory):
             time.sleep(0.1)
         else:
             raise AssertionError(f"xattn serve did not become healthy: {log.read_text()}")
-        assert f"at {url}/ (the API and the attention page)" in log.read_text()  # where to point a browser
         yield url
     finally:
         process.terminate()
         process.wait(10)
     assert process.returncode in (0, -15), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(numbers_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with serving(numbers_model, log, "--max-chars", "300", "--queue-size", "8", "--batch-wait-ms", "5") as url:
+        assert f"at {url}/ (the API and the attention page)" in log.read_text()  # where to point a browser
+        yield url
 
 
 # ------------------------------------------------------------------------------------------ the page
@@ -121,15 +129,53 @@ def test_the_page_shows_alternatives_and_the_apis_error(page):
     assert "400 characters, over the limit of 300" in page.text_content("#error")
 
 
-def test_the_page_reads_on_a_narrow_screen(browser, server):
-    context = browser.new_context(viewport={"width": 360, "height": 740})
+def translated(browser, server: str, text: str, width: int):
+    """A page of `width` CSS pixels that has translated `text`."""
+    context = browser.new_context(viewport={"width": width, "height": 740})
     page = context.new_page()
     page.goto(server + "/")
-    page.fill("#text", "sieben hundert drei und zwanzig")
+    page.fill("#text", text)
     page.click("#go")
     page.wait_for_selector("#result:not([hidden])")  # (wait_for_function would need 'unsafe-eval', which the CSP forbids)
-    assert page.evaluate("document.documentElement.scrollWidth") <= 360  # wide maps scroll inside their box
+    return context, page
+
+
+CLIPPED = """(id) => { const svg = document.getElementById(id), box = svg.getBoundingClientRect();
+  return [...svg.querySelectorAll("text")].filter((t) => { const r = t.getBoundingClientRect();
+    return r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5; })
+  .map((t) => t.textContent); }"""
+
+
+@pytest.mark.parametrize("width", [1000, 390, 360])
+@pytest.mark.parametrize("text", ["sieben hundert drei und zwanzig",
+                                  "sieben hundert drei und zwanzig tausend neun hundert neun und neunzig"])
+def test_the_page_fits_every_label_and_the_link_diagram_on_the_screen(browser, server, width, text):
+    context, page = translated(browser, server, text, width)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # wide maps scroll inside their box
+    assert page.evaluate(CLIPPED, "heatmap") == [] and page.evaluate(CLIPPED, "links") == []
+    links = page.locator("#links").evaluate("(e) => e.getBoundingClientRect().toJSON()")
+    assert links["width"] > 0 and 0 <= links["left"] and links["right"] <= width, links
+    assert page.locator("#links line.link").count() > 0
     context.close()
+
+
+def test_the_page_of_a_pruned_model_offers_only_layers_with_heads(browser, tmp_path):
+    from tests.conftest import tiny_model_dir
+
+    for heads in ([2, 0], [0, 0]):
+        model = tmp_path / f"m{heads[0]}"
+        tiny_model_dir(model, n_decoder_layers=2, heads={"cross": heads})  # as `xattn prune` leaves a model
+        with serving(model, tmp_path / "log") as url:
+            context, page = translated(browser, url, "word1 word2", 1000)
+            if any(heads):
+                assert page.locator("#layer option").all_text_contents() == ["0", "1 (no heads: pruned)"]
+                assert page.locator("#layer option").nth(1).is_disabled() and page.input_value("#layer") == "0"
+                assert page.locator("#head option").all_text_contents() == ["mean", "0", "1"]
+                assert page.locator("#heatmap rect.cell").count() > 0 and page.locator("#no-attention").is_hidden()
+            else:  # nothing to draw, and no request for it (the API would refuse it)
+                assert page.locator("#no-attention").is_visible() and page.locator("#attention").is_hidden()
+                assert page.text_content("#translation")
+            context.close()
 
 
 # ------------------------------------------------------------------------------------------ load and faults

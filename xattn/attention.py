@@ -248,6 +248,13 @@ def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
     return torch.stack(padded, dim=1)
 
 
+def nearest_with_heads(heads: Sequence[int], layer: int) -> int | None:
+    """Of layers with `heads[i]` heads each (a pruned layer may have none), the one nearest to `layer` that has
+    any: `layer` itself, else the nearest below it, else the nearest above; None when no layer has heads."""
+    order = sorted(range(len(heads)), key=lambda i: (i > layer, abs(i - layer)))
+    return next((i for i in order if heads[i] > 0), None)
+
+
 # ------------------------------------------------------------------------------------------- KV cache
 
 @dataclass

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
 from xattn.decoding import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.errors import XattnError
 from xattn.model import EncoderOutput, Transformer
 from xattn.processors import Constraints, StepState
 
@@ -126,10 +128,20 @@ def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
     return beta * mass.sum(dim=-1)
 
 
+def coverage_layer(cfg) -> int:
+    """The decoder layer whose cross-attention the coverage penalty reads: the last one with heads (a pruned
+    model's last layer may have none). `cfg`: the ModelConfig."""
+    layer = nearest_with_heads(cfg.heads_per_layer("cross"), cfg.n_decoder_layers - 1)
+    if layer is None:
+        raise XattnError("coverage_penalty: every cross-attention head of this model was pruned, so there is no "
+                         "coverage to penalise; leave it at 0")
+    return layer
+
+
 def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: bool) -> tuple[Beam, Finished]:
     B, device, pad = src.shape[0], src.device, model.cfg.pad_id
     first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
-    L, H = model.cfg.n_decoder_layers, model.cfg.n_heads
+    L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as attention.stack_layers
     attention = torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None
     coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
@@ -185,6 +197,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     cache = prepare_cache(model, src, enc=enc)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
+    read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     for t in range(T):
         N = beam.sentence.shape[0]
@@ -198,7 +211,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
                           prefix[rows] if prefix is not None else None)
         lp, exhausted = rules(raw, state)  # (N * K, V), (N * K,) or None
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
-        cover = attn[:, :, -1].nanmean(dim=2).nan_to_num() if beta > 0 else None  # (N, K, S); NaN: pruned heads
+        cover = attn[:, :, read].nanmean(dim=2) if beta > 0 else None  # (N, K, S); NaN: heads the layer lacks
         c = candidates(lp, beam, K)  # (N, C) each
         is_eos = c.token.eq(eos)
         ended = is_eos & c.score.isfinite() & c.listed

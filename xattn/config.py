@@ -105,6 +105,10 @@ class ModelConfig:
         value = self.heads.get(place, self.n_heads)
         return value[layer] if isinstance(value, list) else value
 
+    def heads_per_layer(self, place: str) -> list[int]:
+        """How many heads each layer of `place` has: model.n_heads, or fewer once pruned (0: none left)."""
+        return [self.heads_of(place, i) for i in range(self.layers_of(place))]
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads

@@ -10,8 +10,8 @@ Lengths: `max_len[b]` bounds the tokens generated for sentence b, EOS excluded (
 prefix); at that length only EOS is allowed. Scores: a hypothesis of n tokens plus EOS ranks by
 log p / lp(n + 1), lp(len) = ((5 + len) / 6) ** alpha (GNMT, Wu et al. 2016), plus, in beam search,
 the coverage penalty beta * sum_j log(min(sum_i a_ij, 1)) over the source tokens j, where a is the
-last decoder layer's cross-attention averaged over heads. Greedy reports the same normalised score,
-so a beam of one gives greedy's tokens and score.
+last decoder layer's cross-attention averaged over heads (in a pruned model, the last layer with heads).
+Greedy reports the same normalised score, so a beam of one gives greedy's tokens and score.
 """
 from __future__ import annotations
 

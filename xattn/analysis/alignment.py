@@ -255,7 +255,7 @@ def align_pairs(translator, sources: Sequence[str], targets: Sequence[str], sett
 
     from xattn.analysis.maps import iter_teacher_forced
 
-    settings.choice.check(translator.model.cfg.n_decoder_layers, translator.model.cfg.n_heads)
+    settings.choice.check(translator.model.cfg.heads_per_layer("cross"), "cross-attention")
     links: list[Links] = [set() for _ in sources]
     with tqdm(total=len(sources), desc=progress, unit="pairs", disable=None if progress else True,
               leave=False) as bar:

@@ -75,10 +75,7 @@ def default_choice(cfg) -> HeadChoice:
     """Without a stored choice: the mean of the heads of the second-to-last decoder layer (Garg et al. 2019
     found the penultimate layer of a 6-layer Transformer aligns best); in a pruned model, the nearest layer
     below it (else above) with cross-attention heads left. `cfg`: the ModelConfig."""
-    layers = range(cfg.n_decoder_layers)
-    start = max(cfg.n_decoder_layers - 2, 0)
-    order = sorted(layers, key=lambda i: (i > start, abs(i - start)))
-    return HeadChoice(next((i for i in order if cfg.heads_of("cross", i) > 0), start))
+    return HeadChoice.nearest(cfg.heads_per_layer("cross"), max(cfg.n_decoder_layers - 2, 0), "cross-attention")
 
 
 def read(model_dir: Path) -> dict:
@@ -100,12 +97,15 @@ def stored(model_dir: str | Path, cfg) -> AlignmentRecord | None:
     data = read(model_dir)
     if SECTION not in data:
         return None
+    again = "(run `xattn heads align` again, or delete the file)"
     try:
         record = read_record(AlignmentRecord, data[SECTION], str(path), SECTION)
-        record.settings.choice.check(cfg.n_decoder_layers, cfg.n_heads,
-                                     (f"{path}: {SECTION}.layer", f"{path}: {SECTION}.heads"))
     except XattnError as e:
-        raise XattnError(f"{e} (run `xattn heads align` again, or delete the file)") from None
+        raise XattnError(f"{e} {again}") from None
+    try:
+        record.settings.choice.check(cfg.heads_per_layer("cross"), "cross-attention")
+    except XattnError as e:
+        raise XattnError(f"{path}: {SECTION}: {e} {again}") from None
     if record.weights != weights_id(model_dir):
         print(f"xattn: warning: {path} was measured on other weights; ignored (run `xattn heads align` again)",
               file=sys.stderr)
@@ -123,7 +123,7 @@ def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: st
     choice = base.choice
     if layer is not None or heads is not None:
         choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
-    choice.check(cfg.n_decoder_layers, cfg.n_heads)
+    choice.check(cfg.heads_per_layer("cross"), "cross-attention")
     return AlignSettings(choice, method or base.method, base.threshold if threshold is None else threshold,
                          eos or base.eos, punct or base.punct)
 

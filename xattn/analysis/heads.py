@@ -4,13 +4,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from xattn.analysis.alignment import METHODS, AlignSettings, Links, flip, links_from_weights, word_attention
-from xattn.analysis.maps import HeadChoice, iter_teacher_forced
+from xattn.analysis.maps import HeadChoice, iter_teacher_forced, require_heads
 
 
-def candidates(n_layers: int, n_heads: int) -> list[HeadChoice]:
-    """Every layer's mean of heads, then every single head."""
-    return [HeadChoice(layer) for layer in range(n_layers)] + \
-           [HeadChoice(layer, (head,)) for layer in range(n_layers) for head in range(n_heads)]
+def candidates(heads: Sequence[int]) -> list[HeadChoice]:
+    """Every layer's mean of heads, then every single head; `heads`: how many each layer has (a pruned layer
+    may have none, and then no candidate)."""
+    require_heads(heads, "cross-attention")
+    return [HeadChoice(layer) for layer, n in enumerate(heads) if n] + \
+           [HeadChoice(layer, (head,)) for layer, n in enumerate(heads) for head in range(n)]
 
 
 def rank_alignment_heads(translator, sources: Sequence[str], targets: Sequence[str],
@@ -24,7 +26,7 @@ def rank_alignment_heads(translator, sources: Sequence[str], targets: Sequence[s
     from xattn.analysis.aer import score
 
     cfg = translator.model.cfg
-    choices = candidates(cfg.n_decoder_layers, cfg.n_heads)
+    choices = candidates(cfg.heads_per_layer("cross"))
     hyps: dict[tuple[str, HeadChoice], list[Links]] = {(m, c): [set() for _ in sources] for m in methods for c in choices}
     for k, pair in iter_teacher_forced(translator, sources, targets, ("cross",), max_tokens):
         for method in methods:

@@ -8,7 +8,8 @@ and a Content-Security-Policy forbids every fetch.
 Element ids and classes (stable; tests and users' scripts rely on them):
     #xa-title      the page heading               #xa-data     <script type="application/json">: the maps
     #xa-kind       <select>: which map (hidden when there is one)
-    #xa-layer      <select>: layer 0..L-1          #xa-head     <select>: "mean" or head 0..H-1
+    #xa-layer      <select>: layer 0..L-1 (a layer without heads, pruned, is shown disabled)
+    #xa-head       <select>: "mean" or head 0..H_l-1 of the chosen layer
     #xa-links      <input type=checkbox>: alignment links shown (disabled when the map has none)
     #xa-readout    what the hovered (or tapped) cell says: "column → row: 0.812"
     #xa-scroll     the scrollable box around       #xa-map      <table>: the heatmap
@@ -28,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
-from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
+from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean, heads_per_layer
 from xattn.analysis.plots import TITLES
 from xattn.errors import XattnError
 from xattn.io import atomic_write_text, json_text
@@ -49,9 +50,9 @@ def render(maps: AttentionMaps | Mapping[str, AttentionMaps], title: str | None 
     if not named:
         raise ValueError("render: no attention maps to show")
     first = next(iter(named.values()))
-    L, H = first.weights.shape[:2]
-    choice = choice or HeadChoice(L - 1)
-    choice.check(L, H)
+    heads, what = heads_per_layer(first.weights), TITLES[first.kind]
+    choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
+    choice.check(heads, what)
     if choice.heads is not None and len(choice.heads) != 1:
         raise XattnError("--heads: the HTML view shows one head or the mean of heads; pick it in the page")
     data = {"views": [_view(name, m) for name, m in named.items()],
@@ -80,16 +81,19 @@ def _script_json(data) -> str:
 
 
 def _view(name: str, maps: AttentionMaps) -> dict:
-    """One map as JSON: weights (L, H, R*C) and means (L, R*C) as integers, masked as a string of 0/1."""
-    L, H, R, C = maps.weights.shape
-    weights = np.asarray(maps.weights, dtype=np.float64)  # NaN: a pruned head, drawn as zeros
+    """One map as JSON: per layer, its heads' weights (H_l, R*C) and their mean (R*C; null for a layer without
+    heads) as integers; masked as a string of 0/1."""
+    L, _, R, C = maps.weights.shape
+    weights = np.asarray(maps.weights, dtype=np.float64)
+    heads, means = heads_per_layer(weights), head_mean(weights)
 
     def ints(a: np.ndarray) -> list:
         return np.rint(a * SCALE).astype(np.int64).reshape(*a.shape[:-2], R * C).tolist()
 
     masked = None if maps.masked is None else "".join("1" if m else "0" for m in np.asarray(maps.masked).ravel())
     return {"name": name, "kind": maps.kind, "rows": list(maps.rows), "cols": list(maps.cols),
-            "layers": L, "heads": H, "w": ints(np.nan_to_num(weights)), "mean": ints(head_mean(weights)),
+            "layers": L, "heads": heads, "w": [ints(weights[layer, :n]) for layer, n in enumerate(heads)],
+            "mean": [ints(means[layer]) if n else None for layer, n in enumerate(heads)],
             "masked": masked, "links": [[int(c), int(r)] for c, r in maps.links], "linksLabel": maps.links_label}
 
 
@@ -106,7 +110,7 @@ STYLE = """<style>
 :root { font: 14px/1.4 system-ui, "Noto Sans", "DejaVu Sans", sans-serif; color: #222; background: #fff; }
 body { margin: 0; padding: 12px; }
 [hidden] { display: none !important; }
-h1 { font-size: 1.15rem; margin: 0 0 8px; }
+h1 { font-size: 1.15rem; margin: 0 0 8px; white-space: pre-line; overflow-wrap: anywhere; }
 #xa-controls { display: flex; flex-wrap: wrap; gap: 8px 16px; align-items: center; margin: 0 0 6px; }
 #xa-controls label { white-space: nowrap; }
 select { font: inherit; padding: 2px 4px; max-width: 100%; }
@@ -117,7 +121,7 @@ select { font: inherit; padding: 2px 4px; max-width: 100%; }
 th.xa-row { position: sticky; left: 0; z-index: 1; text-align: right; padding: 0 6px; }
 th.xa-col { position: sticky; top: 0; z-index: 1; vertical-align: bottom; padding: 4px 0; }
 th.xa-col span { display: inline-block; writing-mode: vertical-rl; text-orientation: sideways;
-  transform: rotate(180deg); max-height: 12em; overflow: hidden; text-overflow: ellipsis; }
+  transform: rotate(180deg); }
 th.xa-corner { position: sticky; left: 0; top: 0; z-index: 2; }
 td.xa-cell { width: 22px; min-width: 22px; height: 22px; padding: 0; border: 1px solid #fff; }
 td.xa-masked, .xa-swatch.xa-masked {
@@ -177,10 +181,21 @@ SCRIPT = """<script>
     const rgb = RAMP[i].map((a, k) => Math.round(a + (RAMP[i + 1][k] - a) * (x - i)));
     return "rgb(" + rgb.join(",") + ")";
   }
-  function options(select, values, labels, keep) {
+  const range = (n) => Array.from({length: n}, (_, i) => i);
+  function options(select, values, labels, keep, off = () => false) {  // off(value): shown, not selectable
     select.textContent = "";
-    values.forEach((v, i) => select.add(new Option(labels[i], String(v))));
-    if (values.map(String).includes(String(keep))) select.value = String(keep);
+    values.forEach((v, i) => { const o = new Option(labels[i], String(v)); o.disabled = off(v); select.add(o); });
+    if (values.map(String).includes(String(keep)) && !off(keep)) select.value = String(keep);
+  }
+  function pickLayer(l) {  // layer l, or the last one with heads if it has none (a pruned model)
+    const withHeads = range(view.layers).filter((i) => view.heads[i] > 0);
+    const keep = view.heads[l] > 0 ? l : withHeads[withHeads.length - 1];
+    options(layer, range(view.layers), range(view.layers).map((i) => "layer " + i + (view.heads[i] ? "" :
+            ": no heads (pruned)")), keep, (i) => !view.heads[i]);
+  }
+  function pickHead(h) {  // the chosen layer's heads, keeping head h if it has it
+    const n = view.heads[Number(layer.value)] || 0;
+    options(head, ["mean"].concat(range(n)), ["mean of heads"].concat(range(n).map((i) => "head " + i)), h);
   }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -190,10 +205,8 @@ SCRIPT = """<script>
   }
   function build(l, h) {  // the table and pickers for the chosen map, keeping layer l and head h if it has them
     view = data.views[Number(kind.value)];
-    const range = (n) => Array.from({length: n}, (_, i) => i);
-    options(layer, range(view.layers), range(view.layers).map((i) => "layer " + i), Math.min(l, view.layers - 1));
-    options(head, ["mean"].concat(range(view.heads)),
-            ["mean of heads"].concat(range(view.heads).map((i) => "head " + i)), h);
+    pickLayer(Math.min(l, view.layers - 1));
+    pickHead(h);
     const linked = new Set(view.links.map(([c, r]) => r + "," + c));
     table.textContent = "";
     const top = table.createTHead().insertRow();
@@ -222,15 +235,15 @@ SCRIPT = """<script>
     hovered = null;
     readout.textContent = "hover over or tap a cell";
   }
-  function paint() {  // colours and data-w for the chosen layer and head
-    const l = Number(layer.value), h = head.value;
-    const w = h === "mean" ? view.mean[l] : view.w[l][Number(h)], C = view.cols.length;
+  function paint() {  // colours and data-w for the chosen layer and head; none where no head is left
+    const l = Number(layer.value), h = head.value, C = view.cols.length;
+    const w = !view.heads[l] ? null : h === "mean" ? view.mean[l] : view.w[l][Number(h)];
     cells.forEach((row, r) => row.forEach((td, c) => {
-      const v = w[r * C + c] / 10000;
-      td.dataset.w = v.toFixed(4);
-      td.style.backgroundColor = td.classList.contains("xa-masked") ? "" : colour(v);
+      if (w) td.dataset.w = (w[r * C + c] / 10000).toFixed(4); else delete td.dataset.w;
+      td.style.backgroundColor = td.classList.contains("xa-masked") || !w ? "" : colour(w[r * C + c] / 10000);
     }));
-    if (hovered) show(hovered);
+    if (!w) readout.textContent = "every head of this attention was pruned: nothing to show";
+    else if (hovered) show(hovered);
   }
   function show(td) {  // highlight the cell's word pair and say its weight
     table.querySelectorAll(".xa-hl").forEach((e) => e.classList.remove("xa-hl"));
@@ -238,7 +251,8 @@ SCRIPT = """<script>
     td.classList.add("xa-hl");
     table.querySelector('th.xa-row[data-row="' + r + '"]').classList.add("xa-hl");
     table.querySelector('th.xa-col[data-col="' + c + '"]').classList.add("xa-hl");
-    const value = td.classList.contains("xa-masked") ? "masked (future)" : Number(td.dataset.w).toFixed(3);
+    const value = td.classList.contains("xa-masked") ? "masked (future)" :
+      td.dataset.w === undefined ? "no heads (pruned)" : Number(td.dataset.w).toFixed(3);
     readout.textContent = view.cols[c] + " \\u2192 " + view.rows[r] + ": " + value;
     hovered = td;
   }
@@ -247,7 +261,7 @@ SCRIPT = """<script>
   table.addEventListener("click", onCell);
   links.addEventListener("change", () => table.classList.toggle("xa-nolinks", !links.checked));
   kind.addEventListener("change", () => { build(Number(layer.value), head.value); paint(); });
-  layer.addEventListener("change", paint);
+  layer.addEventListener("change", () => { pickHead(head.value); paint(); });
   head.addEventListener("change", paint);
 
   options(kind, data.views.map((_, i) => i), data.views.map((v) => v.name), 0);

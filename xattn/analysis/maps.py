@@ -23,6 +23,25 @@ UNK_PIECE, UNK_SURFACE = "<unk>", "\u2047"  # what SentencePiece prints for an u
 
 
 # ---------------------------------------------------------------------------------------- layers and heads
+# A pruned layer has fewer heads than others, maybe none. Every layer's weights are stacked with NaN in the
+# places of the heads a layer lacks (attention.stack_layers), so a layer's heads are its first n. One rule
+# for every view and tool: a mean over heads is over the heads a layer has, and a layer without heads has
+# none (NaN); a view of every layer shows such a layer empty and says so; where a layer is chosen for the
+# user, it is the nearest one with heads; a layer the user names without heads, and an attention whose every
+# head was pruned, are refused in one line.
+
+def heads_per_layer(weights: np.ndarray) -> list[int]:
+    """(L, H, R, C) -> how many heads each layer has (those not all NaN)."""
+    if weights.shape[2] * weights.shape[3] == 0:
+        return [weights.shape[1]] * weights.shape[0]
+    return (~np.isnan(weights).all(axis=(2, 3))).sum(axis=1).tolist()
+
+
+def require_heads(heads: Sequence[int], what: str = "attention") -> None:
+    """Refuse an attention whose every head was pruned (`heads`: per layer)."""
+    if not any(heads):
+        raise XattnError(f"this model has no {what} heads left (all pruned): there is no attention to read")
+
 
 @dataclass(frozen=True)
 class HeadChoice:
@@ -48,29 +67,32 @@ class HeadChoice:
             raise XattnError(f"--heads: expected distinct head numbers, got {','.join(map(str, heads))}")
         return cls(layer, tuple(int(h) for h in heads))
 
-    def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("--layer", "--heads")) -> None:
-        """Refuse a layer or head the model lacks; `names`: what the layer and the heads are called in errors."""
-        if not 0 <= self.layer < n_layers:
-            raise XattnError(f"{names[0]}: {self.layer} is not a layer of this model (0 to {n_layers - 1})")
-        for h in self.heads or ():
-            if not 0 <= h < n_heads:
-                raise XattnError(f"{names[1]}: {h} is not a head of this model (0 to {n_heads - 1})")
+    @classmethod
+    def nearest(cls, heads: Sequence[int], layer: int, what: str = "attention") -> HeadChoice:
+        """The mean of heads of the layer nearest to `layer` that has heads (attention.nearest_with_heads)."""
+        from xattn.attention import nearest_with_heads
+
+        require_heads(heads, what)
+        return cls(nearest_with_heads(heads, layer))
+
+    def check(self, heads: Sequence[int], what: str = "attention") -> None:
+        """Refuse, in one line, a layer or head the model does not have; `heads`: how many each layer has."""
+        require_heads(heads, what)
+        if not 0 <= self.layer < len(heads):
+            raise XattnError(f"layer {self.layer} is not a layer of this model (0 to {len(heads) - 1})")
+        n = heads[self.layer]
+        if n == 0:
+            left = ", ".join(str(i) for i, k in enumerate(heads) if k)
+            raise XattnError(f"layer {self.layer} has no {what} heads left (pruned); layers with heads: {left}")
+        if bad := [h for h in self.heads or () if not 0 <= h < n]:
+            raise XattnError(f"layer {self.layer} has no head {bad[0]} (its {what} heads: 0 to {n - 1})")
 
     def select(self, weights: np.ndarray) -> np.ndarray:
-        """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged. A head that is all NaN is
-        one the layer does not have (a pruned model, see attention.stack_layers)."""
-        self.check(weights.shape[0], weights.shape[1])
-        layer = weights[self.layer]  # (H, R, C)
-        present = [h for h in range(layer.shape[0]) if not (layer[h].size and np.isnan(layer[h]).all())]
-        if not present:
-            if np.isnan(weights).all():
-                raise XattnError("no layer of this model has heads left in this attention (all pruned): there "
-                                 "is no attention to read")
-            raise XattnError(f"--layer: layer {self.layer} has no heads left (pruned); choose another layer")
-        if missing := [h for h in self.heads or () if h not in present]:
-            raise XattnError(f"--heads: layer {self.layer} has no head {missing[0]} (pruned); it has heads "
-                             f"{','.join(map(str, present))}")
-        return layer[list(self.heads) if self.heads is not None else present].mean(axis=0)
+        """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged."""
+        heads = heads_per_layer(weights)
+        self.check(heads)
+        chosen = list(self.heads) if self.heads is not None else list(range(heads[self.layer]))
+        return weights[self.layer, chosen].mean(axis=0)
 
     def __str__(self) -> str:
         return f"layer {self.layer}, " + ("mean of heads" if self.heads is None else
@@ -81,11 +103,10 @@ class HeadChoice:
 
 
 def head_mean(weights: np.ndarray) -> np.ndarray:
-    """(L, H, R, C) -> (L, R, C): each layer's mean over the heads it has (NaN marks a pruned head); a layer
-    without heads gives zeros."""
-    present = ~np.isnan(weights).all(axis=(2, 3), keepdims=True) | (weights[0, 0].size == 0)  # (L, H, 1, 1)
-    total = np.where(present, np.nan_to_num(weights), 0.0).sum(axis=1)
-    return total / np.maximum(present.sum(axis=1), 1)
+    """(L, H, R, C) -> (L, R, C): each layer's mean over the heads it has; NaN for a layer without heads."""
+    heads = np.array(heads_per_layer(weights), dtype=np.float64)[:, None, None]  # (L, 1, 1)
+    with np.errstate(invalid="ignore"):  # 0 / 0: no heads, no mean
+        return (np.nan_to_num(weights).sum(axis=1) / heads).astype(weights.dtype)
 
 
 # ---------------------------------------------------------------------------------------- what is drawn

@@ -6,14 +6,14 @@ display is opened and nothing is left in a global figure list.
 """
 from __future__ import annotations
 
-import unicodedata
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xattn.analysis.fonts import fonts_for
-from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean
+from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean, heads_per_layer
 from xattn.errors import XattnError
 from xattn.io import atomic_write
 
@@ -26,6 +26,7 @@ DPI = 120
 MAX_FONT, MIN_FONT = 10.0, 7.0  # points; labels shrink from MAX_FONT with sentence length, never below MIN_FONT
 CELL = 1.5                      # a cell's side in label line heights, so that neighbouring labels never touch
 CMAP, MASKED_COLOR, LINK_COLOR = "Blues", "#c8c8c8", "#d62728"
+LINK_INSET = 0.1                # a link's outline sits this far (in cells) inside its cells
 TITLES = {"cross": "cross-attention", "decoder-self": "decoder self-attention",
           "encoder-self": "encoder self-attention"}
 AXES = {"cross": ("source", "target"), "decoder-self": ("target", "target"), "encoder-self": ("source", "source")}
@@ -35,20 +36,26 @@ def figure(maps: AttentionMaps, choice: HeadChoice | None = None, grid: bool = F
            title: str | None = None) -> Figure:
     """A heatmap of `maps`: rows (queries) down, columns (attended tokens) across, weights 0 to 1.
 
-    choice: the (R, C) view to draw, `choice.select(maps.weights)`; None is the last layer's mean of heads.
-    grid: instead, every layer (rows of panels) x every head, plus each layer's mean (the last column),
-    labelled "layer l, head h" (0-based), with one colour bar.
-    Masked cells (the decoder's future) are grey and hatched; `maps.links` are outlined squares.
+    choice: the (R, C) view to draw, `choice.select(maps.weights)`; None is the last layer's mean of heads
+    (in a pruned model, of the last layer with heads). grid: instead, every layer (a row of panels, labelled
+    "layer l" on the left) x every head and the layer's mean (columns headed "head h", "mean of heads"; 0-based),
+    with one colour bar; a head a pruned layer lacks is an empty panel marked "pruned".
+    Masked cells (the decoder's future) are grey and hatched; `maps.links` are outlined. The figure is made
+    as large as its text needs: the title wraps to its width, and nothing is cut off at the edges.
     """
-    L, H, R, C = maps.weights.shape
     if grid and choice is not None:
         raise ValueError("figure: choose a view (choice) or every layer and head (grid), not both")
-    choice = choice or HeadChoice(L - 1)
-    choice.check(L, H)
-    with fonts_for([*maps.rows, *maps.cols, title or ""]):
+    heads, what = heads_per_layer(maps.weights), TITLES[maps.kind]
+    choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
+    choice.check(heads, what)
+    with fonts_for([*maps.rows, *maps.cols, title or ""]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Glyph .* missing from font")  # said once, by fonts_for and by save
         if grid:
-            return _grid(maps, title or f"{TITLES[maps.kind]}, every layer and head")
-        return _single(maps, choice, title or f"{TITLES[maps.kind]}, {choice}")
+            fig = _grid(maps, heads, title or f"{what}, every layer and head")
+        else:
+            fig = _single(maps, choice, title or f"{what}, {choice}")
+        _fit(fig)
+    return fig
 
 
 def save(fig: Figure, path: str | Path) -> Path:
@@ -70,9 +77,13 @@ def _font_size(n: int) -> float:
 
 
 def _text_width(labels: list[str], size: float) -> float:
-    """Inches the longest label needs at `size` points (wide East Asian characters count as one em)."""
-    ems = [sum(1.0 if unicodedata.east_asian_width(ch) in "WF" else 0.62 for ch in label) for label in labels]
-    return max(ems, default=0.0) * size / 72
+    """Inches the widest of `labels` takes at `size` points, measured in the current fonts."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(size=size), TextToPath()
+    return max((measure.get_text_width_height_descent(label, font, ismath=False)[0] for label in labels),
+               default=0.0) / 72
 
 
 def _cell(size: float) -> float:
@@ -80,27 +91,56 @@ def _cell(size: float) -> float:
     return CELL * 1.2 * size / 72
 
 
-def _figsize(maps: AttentionMaps, size: float, panels: tuple[int, int] = (1, 1)) -> tuple[float, float]:
-    """(width, height) in inches: `panels` (rows, cols) of R x C cells, the labels, title, colour bar, legend."""
+def _figsize(maps: AttentionMaps, size: float, panels: tuple[int, int] = (1, 1),
+             headings: list[str] = ()) -> tuple[float, float]:
+    """(width, height) in inches: `panels` (rows, cols) of R x C cells, each at least as wide as the widest of
+    `headings` (a grid's column headings, which then take a line above, as its row labels do on the left),
+    the labels, title, colour bar, legend."""
     R, C = len(maps.rows), len(maps.cols)
-    cell = _cell(size)
+    cell, line = _cell(size), 1.4 * (size + 1) / 72 * bool(headings)
+    panel_w = max(C * cell, _text_width(list(headings), size + 1) + 0.15)
     label_w, label_h = _text_width(maps.rows, size), _text_width(maps.cols, size) * 0.87  # columns at 60 degrees
-    panel_title = 0.25 if panels != (1, 1) else 0.0
-    width = panels[1] * (C * cell + 0.1) + label_w + 1.6
+    width = panels[1] * (panel_w + 0.1) + label_w + 1.6 + 2 * line  # a grid's "layer l" and its axis name
     legend = [h.get_label() for h in _legend(maps)]  # one row of entries under the map
     width = max(width, sum(_text_width([label], size) + 0.7 for label in legend))
-    height = panels[0] * (R * cell + panel_title + 0.1) + label_h + 1.1 + 0.35 * bool(legend)
+    height = panels[0] * (R * cell + 0.1) + line + label_h + 1.1 + 0.35 * bool(legend)
     return width, height
 
 
-def _wrap(fig: Figure, title: str, size: float) -> str:
-    """`title` broken into lines that fit the figure's width; the figure grows by the lines added."""
-    import textwrap
-
-    width = max(40, int(fig.get_figwidth() * 72 / (0.6 * size)))
-    lines = [wrapped for line in title.splitlines() for wrapped in textwrap.wrap(line, width) or [""]]
+def _wrap(fig: Figure, title: str, size: float, widest: float = 6.0) -> str:
+    """`title` broken at spaces into lines that fit the figure's width, once a narrower figure has grown to
+    fit its longest line (up to `widest` inches); the figure grows by the lines added."""
+    fig.set_figwidth(max(fig.get_figwidth(), min(_text_width(title.splitlines(), size) + 0.3, widest)))
+    room = fig.get_figwidth() - 0.3
+    lines = []
+    for line in title.splitlines():
+        current = ""
+        for word in line.split(" "):
+            longer = f"{current} {word}" if current else word
+            if current and _text_width([longer], size) > room:
+                lines.append(current)
+                longer = word
+            current = longer
+        lines.append(current)
     fig.set_figheight(fig.get_figheight() + (len(lines) - 1) * 1.3 * size / 72)
     return "\n".join(lines)
+
+
+def _fit(fig: Figure, margin: float = 0.05) -> None:
+    """Grow `fig` until everything drawn lies inside it: the layout shrinks panels, not a word longer than the
+    figure or a label wider than its estimate, which would be cut off at the edge."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for _ in range(3):
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw_without_rendering()
+        box = fig.get_tightbbox(renderer)  # inches
+        width, height = fig.get_size_inches()
+        over_x = max(0.0, -box.x0) + max(0.0, box.x1 - width)
+        over_y = max(0.0, -box.y0) + max(0.0, box.y1 - height)
+        if over_x <= 0 and over_y <= 0:
+            return
+        fig.set_size_inches(width + 2 * over_x + margin * (over_x > 0), height + 2 * over_y + margin * (over_y > 0))
 
 
 # ---------------------------------------------------------------------------------------- drawing
@@ -112,51 +152,72 @@ def _single(maps: AttentionMaps, choice: HeadChoice, title: str) -> Figure:
     fig = Figure(figsize=_figsize(maps, size), layout="constrained")
     ax = fig.add_subplot()
     image = _heatmap(ax, maps, choice.select(maps.weights), size)
-    _label(ax, maps, size, rows=True, cols=True)
-    ax.set_title(_wrap(fig, title, size + 1), fontsize=size + 1)
+    _ticks(ax, maps, size)
+    x_name, y_name = _axis_names(maps)
+    ax.set_xlabel(x_name, fontsize=size + 1)
+    ax.set_ylabel(y_name, fontsize=size + 1)
+    fig.suptitle(_wrap(fig, title, size + 1), fontsize=size + 1)
     fig.colorbar(image, ax=ax, label="attention weight", fraction=0.05, pad=0.02, aspect=40)
     _add_legend(fig, maps, size)
     return fig
 
 
-def _grid(maps: AttentionMaps, title: str) -> Figure:
+def _grid(maps: AttentionMaps, heads: list[int], title: str) -> Figure:
+    """Rows of panels, one per layer: its heads, then its mean; a head the layer lacks (pruned) is empty."""
     from matplotlib.figure import Figure
 
-    L, H = maps.weights.shape[:2]
+    L, H = len(heads), max(heads)
     size = MIN_FONT
-    fig = Figure(figsize=_figsize(maps, size, (L, H + 1)), layout="constrained")
-    axes = fig.subplots(L, H + 1, sharex=True, sharey=True, squeeze=False)
-    means = head_mean(maps.weights)  # (L, R, C); a pruned head is NaN in maps.weights and drawn blank
-    for layer in range(L):
-        for head in range(H + 1):
-            ax = axes[layer, head]
-            mean = head == H
-            view = means[layer] if mean else maps.weights[layer, head]
-            image = _heatmap(ax, maps, view, size)
-            gone = not mean and view.size and np.isnan(view).all()
-            ax.set_title(f"layer {layer}, " + ("mean" if mean else f"head {head}" + (" (pruned)" if gone else "")),
-                         fontsize=size + 1)
-            _label(ax, maps, size, rows=head == 0, cols=layer == L - 1)
+    names = [f"head {h}" for h in range(H)] + ["mean of heads"]
+    fig = Figure(figsize=_figsize(maps, size, (L, H + 1), names), layout="constrained")
+    axes = fig.subplots(L, H + 1, sharex=True, sharey=True, squeeze=False)  # inner tick labels hidden
+    means = head_mean(maps.weights)  # (L, R, C); NaN for a layer without heads
+    for layer, n in enumerate(heads):
+        for col, ax in enumerate(axes[layer]):
+            if col < n or (col == H and n):
+                image = _heatmap(ax, maps, maps.weights[layer, col] if col < H else means[layer], size)
+            else:
+                _empty(ax, "no heads (pruned)" if col == H else "pruned", size)
+            _ticks(ax, maps, size)  # shown on the outer panels only
+        axes[layer, 0].set_ylabel(f"layer {layer}", fontsize=size + 1, fontweight="bold")
+    for col, ax in enumerate(axes[0]):
+        ax.set_title(names[col], fontsize=size + 1)
+    x_name, y_name = _axis_names(maps)
+    for ax in axes[-1]:
+        ax.set_xlabel(x_name, fontsize=size + 1)
+    fig.supylabel(y_name, fontsize=size + 1)
     fig.suptitle(_wrap(fig, title, MAX_FONT), fontsize=MAX_FONT)
     fig.colorbar(image, ax=axes, label="attention weight", fraction=0.03, pad=0.01, aspect=40)
     _add_legend(fig, maps, size)
     return fig
 
 
+def _empty(ax: Axes, text: str, size: float) -> None:
+    """A panel without weights (a head a pruned layer lacks): blank, saying why."""
+    ax.set_facecolor("#f2f2f2")
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=size, color="#666666")
+
+
 def _heatmap(ax: Axes, maps: AttentionMaps, view: np.ndarray, size: float):
     """Draw one (R, C) view on `ax`: the image, masked cells hatched, links outlined; returns the image."""
     import matplotlib
+    from matplotlib.patches import Rectangle
 
     cmap = matplotlib.colormaps[CMAP].with_extremes(bad=MASKED_COLOR)
     data = np.ma.masked_array(view, mask=maps.masked if maps.masked is not None else False)
     image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     if maps.masked is not None:
         _hatch(ax, maps.masked)
-    if maps.links:
-        cols, rows = zip(*maps.links)
-        marker = (0.75 * _cell(size) * 72) ** 2  # points^2
-        ax.scatter(cols, rows, s=marker, marker="s", facecolors="none", edgecolors=LINK_COLOR, linewidths=1.2)
+    for col, row, width, height in _boxes(maps.links, view.shape):
+        ax.add_patch(Rectangle((col - 0.5 + LINK_INSET, row - 0.5 + LINK_INSET), width - 2 * LINK_INSET,
+                               height - 2 * LINK_INSET, fill=False, edgecolor=LINK_COLOR, linewidth=1.4, gid="link"))
     return image
+
+
+def _runs(row: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of True in a 1-D bool array."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
 
 
 def _hatch(ax: Axes, masked: np.ndarray) -> None:
@@ -164,23 +225,39 @@ def _hatch(ax: Axes, masked: np.ndarray) -> None:
     from matplotlib.patches import Rectangle
 
     for r, row in enumerate(np.asarray(masked, dtype=bool)):
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(np.int8), [0]])))  # run starts, ends
-        for start, end in zip(edges[::2], edges[1::2]):
+        for start, end in _runs(row):
             ax.add_patch(Rectangle((start - 0.5, r - 0.5), end - start, 1, fill=False, hatch="///",
                                    edgecolor="#8c8c8c", linewidth=0))
 
 
-def _label(ax: Axes, maps: AttentionMaps, size: float, rows: bool, cols: bool) -> None:
+def _boxes(cells, shape: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """Cells (col, row) -> rectangles (col, row, width, height) that outline them: a row's run of adjacent
+    cells, merged with the same run in the rows below it, so a word link at the piece level (its source
+    pieces x its target pieces) is one rectangle, not a square on each cell."""
+    marked = np.zeros(shape, dtype=bool)  # (R, C)
+    for col, row in cells:
+        marked[row, col] = True
+    growing: dict[tuple[int, int], list[int]] = {}
+    boxes = []
+    for r, row in enumerate(marked):
+        runs = _runs(row)
+        boxes += [growing.pop(run) for run in list(growing) if run not in runs]
+        for start, end in runs:
+            growing.setdefault((start, end), [start, r, end - start, 0])[3] += 1
+    return sorted(tuple(box) for box in boxes + list(growing.values()))
+
+
+def _ticks(ax: Axes, maps: AttentionMaps, size: float) -> None:
+    ax.set_xticks(range(len(maps.cols)), maps.cols, rotation=60, ha="right", rotation_mode="anchor", fontsize=size)
+    ax.set_yticks(range(len(maps.rows)), maps.rows, fontsize=size)
+    ax.tick_params(length=2, pad=2)
+
+
+def _axis_names(maps: AttentionMaps) -> tuple[str, str]:
+    """What the columns and the rows are: ("source pieces", "target pieces") and the like."""
     unit = "words" if maps.words else "pieces"
     col_name, row_name = AXES[maps.kind]
-    ax.set_xticks(range(len(maps.cols)), maps.cols if cols else [], rotation=60, ha="right",
-                  rotation_mode="anchor", fontsize=size)
-    ax.set_yticks(range(len(maps.rows)), maps.rows if rows else [], fontsize=size)
-    ax.tick_params(length=2, pad=2)
-    if cols:
-        ax.set_xlabel(f"{col_name} {unit}" + (" (attended)" if maps.kind != "cross" else ""), fontsize=size + 1)
-    if rows:
-        ax.set_ylabel(f"{row_name} {unit}", fontsize=size + 1)
+    return f"{col_name} {unit}" + (" (attended)" if maps.kind != "cross" else ""), f"{row_name} {unit}"
 
 
 def _legend(maps: AttentionMaps) -> list:

@@ -100,7 +100,7 @@ def mask_of_removal(cfg: ModelConfig, removal: Removal) -> HeadMask:
 def prune_model(model: Transformer, removal: Removal) -> Transformer:
     """A copy of `model` without the heads of `removal`; its config's model.heads describes what is left."""
     cfg = model.cfg
-    heads = {place: [cfg.heads_of(place, i) for i in range(cfg.layers_of(place))] for place in PLACES}
+    heads = {place: cfg.heads_per_layer(place) for place in PLACES}
     pruned = copy.deepcopy(model)
     for place, layers in removal.items():
         for i, remove in enumerate(layers):

@@ -31,7 +31,8 @@ def register(sub) -> None:
                    help="merge subword pieces into the words of the text: a source word's weight is the sum "
                         "over its pieces, a target word's row the average of its pieces' rows, so rows still "
                         "sum to 1")
-    p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross)")
+    p.add_argument("--no-links", action="store_true", help="do not mark the word alignment links (cross; they are "
+                   "never marked for a one-word source, whose every target word links to it)")
     add_decode_flags(p, one_per_input=True)
 
 
@@ -39,7 +40,7 @@ def run(args) -> int:
     from xattn.analysis import html, plots
     from xattn.analysis.alignment import attention_links
     from xattn.analysis.choice import settings_for
-    from xattn.analysis.maps import HeadChoice
+    from xattn.analysis.maps import heads_per_layer
     from xattn.cli.translate import load_translator
 
     out = Path(args.output)
@@ -57,20 +58,16 @@ def run(args) -> int:
     if args.reference is not None:
         refuse_search_flags(args, "not used with --reference, which is read teacher-forced (nothing is searched)")
     translator = load_translator(args)
-    cfg = translator.model.cfg
     pair = attention_pair(args, translator)
     links = []
-    if args.kind == "cross" and not args.no_links:
-        settings = settings_for(args.model, cfg)
+    if args.kind == "cross" and not args.no_links and len(pair.src_words) > 1:  # one source word: every link is to it
+        settings = settings_for(args.model, translator.model.cfg)
         links = sorted(attention_links(pair, settings))
         label = f"alignment link ({settings.method}, {settings.choice})"
     maps = pair.maps(args.kind, words=args.words, links=links)
     if links:
         maps.links_label = label
-    n_layers = cfg.n_encoder_layers if args.kind == "encoder-self" else cfg.n_decoder_layers
-    choice = HeadChoice.parse(n_layers - 1 if args.layer is None else args.layer,
-                              "mean" if args.heads is None else args.heads)
-    choice.check(n_layers, cfg.n_heads)
+    choice = view_choice(args, heads_per_layer(maps.weights))
     if kind == ".html":
         from xattn.io import atomic_write_text
         atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, choice)))
@@ -79,6 +76,19 @@ def run(args) -> int:
         plots.save(plots.figure(maps, view, grid=args.grid, title=title(args, pair, choice)), out)
     print(out)
     return 0
+
+
+def view_choice(args, heads: list[int]):
+    """The layer and heads to draw: --layer and --heads; without --layer, the last layer with heads (a pruned
+    model's last layer may have none)."""
+    from xattn.analysis.maps import HeadChoice
+    from xattn.analysis.plots import TITLES
+
+    what = TITLES[args.kind]
+    layer = HeadChoice.nearest(heads, len(heads) - 1, what).layer if args.layer is None else args.layer
+    choice = HeadChoice.parse(layer, "mean" if args.heads is None else args.heads)
+    choice.check(heads, what)
+    return choice
 
 
 def title(args, pair, choice) -> str:

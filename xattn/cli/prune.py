@@ -62,6 +62,6 @@ def run(args) -> int:
     pruned = prune_dir(args.model, removal, args.out)
     removed = sum(len(h) for layers in removal.values() for h in layers)
     print(f"{args.out}: removed {removed} heads; heads left per layer: "
-          + "; ".join(f"{p} {[pruned.cfg.heads_of(p, i) for i in range(cfg.layers_of(p))]}" for p in PLACES),
+          + "; ".join(f"{p} {pruned.cfg.heads_per_layer(p)}" for p in PLACES),
           file=sys.stderr)
     return 0

@@ -34,7 +34,8 @@ class RequestFields(BaseModel):
     alternatives: int = Field(0, ge=0, description="alternative translations per text (LibreTranslate)")
     api_key: str | None = Field(None, description="the API key, when the server has one (or a Bearer header)")
     attention: Literal["none", "mean", "full"] = Field(
-        "none", description="cross-attention per result: mean (per layer, over heads: L x T x S) or full (L x H x T x S)")
+        "none", description="cross-attention per result: mean (per layer, over the heads it has: L x T x S) or full "
+        "(L x H x T x S); null where a pruned layer has no heads (mean) or fewer heads than H (full)")
     alignment: bool = Field(False, description="word alignment links [source word, target word], 0-based")
 
 
@@ -105,6 +106,10 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
                        f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
                        f"{limits.max_output_tokens}", "limit_exceeded")
+    if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
+                                                      ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
+        raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
+                       "attention to read", "invalid_request")
     if req.attention == "full":
         values = sum((decode.max_len_a * n + decode.max_len_b + 1) * (n + 1) for n in counts) * maps
         if values > limits.max_attention_values:

@@ -47,8 +47,8 @@ class Model:
         cfg = self.translator.model.cfg
         self.name, self.data = Path(model_dir).name, self.translator.config.data
         self.languages = (self.data.src_lang, self.data.tgt_lang)
-        self.alignment = settings_for(model_dir, cfg)
-        self.maps = sum(cfg.heads_of("cross", i) for i in range(cfg.n_decoder_layers))
+        self.maps = sum(cfg.heads_per_layer("cross"))
+        self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size)
 
@@ -166,8 +166,9 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         model = ready()
         cfg = model.translator.model.cfg
         return {"model": model.name, "source": model.languages[0], "target": model.languages[1],
-                "layers": cfg.n_decoder_layers, "heads": [cfg.heads_of("cross", i) for i in range(cfg.n_decoder_layers)],
-                "alignment": {"layer": model.alignment.choice.layer, "method": model.alignment.method},
+                "layers": cfg.n_decoder_layers, "heads": cfg.heads_per_layer("cross"),
+                "alignment": model.alignment and {"layer": model.alignment.choice.layer,
+                                                  "method": model.alignment.method},
                 "decode": dataclasses.asdict(model.translator.decode_config), "limits": dataclasses.asdict(limits),
                 "api_key_required": api_key is not None}
 

@@ -4,6 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 let current = null;  // the last result: tokens, attention (L x H x T x S), alignment, words
+let info = null;  // the model: GET /info (languages, cross-attention heads per layer)
 
 function el(name, attrs, text) {
   const node = document.createElementNS(SVG, name);
@@ -20,7 +21,8 @@ function showError(message) {
 async function translate(event) {
   event.preventDefault();
   $("error").hidden = true;
-  const body = {q: $("text").value, attention: "full", alignment: true,
+  const attention = !info || info.heads.some((n) => n > 0);  // a model whose every cross head was pruned has none
+  const body = {q: $("text").value, attention: attention ? "full" : "none", alignment: attention,
                 alternatives: Number($("alternatives").value) || 0};
   if ($("sample").checked) {
     Object.assign(body, {sampling: true, temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
@@ -53,37 +55,57 @@ async function post(body) {
 }
 
 function show(result, alternatives, kind) {
-  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
   current = result;
+  result.kind = kind;  // none, mean or full
   $("result").hidden = false;
   $("translation").textContent = result.translatedText;
   $("alts").replaceChildren(...alternatives.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
-  const layers = result.attention.length, heads = result.attention[0].length;
-  const keep = Math.min(Number($("layer").value || layers - 1), layers - 1);
-  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => new Option(String(l), String(l))));
+  $("attention").hidden = kind === "none";
+  $("no-attention").hidden = kind !== "none";
+  if (kind === "none") return;
+  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
+  // each layer's heads: those not null (a pruned layer has fewer, maybe none, and its mean is null)
+  result.heads = result.attention.map((layer) => layer.filter((h) => h[0] && h[0][0] !== null).length);
+  const layers = result.attention.length, withHeads = [...Array(layers).keys()].filter((l) => result.heads[l] > 0);
+  const wanted = Number($("layer").value || layers - 1);
+  const keep = result.heads[wanted] > 0 ? wanted : withHeads[withHeads.length - 1];
+  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => {
+    const option = new Option(result.heads[l] ? String(l) : `${l} (no heads: pruned)`, String(l));
+    option.disabled = !result.heads[l];
+    return option;
+  }));
   $("layer").value = String(keep);
-  const single = kind === "mean" ? [] : [...Array(heads).keys()].map((h) => new Option(String(h), String(h)));
-  $("head").replaceChildren(new Option("mean", "mean"), ...single);
+  heads();
   draw();
 }
 
+function heads() {  // the head picker: the chosen layer's own heads
+  const n = current.kind === "mean" ? 0 : current.heads[Number($("layer").value)];
+  $("head").replaceChildren(new Option("mean", "mean"), ...[...Array(n).keys()].map((h) => new Option(String(h), String(h))));
+}
+
 function view() {
-  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has (null: a pruned head)
+  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has
   const layer = current.attention[Number($("layer").value)];
   const head = $("head").value;
-  if (head !== "mean") return layer[Number(head)].map((row) => row.map((w) => w ?? 0));
-  const present = layer.filter((h) => h[0] && h[0][0] !== null);
-  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / Math.max(present.length, 1)));
+  if (head !== "mean") return layer[Number(head)];
+  const present = layer.slice(0, current.heads[Number($("layer").value)]);
+  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / present.length));
+}
+
+function fit(svg) {  // the SVG's box is its drawing's, so that no label is cut off whatever its length
+  const box = svg.getBBox(), pad = 2;
+  svg.setAttribute("viewBox", `${box.x - pad} ${box.y - pad} ${box.width + 2 * pad} ${box.height + 2 * pad}`);
+  svg.setAttribute("width", box.width + 2 * pad);
+  svg.setAttribute("height", box.height + 2 * pad);
 }
 
 function draw() {
-  if (!current) return;
+  if (!current || !current.attention) return;
   const weights = view(), rows = current.target_tokens, cols = current.source_tokens;
   const cell = 22, left = 8 + 7 * Math.max(...rows.map((r) => r.length)), top = 8 + 7 * Math.max(...cols.map((c) => c.length));
   const svg = $("heatmap");
   svg.replaceChildren();
-  svg.setAttribute("width", left + cell * cols.length + 8);
-  svg.setAttribute("height", top + cell * rows.length + 8);
   cols.forEach((c, s) => svg.append(el("text", {x: left + cell * s + cell / 2, y: top - 4, "data-col": s,
     transform: `rotate(-60 ${left + cell * s + cell / 2} ${top - 4})`}, c)));
   rows.forEach((r, t) => svg.append(el("text", {x: left - 4, y: top + cell * t + cell * 0.7, "text-anchor": "end", "data-row": t}, r)));
@@ -94,6 +116,7 @@ function draw() {
     rect.addEventListener("mouseenter", () => hover(t, s, w));
     svg.append(rect);
   }));
+  fit(svg);
   drawLinks();
 }
 
@@ -106,35 +129,73 @@ function hover(t, s, w) {
 }
 
 function drawLinks() {
-  const svg = $("links"), src = current.source_words, tgt = current.target_words;
+  // source words above target words with a line per link; where a row of words is wider than the box (a phone),
+  // source words in a column on the left and target words on the right instead
+  const svg = $("links");
   svg.replaceChildren();
-  if (!$("show-links").checked) { svg.setAttribute("height", 0); return; }
-  const width = Math.max(src.length, tgt.length) * 80 + 20;
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", 90);
-  const x = (i, n) => 10 + (i + 0.5) * (width - 20) / n;
-  src.forEach((w, i) => svg.append(el("text", {x: x(i, src.length), y: 14, "text-anchor": "middle"}, w)));
-  tgt.forEach((w, j) => svg.append(el("text", {x: x(j, tgt.length), y: 84, "text-anchor": "middle"}, w)));
+  if (!$("show-links").checked || !current.alignment) { svg.setAttribute("width", 0); svg.setAttribute("height", 0); return; }
+  const label = (word) => svg.appendChild(el("text", {}, word));
+  const src = current.source_words.map(label), tgt = current.target_words.map(label);
+  const width = (texts) => texts.map((t) => t.getComputedTextLength());
+  const gap = 16, row = (ws) => ws.reduce((a, b) => a + b + gap, -gap), room = svg.parentElement.clientWidth - 4;
+  const across = Math.max(row(width(src)), row(width(tgt))) <= room;
+  if (!across) [...src, ...tgt].forEach((t) => shorten(t, (room - 70) / 2));  // a word longer than a column
+  const [sw, tw] = [width(src), width(tgt)];
+  const ends = across ? placeAcross(src, sw, tgt, tw, gap) : placeDown(src, sw, tgt, tw);
   for (const [i, j] of current.alignment) {
-    svg.append(el("line", {class: "link", x1: x(i, src.length), y1: 20, x2: x(j, tgt.length), y2: 70}));
+    svg.append(el("line", {class: "link", x1: ends[0][i][0], y1: ends[0][i][1], x2: ends[1][j][0], y2: ends[1][j][1]}));
   }
+  fit(svg);
+}
+
+function shorten(text, most) {  // cut a word to `most` pixels with an ellipsis; the whole word is its tooltip
+  if (text.getComputedTextLength() <= most) return;
+  const word = text.textContent;
+  let keep = word.length;
+  while (keep > 1 && text.getSubStringLength(0, keep) > most - 12) keep--;
+  text.textContent = word.slice(0, keep) + "\u2026";
+  text.append(el("title", {}, word));
+}
+
+function placeAcross(src, sw, tgt, tw, gap) {  // two rows, each spread over the wider one's width
+  const total = Math.max(...[sw, tw].map((ws) => ws.reduce((a, b) => a + b + gap, -gap)));
+  return [[src, sw, 14, 20], [tgt, tw, 84, 70]].map(([texts, ws, y, end]) => {
+    const spare = (total - ws.reduce((a, b) => a + b, 0)) / Math.max(texts.length - 1, 1);
+    let x = texts.length > 1 ? 0 : (total - (ws[0] || 0)) / 2;
+    return texts.map((t, k) => {
+      const middle = x + ws[k] / 2;
+      t.setAttribute("x", middle); t.setAttribute("y", y); t.setAttribute("text-anchor", "middle");
+      x += ws[k] + spare;
+      return [middle, end];
+    });
+  });
+}
+
+function placeDown(src, sw, tgt, tw) {  // two columns: source words right-aligned on the left, target words on the right
+  const line = 22, left = Math.max(...sw, 0), right = left + 70;
+  const place = (t, k, x, anchor) => { t.setAttribute("x", x); t.setAttribute("y", 16 + line * k); t.setAttribute("text-anchor", anchor); };
+  src.forEach((t, k) => place(t, k, left, "end"));
+  tgt.forEach((t, k) => place(t, k, right, "start"));
+  return [src.map((_, k) => [left + 4, 12 + line * k]), tgt.map((_, k) => [right - 4, 12 + line * k])];
 }
 
 async function languages() {
   try {
     const reply = await fetch("/info");
-    const info = await reply.json();
+    const data = await reply.json();
     if (reply.ok) {
+      info = data;
       $("langs").textContent = `${info.source} → ${info.target}`;
       $("key-field").hidden = !info.api_key_required;
     }
-    else showError(info.error || `HTTP ${reply.status}`);
+    else showError(data.error || `HTTP ${reply.status}`);
   } catch (e) { showError(`the server cannot be reached (${e.message})`); }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
-  for (const id of ["layer", "head"]) $(id).addEventListener("change", draw);
+  $("layer").addEventListener("change", () => { heads(); draw(); });
+  $("head").addEventListener("change", draw);
   $("show-links").addEventListener("change", drawLinks);
   languages();
 });
