@@ -1,6 +1,7 @@
 """Bad input through the CLI's entry point: every case exits 2 with one line on stderr, no traceback,
 and leaves every file that was already there as it was. Cases run in-process through `main`;
 a few run through a real subprocess to check the installed entry point does the same."""
+import contextlib
 import gzip
 import hashlib
 import io
@@ -107,11 +108,29 @@ def remove(name: str):
     return lambda d: shutil.rmtree(d / name) if (d / name).is_dir() else (d / name).unlink()
 
 
+def pruned(mask: str):
+    """The trained model pruned by `xattn prune --heads` with the head mask `mask` (its stdout dropped)."""
+    def change(d: Path):
+        mask_file = d.parent / f"{d.name}.mask.yaml"
+        mask_file.write_text(mask)
+        shutil.rmtree(d)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            assert main(["prune", str(d.parent / "model"), "--heads", str(mask_file), "--out", str(d)]) == 0
+    return change
+
+
 M = "{model}"  # the trained model directory
 TRAIN = ["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=2"]
 
 CASES = {
     # decoding flags
+    # views and tools of cross-attention on a model whose every cross-attention head was pruned
+    "attention without cross heads": (["attention", "{damaged:no-cross-heads}", "drei vier", "-o", "{space}/x.html"],
+                                      "no cross-attention heads left (all pruned)"),
+    "align without cross heads": (["align", "{damaged:no-cross-heads}", "--pairs", "{space}/aer-pairs.txt"],
+                                  "no cross-attention heads left (all pruned)"),
+    "alignment without cross heads": (["translate", "{damaged:no-cross-heads}", "--alignment"],
+                                      "no cross-attention heads left (all pruned)"),
     "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
     "beam negative": (["translate", M, "--beam", "-3"], "--beam"),
     "n-best above beam": (["translate", M, "--n-best", "5", "--beam", "2"], "--n-best: 5 is above --beam (2)"),
@@ -345,6 +364,7 @@ DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmod
           "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),
           "no-heads": analysis("alignment: {layer: 0, heads: [], method: naive}\n"),
           "layer-1.5": analysis("alignment: {layer: 1.5, heads: mean, method: naive}\n"),
+          "no-cross-heads": pruned("cross: [[0, 0]]\n"),
           "no-weights": remove("model.safetensors"), "no-config": remove("config.yaml"), "no-state": remove("train_state")}
 
 
