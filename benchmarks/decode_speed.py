@@ -9,6 +9,9 @@ translator exists only during its own turns (loaded and warmed up untimed), beca
 threads slowed the PyTorch systems. `--compile` adds
 xattn with a torch.compile'd decoder step and writes results/decode_speed_compile.json instead.
 
+`xattn_early_stopping` is xattn with `stopping="early"` (a sentence ends once 5 hypotheses have finished, the
+rule of fairseq and CTranslate2), beam 5 only: what the default exact rule costs and gains.
+
 Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
 length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length normalisation), the same
 number of CPU threads. Batching: xattn its token budget (8000 source positions x beam); HF
@@ -36,11 +39,16 @@ from xattn.interop.marian import export_marian
 from xattn.translator import Translator
 
 
-def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False):
+BEAM_ONLY = {"xattn_early_stopping"}
+"""Systems that differ from `xattn` only in beam search: not timed greedy."""
+
+
+def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False, stopping: str = "exact"):
     translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize, compile=compile)
 
     def run(texts: list[str], beam: int) -> list[str]:
-        return [t.text for t in translator.translate(texts, DecodeConfig(beam_size=beam, n_best=1))]
+        cfg = DecodeConfig(beam_size=beam, n_best=1, **({"stopping": stopping} if beam > 1 else {}))
+        return [t.text for t in translator.translate(texts, cfg)]
     return run
 
 
@@ -113,6 +121,7 @@ def main() -> None:
         export_ct2(args.model, ct2_dir)
         export_ct2(args.model, ct2_int8_dir, quantization="int8")
         systems = {"xattn": xattn_system(Path(args.model), None), "xattn_int8": xattn_system(Path(args.model), "int8"),
+                   "xattn_early_stopping": xattn_system(Path(args.model), None, stopping="early"),
                    "hf_generate": hf_system(hf_dir), "ct2": CT2System(ct2_dir, threads),
                    "ct2_int8": CT2System(ct2_int8_dir, threads)}
         if args.compile:
@@ -120,12 +129,13 @@ def main() -> None:
         figures, outputs = {}, {}
         for beam in (1, 5):
             mode = "greedy" if beam == 1 else "beam5"
-            for run in systems.values():
+            timed = {name: run for name, run in systems.items() if beam > 1 or name not in BEAM_ONLY}
+            for run in timed.values():
                 if not isinstance(run, CT2System):
                     run(texts[:50], beam)  # warm up (and compile)
-            times: dict[str, list[float]] = {name: [] for name in systems}
+            times: dict[str, list[float]] = {name: [] for name in timed}
             for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every system
-                for name, run in systems.items():
+                for name, run in timed.items():
                     if isinstance(run, CT2System):
                         run.load(texts[:50], beam)  # untimed, with a warm-up
                     start = time.perf_counter()
@@ -133,7 +143,7 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
                     if isinstance(run, CT2System):
                         run.unload()
-            for name in systems:
+            for name in timed:
                 seconds = statistics.median(times[name])
                 scores = evaluate(outputs[(name, mode)], refs)
                 figures.setdefault(mode, {})[name] = {
@@ -147,6 +157,10 @@ def main() -> None:
                          "xattn_over_ct2": round(x / row["ct2"]["sentences_per_s"], 2),
                          "xattn_int8_over_ct2_int8": round(x8 / row["ct2_int8"]["sentences_per_s"], 2),
                          "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2)}
+        if "xattn_early_stopping" in row:  # what the exact stopping rule costs against fairseq's and CT2's
+            early = row["xattn_early_stopping"]
+            row["ratios"]["exact_over_early_stopping"] = round(x / early["sentences_per_s"], 3)
+            row["ratios"]["exact_stopping_bleu_gain"] = round(row["xattn"]["bleu"] - early["bleu"], 2)
     same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
     figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
     figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats,

@@ -4,7 +4,8 @@ Two versions of the xattn package cannot live in one process, so the revision is
 temporary git worktree (removed at the end) and every timing runs in a fresh worker process whose
 PYTHONPATH is one version's source root. A worker loads `Translator.from_dir(model, device="cpu")`
 (with `quantize="int8"` for the int8 modes), translates the first 50 sentences untimed, then times
-the translation of all of them and prints the seconds and a hash of the output texts. Within each of
+the translation of all of them and prints the seconds, a hash of the output texts and their BLEU
+against the references (sacreBLEU 13a, cased). Within each of
 `--repeats` repetitions the two versions take turns on every mode, the first turn alternating
 between repetitions, so that slow spells of the machine hit both alike; figures are the medians.
 
@@ -35,11 +36,12 @@ MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "b
 """mode -> (beam size, quantize)."""
 
 
-def worker(model: str, texts_file: str, mode: str) -> None:
+def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
     """Time one translation of the sentences in `texts_file` with the xattn found on sys.path; print JSON."""
     import torch
     import xattn
     from xattn.config import DecodeConfig
+    from xattn.evaluation import evaluate
     from xattn.translator import Translator
 
     beam, quantize = MODES[mode]
@@ -51,14 +53,16 @@ def worker(model: str, texts_file: str, mode: str) -> None:
     out = [t.text for t in translator.translate(texts, cfg)]
     seconds = time.perf_counter() - start
     digest = hashlib.sha256("\n".join(out).encode("utf-8")).hexdigest()[:16]
-    print(json.dumps({"seconds": seconds, "hash": digest, "sentences": len(texts),
+    bleu = evaluate(out, Path(refs_file).read_text(encoding="utf-8").splitlines())["bleu"].score
+    print(json.dumps({"seconds": seconds, "hash": digest, "bleu": round(bleu, 2), "sentences": len(texts),
                       "threads": torch.get_num_threads(), "xattn": xattn.__file__}))
 
 
 def run_worker(source_root: Path, model: str, texts_file: Path, mode: str) -> dict:
     """One timed turn in a fresh process that imports xattn from `source_root` only."""
     env = dict(os.environ, PYTHONPATH=str(source_root))
-    cmd = [sys.executable, __file__, "--worker", "--model", model, "--texts", str(texts_file), "--modes", mode]
+    cmd = [sys.executable, __file__, "--worker", "--model", model, "--texts", str(texts_file),
+           "--refs", str(refs_of(texts_file)), "--modes", mode]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"worker for {source_root} ({mode}) failed:\n{done.stderr[-3000:]}")
@@ -75,7 +79,12 @@ def git(*args: str) -> str:
 def summary(turns: list[dict]) -> dict:
     seconds = statistics.median(t["seconds"] for t in turns)
     return {"median_s": round(seconds, 3), "sentences_per_s": round(turns[0]["sentences"] / seconds, 1),
-            "times_s": [round(t["seconds"], 3) for t in turns]}
+            "bleu": turns[0]["bleu"], "times_s": [round(t["seconds"], 3) for t in turns]}
+
+
+def refs_of(texts_file: Path) -> Path:
+    """The references beside the sources a run translates."""
+    return texts_file.with_name("refs.txt")
 
 
 def compare(versions: dict[str, Path], args, texts_file: Path) -> dict:
@@ -109,24 +118,26 @@ def main() -> None:
     parser.add_argument("--result", default="decode_speed_versions", help="results/NAME.json to write")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
+    parser.add_argument("--refs", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.model, args.texts, args.modes[0])
+        return worker(args.model, args.texts, args.refs, args.modes[0])
     from xattn.datasets import multi30k
 
     args.model = str(Path(args.model).resolve()) if args.model else str(cached_model("multi30k-de-en", MODEL))
-    texts = [s for s, _ in multi30k("de", "en", "test_2016_flickr", data_dir())][: args.sentences]
+    pairs = multi30k("de", "en", "test_2016_flickr", data_dir())[: args.sentences]
     against = git("rev-parse", "--short", args.against)
     with tempfile.TemporaryDirectory() as tmp:
         old_root = Path(tmp, f"xattn-{against}")
         git("worktree", "add", "--detach", str(old_root), against)
         try:
             texts_file = Path(tmp, "texts.txt")
-            texts_file.write_text("\n".join(texts) + "\n", encoding="utf-8")
+            texts_file.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
+            refs_of(texts_file).write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
             figures = compare({"old": old_root, "new": ROOT}, args, texts_file)
         finally:
             git("worktree", "remove", "--force", str(old_root))
-    figures["settings"] = {"against": against, "new": "working tree", "sentences": len(texts),
+    figures["settings"] = {"against": against, "new": "working tree", "sentences": len(pairs),
                            "repeats": args.repeats, "model": model_fingerprint(args.model), "modes": args.modes}
     print("->", write_result(args.result, figures))
 
