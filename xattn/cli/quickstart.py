@@ -12,7 +12,7 @@ PRESETS = {"numbers": "numbers-de-en", "multi30k": "multi30k-de-en"}  # --datase
 def register(sub) -> None:
     p = add_verb(sub, "quickstart", "Train a small de->en model (offline numbers task by default), "
                  "translate held-out examples and write a cross-attention heatmap.",
-                 "xattn quickstart            # about 2 minutes on an idle 2-core CPU, no download\n"
+                 "xattn quickstart            # 2 to 4 minutes on an idle 2-core CPU, no download\n"
                  "  xattn quickstart --dataset multi30k --data-dir ../shared/data/multi30k", run)
     p.add_argument("--dataset", choices=sorted(PRESETS), default="numbers")
     p.add_argument("--out", type=path_arg, help="model directory (default: runs/quickstart-DATASET)")
