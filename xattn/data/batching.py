@@ -1,91 +1,18 @@
-"""Parallel corpora: reading and validation, cleaning, token-budget batching (named datasets: datasets.py).
+"""Token ids in batches: padded Batches, a tokenized corpus in memory, the token-budget sampler.
 
 Shapes: B batch, S source length (tokens + eos), T target length (tokens + 1).
 """
-
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from xattn.io import read_lines as read_text_lines
+from xattn.data.text import Pair
 from xattn.errors import XattnError
 from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
-from xattn.words import split_words
-
-Pair = tuple[str, str]
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """Lines of a plain or `.gz` UTF-8 corpus file (see `xattn.io.read_lines`), trailing whitespace stripped."""
-    return [line.rstrip() for line in read_text_lines(path)]
-
-
-def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:
-    """Two line-aligned files (plain or `.gz`) -> [(src, tgt), ...]."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise XattnError(
-            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
-        )
-    return list(zip(src, tgt))
-
-
-def read_tsv(path: str | Path) -> list[Pair]:
-    """A file with one `src<TAB>tgt` pair per line -> [(src, tgt), ...]."""
-    pairs = []
-    for n, line in enumerate(read_lines(path), start=1):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            raise XattnError(f"{path}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
-        pairs.append((fields[0].strip(), fields[1].strip()))
-    return pairs
-
-
-@dataclass
-class FilterStats:
-    """How many pairs `clean_pairs` kept, and why it dropped the others."""
-
-    kept: int = 0
-    empty: int = 0
-    too_long: int = 0
-    ratio: int = 0
-
-
-def _word_count(text: str) -> int:
-    return len(split_words(text))
-
-
-def clean_pairs(
-    pairs: Sequence[Pair],
-    max_len: int | None = None,
-    max_ratio: float | None = None,
-    length: Callable[[str], int] = _word_count,
-    tgt_length: Callable[[str], int] | None = None,
-) -> tuple[list[Pair], FilterStats]:
-    """Drop pairs with an empty side, a side longer than `max_len`, or a longer/shorter ratio above `max_ratio`.
-
-    `length` measures a sentence (default: words, xattn.words; pass e.g. a tokenizer's
-    `lambda s: len(tok.encode(s))` for tokens); `tgt_length`, if given, measures the target side. Checks apply in that order; each dropped pair is counted once.
-    """
-    kept, stats = [], FilterStats()
-    for src, tgt in pairs:
-        if not src.strip() or not tgt.strip():
-            stats.empty += 1
-            continue
-        n_src, n_tgt = length(src), (tgt_length or length)(tgt)
-        if max_len is not None and max(n_src, n_tgt) > max_len:
-            stats.too_long += 1
-        elif max_ratio is not None and max(n_src, n_tgt) / max(1, min(n_src, n_tgt)) > max_ratio:
-            stats.ratio += 1
-        else:
-            kept.append((src, tgt))
-    stats.kept = len(kept)
-    return kept, stats
 
 
 @dataclass

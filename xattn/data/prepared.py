@@ -1,0 +1,187 @@
+"""A prepared corpus: the token ids of every training pair in one flat array per side, which every process
+memory-maps instead of holding its own copy.
+
+A prepared directory holds, per side s in (src, tgt): `s.bin` (the ids of every sentence, one after another,
+without BOS/EOS; uint16 when the vocabulary has at most 65,536 pieces, else uint32), `s.offsets` (int64,
+pairs + 1: where sentence i starts) and `s.lengths` (uint32, its token count); and `manifest.json`: the format
+version, what the corpus was made from (the caller's fields: input and tokenizer hashes, data settings,
+cleaning statistics), the counts, and each array's dtype, size in bytes and SHA-256. It is written into a
+temporary sibling and renamed into place (xattn.io.atomic_dir), so a killed writer leaves nothing that
+`MappedCorpus.open` accepts.
+
+Shapes: N pairs, n ids of one side in all.
+"""
+from __future__ import annotations
+
+import errno
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xattn.data.batching import Batch, collate
+from xattn.errors import XattnError
+from xattn.io import atomic_dir, json_text, read_json, sha256_file
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+SIDES = ("src", "tgt")
+Chunk = tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]
+"""Some pairs' ids: (source id lists, target id lists), of equal length."""
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest dtype that holds every id of a vocabulary of `vocab_size` pieces."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+class SideWriter:
+    """Appends one side's sentences to `s.bin`; keeps their lengths compactly (4 bytes a sentence)."""
+
+    def __init__(self, folder: Path, side: str, dtype: np.dtype):
+        self.folder, self.side, self.dtype = folder, side, dtype
+        self.file = open(folder / f"{side}.bin", "wb")
+        self.lengths = array("I")
+
+    def add(self, sentences: Sequence[Sequence[int]]) -> None:
+        flat = np.fromiter((i for s in sentences for i in s), dtype=np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(self.dtype).max):
+            raise ValueError(f"an id outside {self.dtype} for the {self.side} side")
+        self.file.write(flat.astype(self.dtype).tobytes())
+        self.lengths.extend(len(s) for s in sentences)
+
+    def close(self) -> int:
+        """Write the offsets and lengths; returns the side's id count."""
+        self.file.close()
+        lengths = np.frombuffer(self.lengths, dtype=np.uint32)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        (self.folder / f"{self.side}.lengths").write_bytes(lengths.tobytes())
+        (self.folder / f"{self.side}.offsets").write_bytes(offsets.tobytes())
+        return int(offsets[-1])
+
+
+def write_prepared(out: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: dict) -> dict:
+    """Write the pairs of `chunks` as a prepared directory `out` (which must not exist, or be empty); `fields`
+    (JSON) go into the manifest as they are. Returns the manifest. A disk that fills up is one line saying
+    how much was written; nothing is kept."""
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        try:
+            return fill(tmp, chunks, vocab_sizes, fields)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            written = sum(f.stat().st_size for f in tmp.iterdir())
+            raise XattnError(f"{out}: the disk filled up after {written} bytes of the prepared corpus; nothing was "
+                             "kept. It needs about 2 (vocabulary up to 65,536) or 4 bytes a token and 12 bytes a "
+                             "pair per side: free that much and run again") from None
+
+
+def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: dict) -> dict:
+    writers = [SideWriter(folder, side, id_dtype(v)) for side, v in zip(SIDES, vocab_sizes)]
+    pairs = 0
+    for src, tgt in chunks:
+        if len(src) != len(tgt):
+            raise ValueError(f"a chunk of {len(src)} source and {len(tgt)} target sentences")
+        writers[0].add(src)
+        writers[1].add(tgt)
+        pairs += len(src)
+    tokens = [w.close() for w in writers]
+    manifest = {"format": FORMAT, **fields, "pairs": pairs, "tokens": dict(zip(SIDES, tokens)),
+                "arrays": {f.name: describe(f, dtype) for f, dtype in files(folder, writers)}}
+    (folder / MANIFEST).write_text(json_text(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def files(folder: Path, writers: list[SideWriter]) -> list[tuple[Path, np.dtype]]:
+    return [(folder / f"{w.side}{suffix}", dtype) for w in writers
+            for suffix, dtype in ((".bin", w.dtype), (".offsets", np.dtype(np.int64)), (".lengths", np.dtype(np.uint32)))]
+
+
+def describe(path: Path, dtype: np.dtype) -> dict:
+    return {"dtype": dtype.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+@dataclass
+class MappedCorpus:
+    """A prepared directory, memory-mapped: the interface of batching.TokenizedCorpus (len, src_lengths,
+    tgt_lengths, collate) without a copy of the corpus in this process."""
+    folder: Path
+    manifest: dict
+    ids: dict[str, np.ndarray]          # side -> (n,) every sentence's ids
+    offsets: dict[str, np.ndarray]      # side -> (N + 1,)
+    lengths: dict[str, np.ndarray]      # side -> (N,)
+
+    @classmethod
+    def open(cls, folder: str | Path, expect: dict | None = None, verify: bool = False) -> MappedCorpus:
+        """Map `folder`. Refused in one line: no prepared directory there, another format, a missing or short
+        array, one whose SHA-256 differs (with `verify`), or a manifest whose `expect` fields differ (naming
+        the first that does)."""
+        folder = Path(folder)
+        if not (folder / MANIFEST).is_file():
+            raise XattnError(f"{folder}: not a prepared corpus (no {MANIFEST}); make one with `xattn prepare`")
+        manifest = read_json(folder / MANIFEST)
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise XattnError(f"{folder}: a prepared corpus of another format ({MANIFEST}: format "
+                             f"{manifest.get('format') if isinstance(manifest, dict) else manifest!r}, expected "
+                             f"{FORMAT}); prepare it again")
+        for key, value in (expect or {}).items():
+            if manifest.get(key) != value:
+                raise XattnError(f"{folder}: prepared for other {key} ({json_text(manifest.get(key))}, this run "
+                                 f"has {json_text(value)}); prepare again into another directory")
+        maps = {name: check_array(folder, name, spec, verify) for name, spec in manifest.get("arrays", {}).items()}
+        if missing := [f"{s}{x}" for s in SIDES for x in (".bin", ".offsets", ".lengths") if f"{s}{x}" not in maps]:
+            raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
+        corpus = cls(folder, manifest, *({s: maps[f"{s}{x}"] for s in SIDES} for x in (".bin", ".offsets", ".lengths")))
+        corpus.check_counts()
+        return corpus
+
+    def check_counts(self) -> None:
+        for side in SIDES:
+            if len(self.lengths[side]) != self.manifest["pairs"] or len(self.offsets[side]) != self.manifest["pairs"] + 1 \
+                    or int(self.offsets[side][-1]) != len(self.ids[side]):
+                raise XattnError(f"{self.folder}: the {side} arrays do not agree with each other or with {MANIFEST}; "
+                                 "prepare it again")
+
+    def __len__(self) -> int:
+        return int(self.manifest["pairs"])
+
+    def sentence(self, side: str, i: int) -> np.ndarray:
+        """The ids of sentence i of `side` (a view into the map)."""
+        return self.ids[side][self.offsets[side][i]:self.offsets[side][i + 1]]
+
+    def src_lengths(self) -> np.ndarray:
+        """Length of each source row in a Batch (tokens + eos)."""
+        return self.lengths["src"].astype(np.int64) + 1
+
+    def tgt_lengths(self) -> np.ndarray:
+        """Length of each target row in a Batch (tokens + bos or eos)."""
+        return self.lengths["tgt"].astype(np.int64) + 1
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        """A Batch of pairs `indices`; only their ids are read from the map."""
+        return collate([self.sentence("src", i).tolist() for i in indices],
+                       [self.sentence("tgt", i).tolist() for i in indices], indices)
+
+
+def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray:
+    """The array `name` of a prepared directory as its manifest `spec` describes it, mapped read-only."""
+    path = folder / name
+    if not path.is_file():
+        raise XattnError(f"{path}: missing from the prepared corpus; prepare it again")
+    if path.stat().st_size != spec.get("bytes"):
+        raise XattnError(f"{path}: {path.stat().st_size} bytes where {MANIFEST} says {spec.get('bytes')} (cut short "
+                         "or changed); prepare it again")
+    if verify and sha256_file(path) != spec.get("sha256"):
+        raise XattnError(f"{path}: its SHA-256 differs from the one in {MANIFEST} (damaged); prepare it again")
+    try:
+        dtype = np.dtype(spec.get("dtype"))
+    except TypeError:
+        raise XattnError(f"{folder / MANIFEST}: arrays.{name}.dtype: not a dtype ({spec.get('dtype')!r}); prepare "
+                         "it again") from None
+    if spec["bytes"] == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
