@@ -152,11 +152,13 @@ class DataConfig:
     joint_vocab: bool = True            # one SentencePiece model for both sides
     max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
     max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
+    spm_sample: int = 2_000_000         # SentencePiece trains on this many training pairs drawn at random
+    #   (seeded by subset_seed; all of them when the corpus is smaller), as `xattn prepare` streams the corpus
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
         train_subset=POSITIVE, subset_seed=within(0, 2**32 - 1),
-        max_len=POSITIVE, max_ratio=within(1))
+        max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE)
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}
     LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "valid_src",

@@ -7,7 +7,7 @@ import sys
 
 from xattn.errors import XattnError
 
-VERBS = ("quickstart", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
+VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
          "diagnose", "finetune", "compose", "prune", "serve")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
 

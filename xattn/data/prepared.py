@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import errno
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,22 +66,29 @@ class SideWriter:
 
 def write_prepared(out: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: dict) -> dict:
     """Write the pairs of `chunks` as a prepared directory `out` (which must not exist, or be empty); `fields`
-    (JSON) go into the manifest as they are. Returns the manifest. A disk that fills up is one line saying
-    how much was written; nothing is kept."""
+    (JSON) go into the manifest as they are. Returns the manifest."""
+    with prepared_dir(out) as folder:
+        return fill(folder, chunks, vocab_sizes, lambda: fields)
+
+
+@contextmanager
+def prepared_dir(out: Path) -> Iterator[Path]:
+    """atomic_dir for a prepared corpus: a disk that fills up is one line saying how much was written."""
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out) as folder:
         try:
-            return fill(tmp, chunks, vocab_sizes, fields)
+            yield folder
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
-            written = sum(f.stat().st_size for f in tmp.iterdir())
+            written = sum(f.stat().st_size for f in folder.iterdir())
             raise XattnError(f"{out}: the disk filled up after {written} bytes of the prepared corpus; nothing was "
                              "kept. It needs about 2 (vocabulary up to 65,536) or 4 bytes a token and 12 bytes a "
                              "pair per side: free that much and run again") from None
 
 
-def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: dict) -> dict:
+def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: Callable[[], dict]) -> dict:
+    """Write the arrays of `chunks` and the manifest into `folder`; `fields()` is read once every chunk is in."""
     writers = [SideWriter(folder, side, id_dtype(v)) for side, v in zip(SIDES, vocab_sizes)]
     pairs = 0
     for src, tgt in chunks:
@@ -90,7 +98,7 @@ def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fi
         writers[1].add(tgt)
         pairs += len(src)
     tokens = [w.close() for w in writers]
-    manifest = {"format": FORMAT, **fields, "pairs": pairs, "tokens": dict(zip(SIDES, tokens)),
+    manifest = {"format": FORMAT, **fields(), "pairs": pairs, "tokens": dict(zip(SIDES, tokens)),
                 "arrays": {f.name: describe(f, dtype) for f, dtype in files(folder, writers)}}
     (folder / MANIFEST).write_text(json_text(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest

@@ -1,0 +1,72 @@
+"""`prepare` (xattn/data/prepare.py): the training corpus streamed into a prepared directory, with the ids,
+tokenizers and cleaning of the in-memory path, the same bytes from any number of workers."""
+import gzip
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MULTI30K
+from xattn.config import DataConfig
+from xattn.corpus import prepare_corpus
+from xattn.data.prepare import prepare
+from xattn.data.prepared import MappedCorpus
+from xattn.errors import XattnError
+
+NUMBERS = DataConfig(dataset="numbers", numbers_size=2000, vocab_size=120, max_ratio=10.0)
+
+
+def arrays(folder: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.name != "manifest.json"}
+
+
+def test_one_worker_and_two_write_the_same_bytes(tmp_path):
+    one = prepare(NUMBERS, tmp_path / "one", workers=1)
+    two = prepare(NUMBERS, tmp_path / "two", workers=2)
+    assert arrays(tmp_path / "one") == arrays(tmp_path / "two") and one["arrays"] == two["arrays"]
+    assert one["pairs"] == 2000 and one["cleaning"]["kept"] == 2000 and one["data"]["vocab_size"] == 120
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.de.gz").is_file(), reason="no Multi30k copy")
+def test_a_prepared_corpus_equals_the_in_memory_one(tmp_path):
+    cfg = DataConfig(data_dir=str(MULTI30K), train_subset=3000, vocab_size=1000, max_len=30, max_ratio=2.0)
+    manifest = prepare(cfg, tmp_path / "prepared", workers=2)
+    corpus = prepare_corpus(cfg, tmp_path / "memory")
+    mapped = MappedCorpus.open(tmp_path / "prepared", verify=True)
+    assert (tmp_path / "prepared" / "spm.model").read_bytes() == (tmp_path / "memory" / "spm.model").read_bytes()
+    assert len(mapped) == len(corpus.train) < 3000  # the length and ratio filters dropped some
+    assert all(mapped.sentence("src", i).tolist() == corpus.train.src[i] and
+               mapped.sentence("tgt", i).tolist() == corpus.train.tgt[i] for i in range(len(mapped)))
+    assert manifest["cleaning"] == {"kept": corpus.stats.kept, "empty": corpus.stats.empty,
+                                    "too_long": corpus.stats.too_long, "ratio": corpus.stats.ratio}
+
+
+def test_files_are_streamed_with_the_line_rules_and_hashed(tmp_path):
+    src, tgt = tmp_path / "a.de.gz", tmp_path / "a.en"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("".join(f"eins zwei {i}\n" for i in range(300)) + "\n")
+    tgt.write_text("".join(f"one two {i}\r\n" for i in range(300)) + "x\n", encoding="utf-8")
+    cfg = DataConfig(dataset=None, train_src=str(src), train_tgt=str(tgt), valid_src=str(tgt), valid_tgt=str(tgt),
+                     vocab_size=60)
+    manifest = prepare(cfg, tmp_path / "out", workers=1)
+    assert manifest["pairs"] == 300 and manifest["cleaning"]["empty"] == 1 and set(manifest["inputs"]) == {str(src), str(tgt)}
+    mapped = MappedCorpus.open(tmp_path / "out")
+    assert len(mapped) == 300
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"eins\nzw\xffei\n", "b.de: line 2: invalid UTF-8"),
+    (b"eins\nzwei\ndrei\n", "line counts differ: "),
+])
+def test_bad_files_are_one_line_and_leave_nothing(tmp_path, content, message):
+    (tmp_path / "b.de").write_bytes(content)
+    (tmp_path / "b.en").write_bytes(b"one\ntwo\n")
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "b.de"), train_tgt=str(tmp_path / "b.en"), vocab_size=8)
+    with pytest.raises(XattnError, match=message):
+        prepare(cfg, tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_nothing_left_after_cleaning_is_an_error_and_leaves_nothing(tmp_path):
+    with pytest.raises(XattnError, match="no training pairs left after the data.max_len"):
+        prepare(DataConfig(dataset="numbers", numbers_size=500, vocab_size=120, max_len=1), tmp_path / "out", workers=1)
+    assert list(tmp_path.iterdir()) == []
