@@ -154,6 +154,7 @@ class DataConfig:
     max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
     spm_sample: int = 2_000_000         # SentencePiece trains on this many training pairs drawn at random
     #   (seeded by subset_seed; all of them when the corpus is smaller), as `xattn prepare` streams the corpus
+    dedup: bool = False                 # xattn prepare: drop a training pair that repeats an earlier one exactly
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),

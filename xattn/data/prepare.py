@@ -13,6 +13,8 @@ import hashlib
 import multiprocessing
 import os
 import random
+import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from itertools import zip_longest
@@ -28,7 +30,9 @@ from xattn.io import decode_line, sha256_file
 CHUNK = 2048
 """Pairs a worker encodes at a time."""
 SETTINGS = ("dataset", "src_lang", "tgt_lang", "numbers_size", "train_subset", "subset_seed", "vocab_size",
-            "joint_vocab", "max_len", "max_ratio", "spm_sample")
+            "joint_vocab", "max_len", "max_ratio", "spm_sample", "dedup")
+REPORT_EVERY = 200_000
+"""Pairs between two progress lines on stderr."""
 """The data keys that shape the arrays (recorded in the manifest; the others say where files are)."""
 
 
@@ -154,14 +158,16 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None) -> dic
         raise XattnError(f"workers: must be in [1, 256], got {workers}")
     where = describe_split(cfg, "train")
     keep = subset(cfg)
-    first = Inputs(cfg)
-    total, empty, sample = first_pass(selected(first, keep), cfg.spm_sample, cfg.subset_seed)
+    first, counts = Inputs(cfg), FilterStats()
+    total, empty, sample = first_pass(selected(first, keep, cfg.dedup, counts, "counting and sampling"),
+                                      cfg.spm_sample, cfg.subset_seed)
     if not sample:
         raise XattnError(f"{where}: the training set is empty (no pair with text on both sides)")
     stats = FilterStats(empty=empty)
     with prepared_dir(Path(out)) as folder:
         tokenizers = train_into(folder, sample, cfg, where)
-        jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(selected(Inputs(cfg), keep)))
+        pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding")
+        jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(pairs))
         manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats),
                         (cfg.vocab_size, cfg.vocab_size),
                         lambda: {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": first.hashes,
@@ -181,8 +187,24 @@ def subset(cfg: DataConfig) -> set[int] | None:
     return set(random.Random(cfg.subset_seed).sample(range(total), cfg.train_subset))
 
 
-def selected(inputs: Inputs, keep: set[int] | None) -> Iterator[Pair]:
-    return (pair for i, pair in enumerate(inputs.pairs()) if keep is None or i in keep)
+def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str) -> Iterator[Pair]:
+    """The pairs of `inputs` that train_subset keeps (`keep`) and, with `dedup`, the first of each repeated
+    pair (stats.duplicate counts the others); a progress line on stderr every REPORT_EVERY pairs."""
+    seen: set[bytes] = set()
+    start = time.time()
+    for i, pair in enumerate(inputs.pairs(), start=1):
+        if i % REPORT_EVERY == 0:
+            print(f"xattn prepare: {what}: {i:,} pairs read, {i / max(time.time() - start, 1e-9):,.0f} pairs/s",
+                  file=sys.stderr, flush=True)
+        if keep is not None and i - 1 not in keep:
+            continue
+        if dedup:
+            key = hashlib.blake2b("\t".join(pair).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            if key in seen:
+                stats.duplicate += 1
+                continue
+            seen.add(key)
+        yield pair
 
 
 def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:

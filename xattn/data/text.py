@@ -47,6 +47,7 @@ class FilterStats:
     empty: int = 0
     too_long: int = 0
     ratio: int = 0
+    duplicate: int = 0                  # xattn prepare with data.dedup: repeats of an earlier pair
 
 
 def _word_count(text: str) -> int:
