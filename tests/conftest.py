@@ -7,6 +7,13 @@ import torch
 import xattn
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config) -> None:
+    """Prepared corpora go to a cache of this session's, not the user's (~/.cache/xattn/prepared)."""
+    import tempfile
+
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xattn-test-cache-")
 MULTI30K = Path(os.environ.get("XATTN_DATA", SHARED_DATA / "multi30k"))
 
 

@@ -126,9 +126,10 @@ def test_bad_corpus_file_names_file_and_line(tmp_path, capsys):
     (tmp_path / "a.de").write_text("eins\nzwei\n")
     (tmp_path / "a.en").write_text("one\n")
     args = ["train", "numbers-de-en", "data.dataset=null", f"data.train_src={tmp_path}/a.de",
-            f"data.train_tgt={tmp_path}/a.en", "--out", str(tmp_path / "m")]
+            f"data.train_tgt={tmp_path}/a.en", f"data.valid_src={tmp_path}/a.de", f"data.valid_tgt={tmp_path}/a.de",
+            "--out", str(tmp_path / "m")]
     assert main(args) == 2
-    assert "a.de has 2 lines" in capsys.readouterr().err
+    assert "line counts differ: " in capsys.readouterr().err
     (tmp_path / "a.en").write_bytes(b"one\n\xff\xfe\n")
     assert main(args) == 2
     assert "a.en: line 2: invalid UTF-8" in capsys.readouterr().err

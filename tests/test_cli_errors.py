@@ -44,13 +44,29 @@ def space(tmp_path_factory, numbers_model) -> Path:
              "aer-src.txt": b"a b c\nd e\n", "aer-tgt.txt": b"x y z\nu v\n",
              "importance-twice.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n0\tcross\t1\t0.9\n",
              "importance-other.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n",
-             "mask-above-1.yaml": b"cross: [[1, 2]]\n"}
+             "mask-above-1.yaml": b"cross: [[1, 2]]\n", "long.de": b"eins zwei drei vier\n" * 3,
+             "long.en": b"one two three four five\n" * 3}
     for name, data in files.items():
         (root / name).write_bytes(data)
     with gzip.open(root / "corrupt.de.gz", "wb") as f:
         f.write(b"eins\nzwei\n")
     (root / "corrupt.de.gz").write_bytes((root / "corrupt.de.gz").read_bytes()[:-6])
+    prepared_corpora(root)
     return root
+
+
+def prepared_corpora(root: Path) -> None:
+    """prepared: the tiny numbers config's corpus; prepared-short: a copy with src.bin cut short;
+    prepared-files: made from src.txt + good.txt."""
+    from xattn.config import load_config, resolve_config
+    from xattn.data.prepare import prepare
+
+    prepare(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY).data, root / "prepared", workers=1)
+    shutil.copytree(root / "prepared", root / "prepared-short")
+    (root / "prepared-short" / "src.bin").write_bytes((root / "prepared" / "src.bin").read_bytes()[:-2])
+    files = [f"data.train_src={root}/src.txt", f"data.train_tgt={root}/good.txt", "data.vocab_size=20"]
+    prepare(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["data.dataset=null", *files]).data,
+            root / "prepared-files", workers=1)
 
 
 def damaged(space: Path, name: str, change) -> str:
@@ -137,6 +153,20 @@ CASES = {
                           "--workers: must be in [1, 256], got 0"),
     "prepare spm_sample 0": (["prepare", "numbers-de-en", "data.spm_sample=0", "--out", "{space}/new-prepared"],
                              "data.spm_sample: must be"),
+    "prepare where no pair survives cleaning": (["prepare", "numbers-de-en", "data.dataset=null", "data.max_len=2",
+                                                 "data.train_src={space}/long.de", "data.train_tgt={space}/long.en",
+                                                 "data.vocab_size=30", "--out", "{space}/new-prepared"],
+                                                "no training pairs left"),
+    "train on a prepared corpus of other settings": ([*TRAIN, "data.prepared={space}/prepared", "data.max_len=50",
+                                                      "--out", "{space}/new-run"], "data.max_len: data.prepared="),
+    "train on a damaged prepared corpus": ([*TRAIN, "data.prepared={space}/prepared-short", "--out",
+                                            "{space}/new-run"], "prepared-short/src.bin: 4158 bytes where manifest.json says 4160 (cut short or changed)"),
+    "train on a prepared corpus of other files": (
+        [*TRAIN, "data.dataset=null", "data.train_src={space}/ref.txt", "data.train_tgt={space}/good.txt",
+         "data.valid_src={space}/src.txt", "data.valid_tgt={space}/good.txt", "data.vocab_size=20",
+         "data.prepared={space}/prepared-files", "--out", "{space}/new-run"], "data.train_src: "),
+    "train on what is not a prepared corpus": ([*TRAIN, "data.prepared={space}", "--out", "{space}/new-run"],
+                                               "not a prepared corpus (no manifest.json)"),
     "prepare misaligned files": (["prepare", "numbers-de-en", "data.dataset=null", "data.train_src={space}/a.de",
                                   "data.train_tgt={space}/a.en", "--out", "{space}/new-prepared"], "line counts differ"),
     "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
@@ -272,9 +302,11 @@ CASES = {
                       "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de", "--out", "{space}/new-empty"],
                      "empty.de + {space}/empty.en: the training set is empty"),
     "corpus counts differ": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de", "data.train_tgt={space}/a.en",
-                              "--out", "{space}/new-counts"], "a.de has 2 lines"),
+                              "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de", "--out", "{space}/new-counts"],
+                             "line counts differ: {space}/a.de has more lines than the 1 of {space}/a.en"),
     "corpus gzip truncated": ([*TRAIN, "data.dataset=null", "data.train_src={space}/corrupt.de.gz",
-                               "data.train_tgt={space}/a.de", "--out", "{space}/new-gz"], "corrupt.de.gz: cannot read"),
+                               "data.train_tgt={space}/a.de", "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de",
+                               "--out", "{space}/new-gz"], "corrupt.de.gz: cannot read"),
     "corpus src without tgt": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de"], "data.train_src"),
     # word alignments
     "aer gold malformed": (["aer", "--gold", "{space}/aer-gold-bad.talp", "--hyp", "{space}/aer-hyp.align"],

@@ -1,5 +1,5 @@
 """`prepare` (xattn/data/prepare.py): the training corpus streamed into a prepared directory, with the ids,
-tokenizers and cleaning of the in-memory path, the same bytes from any number of workers."""
+tokenizers and cleaning of the in-memory path it replaced (pinned), the same bytes from any number of workers."""
 import gzip
 from pathlib import Path
 
@@ -26,18 +26,35 @@ def test_one_worker_and_two_write_the_same_bytes(tmp_path):
     assert one["pairs"] == 2000 and one["cleaning"]["kept"] == 2000 and one["data"]["vocab_size"] == 120
 
 
+PINNED = {0: (128, "c1c515a93b53a81e3aac02fe822a7a97702f91887c3e78197c62119ed69066e3"),
+          1: (128, "afa0b31f8b93a4c2bbe3363c64a85b7ee572a5d45d04f2bab400bbc9c010fe92")}
+"""Epoch -> (batches, SHA-256 of each batch's indices, source and target ids) of the multi30k-de-en preset
+with its seed, as the in-memory path of xattn before prepared corpora (commit 6281ac2) made them."""
+PINNED_SPM = "326c7eec0513e47a2bfacb40da2408fef31a8e5aa60c1e655fefd8a6917a6b9b"
+
+
 @pytest.mark.skipif(not (MULTI30K / "train.de.gz").is_file(), reason="no Multi30k copy")
-def test_a_prepared_corpus_equals_the_in_memory_one(tmp_path):
-    cfg = DataConfig(data_dir=str(MULTI30K), train_subset=3000, vocab_size=1000, max_len=30, max_ratio=2.0)
-    manifest = prepare(cfg, tmp_path / "prepared", workers=2)
-    corpus = prepare_corpus(cfg, tmp_path / "memory")
-    mapped = MappedCorpus.open(tmp_path / "prepared", verify=True)
-    assert (tmp_path / "prepared" / "spm.model").read_bytes() == (tmp_path / "memory" / "spm.model").read_bytes()
-    assert len(mapped) == len(corpus.train) < 3000  # the length and ratio filters dropped some
-    assert all(mapped.sentence("src", i).tolist() == corpus.train.src[i] and
-               mapped.sentence("tgt", i).tolist() == corpus.train.tgt[i] for i in range(len(mapped)))
-    assert manifest["cleaning"] == {"kept": corpus.stats.kept, "empty": corpus.stats.empty, "duplicate": 0,
-                                    "too_long": corpus.stats.too_long, "ratio": corpus.stats.ratio}
+def test_training_batches_are_those_of_the_in_memory_path(tmp_path):
+    import hashlib
+
+    import numpy as np
+
+    from xattn.config import load_config, resolve_config
+    from xattn.data import TokenBatchSampler
+
+    cfg = load_config(resolve_config("multi30k-de-en"), [f"data.data_dir={MULTI30K}"])
+    corpus = prepare_corpus(cfg.data, tmp_path / "model")
+    assert hashlib.sha256((tmp_path / "model" / "spm.model").read_bytes()).hexdigest() == PINNED_SPM
+    sampler = TokenBatchSampler(corpus.train.src_lengths(), corpus.train.tgt_lengths(), cfg.train.max_tokens,
+                                seed=cfg.train.seed)
+    for epoch, (count, pinned) in PINNED.items():
+        digest, batches = hashlib.sha256(), sampler.batches(epoch)
+        for indices in batches:
+            batch = corpus.train.collate(indices)
+            for array in (np.asarray(indices, dtype=np.int64), batch.src.numpy(), batch.tgt_out.numpy()):
+                digest.update(array.tobytes())
+        assert (len(batches), digest.hexdigest()) == (count, pinned)
+    assert corpus.stats.kept == len(corpus.train) == 28997
 
 
 def test_files_are_streamed_with_the_line_rules_and_hashed(tmp_path):
@@ -49,6 +66,7 @@ def test_files_are_streamed_with_the_line_rules_and_hashed(tmp_path):
                      vocab_size=60)
     manifest = prepare(cfg, tmp_path / "out", workers=1)
     assert manifest["pairs"] == 300 and manifest["cleaning"]["empty"] == 1 and set(manifest["inputs"]) == {str(src), str(tgt)}
+    assert [r["key"] for r in manifest["inputs"].values()] == ["train_src", "train_tgt"]
     mapped = MappedCorpus.open(tmp_path / "out")
     assert len(mapped) == 300
 

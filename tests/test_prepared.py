@@ -65,9 +65,11 @@ def test_a_writer_that_fails_leaves_nothing_behind(tmp_path):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "src.bin").write_bytes((d / "src.bin").read_bytes()[:-2]), "src.bin: "),
-    (lambda d: (d / "tgt.offsets").unlink(), "tgt.offsets: missing"),
+    (lambda d: (d / "tgt.blocks").unlink(), "tgt.blocks: missing"),
+    (lambda d: (d / "src.lengths").write_bytes(bytes(reversed((d / "src.lengths").read_bytes()))),
+     "the src arrays do not agree"),
     (lambda d: (d / MANIFEST).unlink(), "not a prepared corpus"),
-    (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"format": 1', '"format": 9')),
+    (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"format": 2', '"format": 9')),
      "another format"),
 ])
 def test_a_damaged_directory_is_refused_in_one_line(prepared, damage, message):

@@ -152,9 +152,11 @@ class DataConfig:
     joint_vocab: bool = True            # one SentencePiece model for both sides
     max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
     max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
-    spm_sample: int = 2_000_000         # SentencePiece trains on this many training pairs drawn at random
+    spm_sample: int = 300_000           # SentencePiece trains on this many training pairs drawn at random
     #   (seeded by subset_seed; all of them when the corpus is smaller), as `xattn prepare` streams the corpus
     dedup: bool = False                 # xattn prepare: drop a training pair that repeats an earlier one exactly
+    prepared: str | None = None         # train on this prepared directory (xattn prepare); None: the one made
+    #   from the training files (or dataset) and the keys above, found in or added to the cache
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
@@ -163,7 +165,7 @@ class DataConfig:
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}
     LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "valid_src",
-                                            "valid_tgt", "valid_tsv")
+                                            "valid_tgt", "valid_tsv", "prepared")
     """Keys that say where the data is, not what it is: a resumed run may move its files."""
 
     def __post_init__(self) -> None:
@@ -173,8 +175,9 @@ class DataConfig:
                 problem = one_of(*self.LANGUAGES[self.dataset])(getattr(self, key))
                 if problem:
                     raise ConfigError(f"data.{key}", f"{problem} (the languages of {self.dataset})")
-        elif not (self.train_tsv or (self.train_src and self.train_tgt)):
-            raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, or data.train_tsv")
+        elif not (self.train_tsv or (self.train_src and self.train_tgt) or self.prepared):
+            raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, data.train_tsv or "
+                              "data.prepared")
         for prefix in ("train", "valid"):
             if bool(getattr(self, f"{prefix}_src")) != bool(getattr(self, f"{prefix}_tgt")):
                 raise ConfigError(f"data.{prefix}_src", f"data.{prefix}_src and data.{prefix}_tgt go together")

@@ -1,7 +1,8 @@
-"""The corpus a run trains on: the pairs a DataConfig names, cleaned and tokenized, with its tokenizers.
+"""The corpus a run trains on: the training pairs a DataConfig names as a memory-mapped prepared directory
+(xattn.data.store finds or makes it), the validation pairs in memory, and the tokenizers.
 
-Tokenizers are trained into the model directory on the first run and loaded from it afterwards,
-so a resumed run (or another DDP rank) tokenizes exactly as the first one did.
+The tokenizers are the prepared directory's: a new run copies them into the model directory, and a resumed
+run (or another DDP rank) checks that the ones there are the same, so every process tokenizes alike.
 """
 from __future__ import annotations
 
@@ -11,21 +12,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xattn.config import DataConfig
-from xattn.data import FilterStats, Pair, TokenizedCorpus, clean_pairs, read_parallel, read_tsv, tokenize_pairs
+from xattn.data import FilterStats, Pair, TokenizedCorpus, read_parallel, read_tsv, tokenize_pairs
+from xattn.data.prepared import MappedCorpus
 from xattn.datasets import load_pairs
 from xattn.distributed import Context
 from xattn.errors import XattnError
-from xattn.tokenizer import TokenizerPair, load_tokenizers, train_tokenizers
+from xattn.io import json_text
+from xattn.tokenizer import TokenizerPair, load_tokenizers
 
 
 @dataclass
 class Corpus:
     tokenizers: TokenizerPair
-    train: TokenizedCorpus
+    train: MappedCorpus                 # the prepared directory, mapped
     valid: TokenizedCorpus
     valid_pairs: list[Pair]             # raw text, for BLEU
     stats: FilterStats                  # what cleaning dropped from the training pairs
-    fingerprint: str                    # SHA-256 of the training and validation text as read
+    fingerprint: str                    # SHA-256 of the training ids (their arrays' hashes) and validation text
 
 
 def read_split(cfg: DataConfig, split: str) -> list[Pair]:
@@ -73,53 +76,36 @@ def text_fingerprint(*splits: list[Pair]) -> str:
     return digest.hexdigest()
 
 
-def train_side_tokenizers(pairs: list[Pair], out_dir: Path, vocab_size: int, inherit: dict[str, Path]) -> None:
-    """Separate tokenizers: the sides in `inherit` copied from their files, the others trained on `pairs`."""
-    from xattn.io import atomic_write_bytes
-    from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, train_sentencepiece
-
-    for k, (side, name) in enumerate((("src", SRC_MODEL), ("tgt", TGT_MODEL))):
-        if side in inherit:
-            atomic_write_bytes(out_dir / name, Path(inherit[side]).read_bytes())
-        else:
-            train_sentencepiece([pair[k] for pair in pairs], out_dir / name, vocab_size)
-    (out_dir / JOINT_MODEL).unlink(missing_ok=True)
-
-
 def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True,
-                   inherit: dict[str, Path] | None = None) -> Corpus:
-    """Read, clean and tokenize; with `new_tokenizers`, train the tokenizers into `out_dir` first
-    (rank 0), otherwise load the ones there. `inherit` {"src" or "tgt": a tokenizer file}: that side's
-    tokenizer is copied from another model (a transfer parent) and only the other side's is trained."""
+                   inherit: dict[str, Path] | None = None, workers: int | None = None) -> Corpus:
+    """The training corpus prepared (found or made, xattn.data.store) and mapped, the validation pairs read
+    and tokenized. With `new_tokenizers` (a new run), rank 0 copies the prepared directory's tokenizers into
+    `out_dir`; otherwise the ones in `out_dir` must be the same. `inherit` {"src" or "tgt": a tokenizer file}:
+    that side's tokenizer is a transfer parent's, and only the other side's is trained. The fingerprint
+    covers the prepared arrays and tokenizers, so a resumed run whose model directory holds other tokenizers
+    than its corpus differs from the run it resumes (train_state.run_identity)."""
+    from xattn.checkpoint import copy_tokenizers, tokenizer_hashes
+    from xattn.data.store import training_corpus
+
     ctx = ctx or Context()
-    train_raw, valid_raw = read_split(cfg, "train"), read_split(cfg, "val")
-    train_pairs, empties = clean_pairs(train_raw)
+    valid_raw = read_split(cfg, "val")
     valid_pairs = [p for p in valid_raw if p[0].strip() and p[1].strip()]
-    for pairs, split in ((train_pairs, "train"), (valid_pairs, "val")):
-        if not pairs:
-            raise XattnError(f"{describe_split(cfg, split)}: the {'training' if split == 'train' else 'validation'} "
-                             "set is empty (no pair with text on both sides)")
+    if not valid_pairs:
+        raise XattnError(f"{describe_split(cfg, 'val')}: the validation set is empty (no pair with text on both sides)")
+    train = training_corpus(cfg, ctx, inherit, workers)
+    prepared = train.manifest.get("tokenizers", {})
     if new_tokenizers and ctx.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            if inherit:
-                train_side_tokenizers(train_pairs, out_dir, cfg.vocab_size, inherit)
-            else:
-                train_tokenizers([s for s, _ in train_pairs], [t for _, t in train_pairs], out_dir,
-                                 cfg.vocab_size, cfg.joint_vocab)
-        except XattnError as e:
-            raise XattnError(f"{describe_split(cfg, 'train')}: cannot train the tokenizer on this text ({e})") from None
+        for stale in set(tokenizer_hashes(out_dir)) - set(prepared):
+            (out_dir / stale).unlink()
+        copy_tokenizers(train.folder, out_dir)
     ctx.barrier()
     tokenizers = load_tokenizers(out_dir)
     if tokenizers.joint != cfg.joint_vocab:
         raise XattnError(f"{out_dir}: holds {'a joint' if tokenizers.joint else 'separate'} vocabulary, "
                          f"but data.joint_vocab={cfg.joint_vocab}")
-    train_pairs, stats = clean_pairs(train_pairs, cfg.max_len, cfg.max_ratio,
-                                     length=lambda s: len(tokenizers.src.encode(s)),
-                                     tgt_length=lambda t: len(tokenizers.tgt.encode(t)))
-    stats.empty = empties.empty
-    if not train_pairs:
-        raise XattnError(f"{describe_split(cfg, 'train')}: no training pairs left after the data.max_len / "
-                         "data.max_ratio filter")
-    return Corpus(tokenizers, tokenize_pairs(train_pairs, tokenizers), tokenize_pairs(valid_pairs, tokenizers),
-                  valid_pairs, stats, text_fingerprint(train_raw, valid_raw))
+    arrays = {name: spec.get("sha256") for name, spec in sorted(train.manifest["arrays"].items())}
+    fingerprint = hashlib.sha256(json_text({"train": arrays, "tokenizers": prepared,
+                                               "valid": text_fingerprint(valid_raw)}).encode()).hexdigest()
+    return Corpus(tokenizers, train, tokenize_pairs(valid_pairs, tokenizers), valid_pairs,
+                  FilterStats(**train.manifest["cleaning"]), fingerprint)

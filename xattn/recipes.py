@@ -57,7 +57,8 @@ def length_ratio(cfg, corpus: Corpus) -> float | None:
     its heads by; None when no cross-attention is hard-coded."""
     if not any(cfg.variant("cross", i) == "gaussian" for i in range(cfg.n_decoder_layers)):
         return None
-    return round(sum(corpus.train.src_lengths()) / max(1, sum(corpus.train.tgt_lengths())), 4)
+    src, tgt = (int(lengths.sum(dtype="int64")) for lengths in (corpus.train.src_lengths(), corpus.train.tgt_lengths()))
+    return round(src / max(1, tgt), 4)
 
 
 def freeze(model: Transformer, trainable: frozenset[str] | None) -> list[torch.nn.Parameter]:

@@ -122,14 +122,19 @@ def _short(value: Any) -> str:
     return text if len(text) <= 20 else text[:12] + "..."
 
 
-def run_identity(cfg: RunConfig, text_sha256: str, tokenizers: dict[str, str], processes: int) -> dict:
-    """What a resumed run must share with the run whose checkpoint it continues: the model, the data
-    (its settings, without the keys that only say where it lives, and the SHA-256 of its text), the
-    tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in DataConfig.LOCATIONS}
+def data_identity(cfg: DataConfig) -> dict:
+    """The data settings of a run's identity: without the keys that only say where the data lives."""
+    data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in DataConfig.LOCATIONS}
     if data["train_subset"] is None:  # all the data: the subset's seed plays no part
         del data["train_subset"], data["subset_seed"]
-    identity = {"tokenizers": tokenizers, "data": data | {"text_sha256": text_sha256},
+    return json.loads(json_text(data))
+
+
+def run_identity(cfg: RunConfig, corpus_sha256: str, tokenizers: dict[str, str], processes: int) -> dict:
+    """What a resumed run must share with the run whose checkpoint it continues: the model, the data (its
+    settings, without the keys that only say where it lives, and corpus.Corpus.fingerprint), the
+    tokenizer files, and what fixes the order of batches. Budgets, learning rate and the like may change."""
+    identity = {"tokenizers": tokenizers, "data": data_identity(cfg.data) | {"corpus_sha256": corpus_sha256},
                 "model": cfg.model.as_dict(),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
     return json.loads(json_text(identity))  # as the manifest stores it

@@ -27,7 +27,7 @@ from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import is_temporary, json_text
-from xattn.train_state import MANIFEST, Manifest, TrainStateDir, differences, run_identity
+from xattn.train_state import MANIFEST, Manifest, TrainStateDir, data_identity, differences, run_identity
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config
 
@@ -94,19 +94,21 @@ class Trainer:
         if manifest is None and (self.out_dir / WEIGHTS).is_file():
             raise XattnError(f"{self.out_dir}: holds a model but no training state to resume "
                              f"({STATE_DIR}/{MANIFEST}); train into a new directory")
-        parts = (factory or from_config(cfg, self.out_dir))(self.ctx, manifest is None)
+        factory = factory or from_config(cfg, self.out_dir)
+        if manifest is not None:  # before a corpus is prepared for a run that would be refused
+            self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
+        parts = factory(self.ctx, manifest is None)
         self.corpus: Corpus = parts.corpus
         stats = self.corpus.stats
-        self._print(f"corpus: {len(self.corpus.train)} training pairs (dropped: {stats.empty} empty, "
-                    f"{stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over length ratio "
-                    f"{cfg.data.max_ratio:g}), {len(self.corpus.valid)} validation pairs")
+        duplicates = f", {stats.duplicate} repeated" if cfg.data.dedup else ""
+        self._print(f"corpus: {len(self.corpus.train)} training pairs in {self.corpus.train.folder} (dropped: "
+                    f"{stats.empty} empty, {stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over "
+                    f"length ratio {cfg.data.max_ratio:g}{duplicates}), {len(self.corpus.valid)} validation pairs")
         self.cfg, self.base = parts.cfg, parts.base
         self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
                                      self.ctx.world) | parts.identity
-        if manifest is not None and (diffs := differences(manifest.run, self.identity)):
-            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings "
-                             f"({'; '.join(diffs[:3])}); rerun with the same settings to resume (budgets such as "
-                             "train.max_steps may change), or train into another directory")
+        if manifest is not None:
+            self._refuse_another_run(manifest, self.identity)
         tc: TrainConfig = self.cfg.train
         self.model = parts.model.to(self.device)
         trained = freeze(self.model, parts.trainable)
@@ -126,6 +128,22 @@ class Trainer:
             self._resume(manifest)
 
     # ---------------------------------------------------------------------------- start and resume
+
+    def _refuse_another_run(self, manifest: Manifest, identity: dict, partial: bool = False) -> None:
+        """One line when the checkpoint's run differs from this one in `identity`; `partial`: only in the keys
+        it holds (what is known before the corpus is prepared)."""
+        saved = manifest.run
+        if "text_sha256" in saved.get("data", {}):
+            raise XattnError(f"{self.out_dir}: a run started before training read prepared corpora (its checkpoint "
+                             "names the corpus by its text); finish it with the xattn that started it, or train into "
+                             "another directory")
+        if partial:
+            saved = {part: {k: v for k, v in saved.get(part, {}).items() if k in keys}
+                     for part, keys in identity.items()}
+        if diffs := differences(saved, identity):
+            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings "
+                             f"({'; '.join(diffs[:3])}); rerun with the same settings to resume (budgets such as "
+                             "train.max_steps may change), or train into another directory")
 
     def _start(self) -> None:
         """A new run (rank 0 writes): config.yaml, an empty log, and the checkpoint of step 0."""

@@ -177,6 +177,7 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
         trainable = trainable_names(model, strat, side)
         child_cfg = dataclasses.replace(cfg, model=model_cfg, data=data, parent=link)
         return RunParts(child_cfg, corpus, model, trainable, identity, base)
+    build.data = data  # what the child trains on, which a resume checks before preparing it
     return build
 
 

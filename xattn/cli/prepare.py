@@ -10,7 +10,8 @@ from xattn.errors import XattnError
 def register(sub) -> None:
     p = add_verb(sub, "prepare", "Stream a config's training corpus into a prepared directory: SentencePiece "
                  "trained on a sample (data.spm_sample), every pair encoded by worker processes and cleaned, the "
-                 "ids in flat memory-mappable arrays with a manifest. Training does not read it yet.",
+                 "ids in flat memory-mappable arrays with a manifest. Train on it with data.prepared=DIR (xattn train "
+                 "makes one in the cache when none is named).",
                  "xattn prepare my-config.yaml data.train_src=big.de.gz data.train_tgt=big.en.gz --out data/big", run)
     p.add_argument("config", type=path_arg, help="a preset name, or a YAML file with sections model, data, train, decode")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="override config keys")

@@ -94,6 +94,33 @@ def tokenize_pairs(pairs: Sequence[Pair], tokenizers: TokenizerPair, max_len: in
     return TokenizedCorpus(src, tgt)
 
 
+class Batches(Sequence):
+    """An epoch's batches without a Python list per batch: batch k is `order[bounds[k, 0]:bounds[k, 1]]`, read
+    as a list of corpus indices. Slicing gives another Batches (a rank's share, a group of micro-batches), so
+    an epoch of millions of pairs costs one index array.
+
+    order (N,) int: corpus indices, batch by batch.  bounds (K, 2) int64: where each batch starts and ends.
+    """
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray):
+        self.order, self.bounds = order, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return Batches(self.order, self.bounds[k])
+        start, end = self.bounds[k]
+        return self.order[start:end].tolist()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == list(b) for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"Batches({len(self)} batches of {int(np.sum(self.bounds[:, 1] - self.bounds[:, 0]))} indices)"
+
+
 class TokenBatchSampler:
     """Batches of corpus indices whose padded size n_sentences * max(S, T) stays within `max_tokens`.
 
@@ -101,7 +128,8 @@ class TokenBatchSampler:
     packs them greedily and shuffles the batch order; the result is a pure function of
     (seed, epoch, lengths), so training can resume at any batch of any epoch. Without `shuffle`,
     batches follow ascending length (for validation and translation). An example longer than
-    `max_tokens` gets a batch of its own.
+    `max_tokens` gets a batch of its own. Everything is held in numpy arrays (a few bytes a pair), so
+    the lengths of a memory-mapped corpus of millions of pairs are batched in seconds.
     """
 
     def __init__(
@@ -118,34 +146,48 @@ class TokenBatchSampler:
         if max_tokens <= 0 or bucket_size <= 0 or seed < 0:
             raise XattnError(f"max_tokens, bucket_size must be positive and seed >= 0, got "
                              f"{max_tokens}, {bucket_size}, {seed}")
-        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.max_tokens, self.shuffle, self.seed, self.bucket_size = max_tokens, shuffle, seed, bucket_size
         self._lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        self._index = np.int32 if len(self._lengths) < 2**31 else np.int64
+        self._last: tuple[int, Batches] | None = None
 
-    def batches(self, epoch: int = 0) -> list[list[int]]:
-        """The batches of `epoch`, in order, each a list of corpus indices."""
+    def batches(self, epoch: int = 0) -> Batches:
+        """The batches of `epoch`, in order, each a list of corpus indices (the last epoch asked is kept)."""
+        if self._last is None or self._last[0] != (epoch if self.shuffle else 0):
+            self._last = (epoch if self.shuffle else 0), self._make(epoch)
+        return self._last[1]
+
+    def _make(self, epoch: int) -> Batches:
         if not self.shuffle:
-            return self._pack(np.argsort(self._lengths, kind="stable"))
+            order = np.argsort(self._lengths, kind="stable").astype(self._index)
+            return Batches(order, self._pack(order, 0))
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self._lengths))
-        batches = []
+        order = rng.permutation(len(self._lengths)).astype(self._index)
+        bounds = []
         for start in range(0, len(order), self.bucket_size):
             chunk = order[start : start + self.bucket_size]
-            batches += self._pack(chunk[np.argsort(self._lengths[chunk], kind="stable")])
-        return [batches[i] for i in rng.permutation(len(batches))]
+            order[start : start + len(chunk)] = chunk[np.argsort(self._lengths[chunk], kind="stable")]
+            bounds.append(self._pack(order[start : start + len(chunk)], start))
+        bounds = np.concatenate(bounds) if bounds else np.zeros((0, 2), dtype=np.int64)
+        return Batches(order, bounds[rng.permutation(len(bounds))])
 
-    def _pack(self, indices: np.ndarray) -> list[list[int]]:
-        batches, current, longest = [], [], 0
-        for i, n in zip(indices.tolist(), self._lengths[indices].tolist()):
-            if current and (len(current) + 1) * max(longest, n) > self.max_tokens:
-                batches.append(current)
-                current, longest = [], 0
-            current.append(i)
-            longest = max(longest, n)
-        if current:
-            batches.append(current)
-        return batches
+    def _pack(self, indices: np.ndarray, offset: int) -> np.ndarray:
+        """(K, 2) bounds, offset by `offset`, of the greedy packing of `indices` (sorted by ascending length,
+        so a batch's longest example is its last): a batch takes the next example while
+        (examples + 1) * its length <= max_tokens."""
+        lengths = self._lengths[indices]
+        starts, start, n = [], 0, len(indices)
+        while start < n:
+            room = self.max_tokens // max(int(lengths[start]), 1)  # no batch from here holds more examples
+            window = lengths[start : start + room]
+            fits = np.arange(1, len(window) + 1) * window <= self.max_tokens
+            starts.append(start)
+            start += max(1, len(window) if fits.all() else int(np.argmin(fits)))
+        bounds = np.empty((len(starts), 2), dtype=np.int64)
+        bounds[:, 0] = starts
+        bounds[:-1, 1], bounds[-1:, 1] = bounds[1:, 0], n
+        return bounds + offset
 
     def __len__(self) -> int:
         """Number of batches in epoch 0 (other epochs may differ slightly)."""
@@ -153,6 +195,15 @@ class TokenBatchSampler:
 
     def padding_fraction(self, batches: Sequence[Sequence[int]]) -> float:
         """Fraction of padded positions over the src and tgt tensors of `batches`."""
+        if isinstance(batches, Batches):
+            sizes = batches.bounds[:, 1] - batches.bounds[:, 0]
+            flat = np.concatenate([batches.order[a:b] for a, b in batches.bounds]) if len(sizes) else np.zeros(0, int)
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            src, tgt = self.src_lengths[flat].astype(np.int64), self.tgt_lengths[flat].astype(np.int64)
+            real = int(src.sum() + tgt.sum())
+            padded = int(np.sum(sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts)))) \
+                if len(sizes) else 0
+            return 1.0 - real / padded if padded else 0.0
         real = padded = 0
         for batch in batches:
             src, tgt = self.src_lengths[list(batch)], self.tgt_lengths[list(batch)]

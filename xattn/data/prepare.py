@@ -17,30 +17,37 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from itertools import zip_longest
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
+import numpy as np
+
 from xattn.config import DataConfig
-from xattn.data.prepared import fill, prepared_dir
+from xattn.data.prepared import Flat, fill, prepared_dir
 from xattn.data.text import FilterStats, Pair
 from xattn.errors import XattnError
-from xattn.io import decode_line, sha256_file
+from xattn.io import decode_line
+from xattn.tokenizer import load_tokenizers
 
 CHUNK = 2048
 """Pairs a worker encodes at a time."""
+BLOCK = 1 << 20
+"""Bytes read from an input file at a time."""
 SETTINGS = ("dataset", "src_lang", "tgt_lang", "numbers_size", "train_subset", "subset_seed", "vocab_size",
             "joint_vocab", "max_len", "max_ratio", "spm_sample", "dedup")
-REPORT_EVERY = 200_000
-"""Pairs between two progress lines on stderr."""
 """The data keys that shape the arrays (recorded in the manifest; the others say where files are)."""
+REPORT_EVERY = 200_000
+"""Pairs between two progress lines on stderr, when it is not a terminal (a terminal gets a bar)."""
+PAIRS_PER_WORKER = 100_000
+"""A corpus gets one encoding process per this many pairs at most, by default."""
 
 
 @dataclass
 class Inputs:
     """The training pairs of a DataConfig, read line by line with the rules of xattn.io.read_lines."""
     cfg: DataConfig
-    hashes: dict[str, str] = field(default_factory=dict)   # file (or dataset) -> SHA-256 of its text as read
+    records: dict[str, dict] = field(default_factory=dict)  # file (or dataset) -> its SHA-256 as read, size, mtime
 
     def pairs(self) -> Iterator[Pair]:
         cfg = self.cfg
@@ -48,40 +55,76 @@ class Inputs:
             from xattn.corpus import read_all, text_fingerprint
 
             pairs = read_all(cfg, "train")
-            self.hashes = {f"{cfg.dataset} {cfg.src_lang}-{cfg.tgt_lang}": text_fingerprint(pairs)}
+            self.records = {dataset_name(cfg): {"sha256": text_fingerprint(pairs)}}
             yield from pairs
         elif cfg.train_tsv:
-            for n, line in enumerate(self.lines(cfg.train_tsv), start=1):
+            for n, line in enumerate(self.lines(cfg.train_tsv, "train_tsv"), start=1):
                 fields = line.split("\t")
                 if len(fields) != 2:
                     raise XattnError(f"{cfg.train_tsv}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
                 yield fields[0].strip(), fields[1].strip()
         else:
-            for n, (src, tgt) in enumerate(zip_longest(self.lines(cfg.train_src), self.lines(cfg.train_tgt)), start=1):
+            lines = zip_longest(self.lines(cfg.train_src, "train_src"), self.lines(cfg.train_tgt, "train_tgt"))
+            for n, (src, tgt) in enumerate(lines, start=1):
                 if src is None or tgt is None:
                     longer, shorter = (cfg.train_src, cfg.train_tgt) if tgt is None else (cfg.train_tgt, cfg.train_src)
                     raise XattnError(f"line counts differ: {longer} has more lines than the {n - 1} of {shorter}")
                 yield src, tgt
 
-    def lines(self, path: str) -> Iterator[str]:
-        """The lines of a plain or `.gz` file, trailing whitespace stripped; its text's SHA-256 into `hashes`."""
+    @staticmethod
+    def dataset_digest(cfg: DataConfig) -> str:
+        """The SHA-256 of a named dataset's training text (small; read whole)."""
+        from xattn.corpus import read_all, text_fingerprint
+
+        return text_fingerprint(read_all(cfg, "train"))
+
+    def lines(self, path: str, key: str) -> Iterator[str]:
+        """The lines of a plain or `.gz` file (config key `key`), trailing whitespace stripped, read a block at
+        a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
+        file's size and time. The rules and messages are xattn.io.read_lines'."""
         import gzip
 
-        digest, opener = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open
+        digest, opener, number, rest = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open, 0, b""
         try:
             with opener(path, "rb") as f:
-                for number, raw in enumerate(f, start=1):
-                    digest.update(raw)
-                    if number == 1:
-                        raw = raw.removeprefix(b"\xef\xbb\xbf")
-                    if not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
+                while block := f.read(BLOCK):
+                    digest.update(block)
+                    block, cut = rest + block, block.rfind(b"\n") + len(rest) + 1
+                    if cut == len(rest):  # no newline in this block
+                        rest = block
+                        continue
+                    rest = block[cut:]
+                    yield from self.decoded(block[:cut - 1], str(path), number)
+                    number += block.count(b"\n", 0, cut)
+                if rest:
+                    if b"\r" in rest.rstrip(b"\r"):
                         raise XattnError(f"{path}: lines end in a carriage return alone (\\r); convert them to \\n")
-                    yield decode_line(raw.removesuffix(b"\n"), str(path), number).rstrip()
+                    yield from self.decoded(rest, str(path), number)
         except FileNotFoundError:
             raise XattnError(f"{path}: no such file") from None
         except (OSError, EOFError) as e:
             raise XattnError(f"{path}: cannot read ({e})") from None
-        self.hashes[str(path)] = digest.hexdigest()
+        self.records[str(path)] = {"key": key, "sha256": digest.hexdigest(), **file_stamp(path)}
+
+    @staticmethod
+    def decoded(data: bytes, path: str, before: int) -> list[str]:
+        """Lines `before` + 1, ... (`data`: their bytes joined by newlines), decoded and stripped."""
+        if before == 0:
+            data = data.removeprefix(b"\xef\xbb\xbf")
+        try:
+            return [line.rstrip() for line in data.decode("utf-8").split("\n")]
+        except UnicodeDecodeError:  # find the line, for the message
+            return [decode_line(raw, path, n).rstrip() for n, raw in enumerate(data.split(b"\n"), start=before + 1)]
+
+
+def file_stamp(path: str | Path) -> dict:
+    """What tells, without reading it, whether a file changed: its size and modification time."""
+    stat = os.stat(path)
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def dataset_name(cfg: DataConfig) -> str:
+    return f"{cfg.dataset} {cfg.src_lang}-{cfg.tgt_lang}"
 
 
 def first_pass(pairs: Iterator[Pair], sample_size: int, seed: int) -> tuple[int, int, list[Pair]]:
@@ -112,22 +155,18 @@ def _load(folder: str) -> None:
     _TOKENIZERS = load_tokenizers(folder)
 
 
-def encode_chunk(job: tuple[list[Pair], int, float]) -> tuple[list[list[int]], list[list[int]], dict]:
-    """(pairs, max_len, max_ratio) -> the kept pairs' ids and what was dropped (FilterStats fields)."""
+def encode_chunk(job: tuple[list[Pair], int, float]) -> tuple[Flat, Flat, dict]:
+    """(pairs, max_len, max_ratio) -> the kept pairs' ids (flat arrays, quick to send back) and what was
+    dropped (FilterStats fields)."""
     pairs, max_len, max_ratio = job
     src = _TOKENIZERS.src.encode_batch([s for s, _ in pairs])
     tgt = _TOKENIZERS.tgt.encode_batch([t for _, t in pairs])
-    kept_src, kept_tgt, stats = [], [], FilterStats()
-    for s, t in zip(src, tgt):
-        n, m = len(s), len(t)
-        if max(n, m) > max_len:
-            stats.too_long += 1
-        elif max(n, m) / max(1, min(n, m)) > max_ratio:
-            stats.ratio += 1
-        else:
-            kept_src.append(s)
-            kept_tgt.append(t)
-    return kept_src, kept_tgt, asdict(stats)
+    n, m = (np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in (src, tgt))
+    too_long = np.maximum(n, m) > max_len
+    ratio = ~too_long & (np.maximum(n, m) / np.maximum(1, np.minimum(n, m)) > max_ratio)
+    keep = np.flatnonzero(~(too_long | ratio)).tolist()
+    stats = FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum()))
+    return Flat.of([src[i] for i in keep]), Flat.of([tgt[i] for i in keep]), asdict(stats)
 
 
 def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
@@ -148,13 +187,14 @@ def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
 
 # ---------------------------------------------------------------------------------------------- prepare
 
-def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None) -> dict:
+def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inherit: dict[str, Path] | None = None) -> dict:
     """Prepare the training corpus of `cfg` into the new directory `out` (see the module); returns its manifest.
-    `workers`: encoding processes (default: one per core)."""
+    `workers`: encoding processes (default: one per core, and one per PAIRS_PER_WORKER pairs at most, as a
+    process takes a second or two to start). `inherit` {"src" or "tgt": a tokenizer file}: that side's
+    tokenizer is copied (a transfer parent's) and only the other side's is trained."""
     from xattn.corpus import describe_split
 
-    workers = workers if workers is not None else os.cpu_count() or 1
-    if not 1 <= workers <= 256:
+    if workers is not None and not 1 <= workers <= 256:
         raise XattnError(f"workers: must be in [1, 256], got {workers}")
     where = describe_split(cfg, "train")
     keep = subset(cfg)
@@ -163,14 +203,18 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None) -> dic
                                       cfg.spm_sample, cfg.subset_seed)
     if not sample:
         raise XattnError(f"{where}: the training set is empty (no pair with text on both sides)")
+    if workers is None:
+        workers = max(1, min(os.cpu_count() or 1, (total - empty) // PAIRS_PER_WORKER + 1))
     stats = FilterStats(empty=empty)
     with prepared_dir(Path(out)) as folder:
-        tokenizers = train_into(folder, sample, cfg, where)
-        pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding")
+        tokenizers = train_into(folder, sample, cfg, where, inherit or {})
+        del sample  # the encoding workers start now: the peak of one need not add to the other's
+        made = load_tokenizers(folder)
+        pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", total)
         jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(pairs))
         manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats),
-                        (cfg.vocab_size, cfg.vocab_size),
-                        lambda: {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": first.hashes,
+                        (made.src.vocab_size, made.tgt.vocab_size),
+                        lambda: {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": first.records,
                                  "tokenizers": tokenizers, "cleaning": asdict(stats)})
         if stats.kept == 0:
             raise XattnError(f"{where}: no training pairs left after the data.max_len / data.max_ratio filter")
@@ -187,24 +231,58 @@ def subset(cfg: DataConfig) -> set[int] | None:
     return set(random.Random(cfg.subset_seed).sample(range(total), cfg.train_subset))
 
 
-def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str) -> Iterator[Pair]:
+def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str,
+             total: int | None = None) -> Iterator[Pair]:
     """The pairs of `inputs` that train_subset keeps (`keep`) and, with `dedup`, the first of each repeated
-    pair (stats.duplicate counts the others); a progress line on stderr every REPORT_EVERY pairs."""
+    pair (stats.duplicate counts the others); progress on stderr (Progress)."""
     seen: set[bytes] = set()
-    start = time.time()
-    for i, pair in enumerate(inputs.pairs(), start=1):
-        if i % REPORT_EVERY == 0:
-            print(f"xattn prepare: {what}: {i:,} pairs read, {i / max(time.time() - start, 1e-9):,.0f} pairs/s",
-                  file=sys.stderr, flush=True)
-        if keep is not None and i - 1 not in keep:
-            continue
-        if dedup:
-            key = hashlib.blake2b("\t".join(pair).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            if key in seen:
-                stats.duplicate += 1
+    with Progress(what, total, stats) as progress:
+        for i, pair in enumerate(inputs.pairs()):
+            progress.update(i + 1)
+            if keep is not None and i not in keep:
                 continue
-            seen.add(key)
-        yield pair
+            if dedup:
+                key = hashlib.blake2b("\t".join(pair).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+                if key in seen:
+                    stats.duplicate += 1
+                    continue
+                seen.add(key)
+            yield pair
+
+
+class Progress:
+    """Lines read, pairs kept so far, rate and time left: a bar on a terminal, else a line on stderr every
+    REPORT_EVERY pairs."""
+
+    def __init__(self, what: str, total: int | None, stats: FilterStats):
+        self.what, self.total, self.stats, self.start = what, total, stats, time.time()
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"xattn prepare: {what}", unit=" pairs", unit_scale=True,
+                            mininterval=0.5, leave=False)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def update(self, read: int) -> None:
+        if read % 4096 and read % REPORT_EVERY:
+            return
+        if self.bar is not None:
+            self.bar.update(read - self.bar.n)
+            if self.stats.kept:
+                self.bar.set_postfix(kept=f"{self.stats.kept:,}", refresh=False)
+        elif read % REPORT_EVERY == 0:
+            rate = read / max(time.time() - self.start, 1e-9)
+            left = f", {(self.total - read) / rate:,.0f} s left" if self.total else ""
+            kept = f", {self.stats.kept:,} kept" if self.stats.kept else ""
+            print(f"xattn prepare: {self.what}: {read:,} pairs read{kept}, {rate:,.0f} pairs/s{left}",
+                  file=sys.stderr, flush=True)
 
 
 def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
@@ -220,7 +298,7 @@ def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
         yield chunk
 
 
-def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
+def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[Flat, Flat]]:
     for src, tgt, dropped in results:
         stats.too_long += dropped["too_long"]
         stats.ratio += dropped["ratio"]
@@ -228,12 +306,21 @@ def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[list[list[i
         yield src, tgt
 
 
-def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str) -> dict[str, str]:
-    """Train the tokenizers on `sample` into `folder`; their files' SHA-256."""
-    from xattn.tokenizer import train_tokenizers
+def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, inherit: dict[str, Path]) -> dict[str, str]:
+    """Train the tokenizers on `sample` into `folder`, the sides in `inherit` copied from their files instead
+    (always separate vocabularies then); the tokenizer files' SHA-256."""
+    from xattn.checkpoint import tokenizer_hashes
+    from xattn.io import atomic_write_bytes
+    from xattn.tokenizer import SRC_MODEL, TGT_MODEL, train_sentencepiece, train_tokenizers
 
     try:
-        train_tokenizers([s for s, _ in sample], [t for _, t in sample], folder, cfg.vocab_size, cfg.joint_vocab)
+        if not inherit:
+            train_tokenizers([s for s, _ in sample], [t for _, t in sample], folder, cfg.vocab_size, cfg.joint_vocab)
+        for k, (side, name) in enumerate((("src", SRC_MODEL), ("tgt", TGT_MODEL)) if inherit else ()):
+            if side in inherit:
+                atomic_write_bytes(folder / name, Path(inherit[side]).read_bytes())
+            else:
+                train_sentencepiece([pair[k] for pair in sample], folder / name, cfg.vocab_size)
     except XattnError as e:
         raise XattnError(f"{where}: cannot train the tokenizer on this text ({e})") from None
-    return {f.name: sha256_file(f) for f in sorted(folder.glob("spm*.model"))}
+    return tokenizer_hashes(folder)

@@ -2,8 +2,11 @@
 memory-maps instead of holding its own copy.
 
 A prepared directory holds, per side s in (src, tgt): `s.bin` (the ids of every sentence, one after another,
-without BOS/EOS; uint16 when the vocabulary has at most 65,536 pieces, else uint32), `s.offsets` (int64,
-pairs + 1: where sentence i starts) and `s.lengths` (uint32, its token count); and `manifest.json`: the format
+without BOS/EOS; uint16 when the vocabulary has at most 65,536 pieces, else uint32), `s.lengths` (each
+sentence's token count; uint16 when every count is below 65,535, else uint32) and `s.blocks` (int64: where
+sentences 0, BLOCK, 2 * BLOCK, ... start, and the id count at the end), so a sentence's start is its block's
+plus the lengths before it in the block; about 2.1 bytes a sentence besides its ids, where an offset per
+sentence would take 8; and `manifest.json`: the format
 version, what the corpus was made from (the caller's fields: input and tokenizer hashes, data settings,
 cleaning statistics), the counts, and each array's dtype, size in bytes and SHA-256. It is written into a
 temporary sibling and renamed into place (xattn.io.atomic_dir), so a killed writer leaves nothing that
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import errno
 from array import array
+from itertools import chain
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,11 +30,29 @@ from xattn.data.batching import Batch, collate
 from xattn.errors import XattnError
 from xattn.io import atomic_dir, json_text, read_json, sha256_file
 
-FORMAT = 1
+FORMAT = 2
+BLOCK = 64
+"""Sentences per entry of `s.blocks`."""
 MANIFEST = "manifest.json"
 SIDES = ("src", "tgt")
-Chunk = tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]
-"""Some pairs' ids: (source id lists, target id lists), of equal length."""
+Sentences = "Sequence[Sequence[int]] | Flat"
+Chunk = tuple[Sentences, Sentences]
+"""Some pairs' ids: (source sentences, target sentences), as many on each side; each side id lists or Flat."""
+
+
+@dataclass
+class Flat:
+    """Sentences' ids one after another (int64) and their lengths: what a worker process sends back."""
+    ids: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, sentences: Sequence[Sequence[int]]) -> Flat:
+        lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        return cls(np.fromiter(chain.from_iterable(sentences), dtype=np.int64, count=int(lengths.sum())), lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -39,28 +61,29 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 
 class SideWriter:
-    """Appends one side's sentences to `s.bin`; keeps their lengths compactly (4 bytes a sentence)."""
+    """Appends one side's sentences to `s.bin`; keeps their lengths (4 bytes a sentence) for close()."""
 
     def __init__(self, folder: Path, side: str, dtype: np.dtype):
         self.folder, self.side, self.dtype = folder, side, dtype
         self.file = open(folder / f"{side}.bin", "wb")
         self.lengths = array("I")
 
-    def add(self, sentences: Sequence[Sequence[int]]) -> None:
-        flat = np.fromiter((i for s in sentences for i in s), dtype=np.int64)
-        if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(self.dtype).max):
+    def add(self, sentences: Sentences) -> None:
+        flat = sentences if isinstance(sentences, Flat) else Flat.of(sentences)
+        if flat.ids.size and (flat.ids.min() < 0 or flat.ids.max() > np.iinfo(self.dtype).max):
             raise ValueError(f"an id outside {self.dtype} for the {self.side} side")
-        self.file.write(flat.astype(self.dtype).tobytes())
-        self.lengths.extend(len(s) for s in sentences)
+        self.file.write(flat.ids.astype(self.dtype).tobytes())
+        self.lengths.frombytes(flat.lengths.astype(np.uint32).tobytes())
 
     def close(self) -> int:
-        """Write the offsets and lengths; returns the side's id count."""
+        """Write the lengths and blocks; returns the side's id count."""
         self.file.close()
         lengths = np.frombuffer(self.lengths, dtype=np.uint32)
+        self.lengths_dtype = np.dtype(np.uint16 if len(lengths) == 0 or lengths.max() < (1 << 16) - 1 else np.uint32)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        (self.folder / f"{self.side}.lengths").write_bytes(lengths.tobytes())
-        (self.folder / f"{self.side}.offsets").write_bytes(offsets.tobytes())
+        (self.folder / f"{self.side}.lengths").write_bytes(lengths.astype(self.lengths_dtype).tobytes())
+        (self.folder / f"{self.side}.blocks").write_bytes(offsets[np.r_[0:len(lengths):BLOCK, len(lengths)]].tobytes())
         return int(offsets[-1])
 
 
@@ -83,7 +106,7 @@ def prepared_dir(out: Path) -> Iterator[Path]:
                 raise
             written = sum(f.stat().st_size for f in folder.iterdir())
             raise XattnError(f"{out}: the disk filled up after {written} bytes of the prepared corpus; nothing was "
-                             "kept. It needs about 2 (vocabulary up to 65,536) or 4 bytes a token and 12 bytes a "
+                             "kept. It needs about 2 (vocabulary up to 65,536) or 4 bytes a token and 2 to 4 bytes a "
                              "pair per side: free that much and run again") from None
 
 
@@ -106,7 +129,7 @@ def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fi
 
 def files(folder: Path, writers: list[SideWriter]) -> list[tuple[Path, np.dtype]]:
     return [(folder / f"{w.side}{suffix}", dtype) for w in writers
-            for suffix, dtype in ((".bin", w.dtype), (".offsets", np.dtype(np.int64)), (".lengths", np.dtype(np.uint32)))]
+            for suffix, dtype in ((".bin", w.dtype), (".lengths", w.lengths_dtype), (".blocks", np.dtype(np.int64)))]
 
 
 def describe(path: Path, dtype: np.dtype) -> dict:
@@ -116,12 +139,14 @@ def describe(path: Path, dtype: np.dtype) -> dict:
 @dataclass
 class MappedCorpus:
     """A prepared directory, memory-mapped: the interface of batching.TokenizedCorpus (len, src_lengths,
-    tgt_lengths, collate) without a copy of the corpus in this process."""
+    tgt_lengths, collate) without a copy of the corpus in this process. The ids are mapped (read when a batch
+    is collated); the row lengths, which batching reads whole, are held in the narrowest dtype (2 bytes a
+    pair and side for sentences under 65,535 tokens), and the blocks (1/8 byte a pair and side)."""
     folder: Path
     manifest: dict
     ids: dict[str, np.ndarray]          # side -> (n,) every sentence's ids
-    offsets: dict[str, np.ndarray]      # side -> (N + 1,)
-    lengths: dict[str, np.ndarray]      # side -> (N,)
+    blocks: dict[str, np.ndarray]       # side -> (ceil(N / BLOCK) + 1,) where every BLOCK-th sentence starts
+    rows: dict[str, np.ndarray]         # side -> (N,) tokens + 1: the length of its row in a Batch
 
     @classmethod
     def open(cls, folder: str | Path, expect: dict | None = None, verify: bool = False) -> MappedCorpus:
@@ -141,16 +166,22 @@ class MappedCorpus:
                 raise XattnError(f"{folder}: prepared for other {key} ({json_text(manifest.get(key))}, this run "
                                  f"has {json_text(value)}); prepare again into another directory")
         maps = {name: check_array(folder, name, spec, verify) for name, spec in manifest.get("arrays", {}).items()}
-        if missing := [f"{s}{x}" for s in SIDES for x in (".bin", ".offsets", ".lengths") if f"{s}{x}" not in maps]:
+        if missing := [f"{s}{x}" for s in SIDES for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
             raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
-        corpus = cls(folder, manifest, *({s: maps[f"{s}{x}"] for s in SIDES} for x in (".bin", ".offsets", ".lengths")))
+        blocks = {s: np.array(maps.pop(f"{s}.blocks"), dtype=np.int64) for s in SIDES}
+        rows = {s: row_lengths(maps.pop(f"{s}.lengths")) for s in SIDES}
+        corpus = cls(folder, manifest, {s: maps[f"{s}.bin"] for s in SIDES}, blocks, rows)
         corpus.check_counts()
         return corpus
 
     def check_counts(self) -> None:
+        """That each side's lengths, blocks and ids agree with each other and with the manifest's count."""
+        n = int(self.manifest["pairs"])
         for side in SIDES:
-            if len(self.lengths[side]) != self.manifest["pairs"] or len(self.offsets[side]) != self.manifest["pairs"] + 1 \
-                    or int(self.offsets[side][-1]) != len(self.ids[side]):
+            rows, blocks = self.rows[side], self.blocks[side]
+            sums = np.add.reduceat(rows.astype(np.int64) - 1, np.arange(0, n, BLOCK)) if n else np.zeros(0, np.int64)
+            if len(rows) != n or len(blocks) != len(sums) + 1 or blocks[0] != 0 \
+                    or not np.array_equal(np.diff(blocks), sums) or int(blocks[-1]) != len(self.ids[side]):
                 raise XattnError(f"{self.folder}: the {side} arrays do not agree with each other or with {MANIFEST}; "
                                  "prepare it again")
 
@@ -159,20 +190,32 @@ class MappedCorpus:
 
     def sentence(self, side: str, i: int) -> np.ndarray:
         """The ids of sentence i of `side` (a view into the map)."""
-        return self.ids[side][self.offsets[side][i]:self.offsets[side][i + 1]]
+        rows, first = self.rows[side], i - i % BLOCK
+        start = int(self.blocks[side][i // BLOCK]) + int(rows[first:i].sum(dtype=np.int64)) - (i - first)
+        return self.ids[side][start:start + int(rows[i]) - 1]
 
     def src_lengths(self) -> np.ndarray:
         """Length of each source row in a Batch (tokens + eos)."""
-        return self.lengths["src"].astype(np.int64) + 1
+        return self.rows["src"]
 
     def tgt_lengths(self) -> np.ndarray:
         """Length of each target row in a Batch (tokens + bos or eos)."""
-        return self.lengths["tgt"].astype(np.int64) + 1
+        return self.rows["tgt"]
 
     def collate(self, indices: Sequence[int]) -> Batch:
         """A Batch of pairs `indices`; only their ids are read from the map."""
         return collate([self.sentence("src", i).tolist() for i in indices],
                        [self.sentence("tgt", i).tolist() for i in indices], indices)
+
+
+def row_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Token counts (a mapped array) + 1 in the narrowest unsigned dtype, a block at a time: 2 bytes a
+    sentence in this process, and the map is let go when the caller drops it."""
+    dtype = np.uint16 if len(lengths) == 0 or int(np.max(lengths)) < (1 << 16) - 1 else np.uint32
+    rows, block = np.empty(len(lengths), dtype=dtype), 1 << 22
+    for start in range(0, len(lengths), block):
+        np.add(lengths[start:start + block], 1, out=rows[start:start + block], casting="unsafe")
+    return rows
 
 
 def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray:
