@@ -1,6 +1,7 @@
 """The prepared corpus format (xattn/data/prepared.py): flat id arrays written atomically, memory-mapped,
 checked against their manifest, and giving the batches the in-memory corpus gives."""
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def test_the_mapped_corpus_holds_every_pair_and_batches_as_the_in_memory_one(pre
     assert len(mapped) == len(c) and mapped.manifest["tokens"]["src"] == sum(map(len, c.src))
     assert all(mapped.sentence("src", i).tolist() == c.src[i] and mapped.sentence("tgt", i).tolist() == c.tgt[i]
                for i in range(len(c)))
-    assert isinstance(mapped.ids["src"], np.memmap) and mapped.ids["src"].dtype == np.uint16
+    assert isinstance(mapped.ids["src"].base.obj, mmap.mmap) and mapped.ids["src"].dtype == np.uint16
     a, b = (TokenBatchSampler(x.src_lengths(), x.tgt_lengths(), max_tokens=200, seed=3) for x in (c, mapped))
     assert a.batches(2) == b.batches(2)
     for batch in a.batches(2)[:5]:

@@ -132,3 +132,10 @@ def test_a_hard_coded_model_trains_saves_reloads_and_translates_from_the_cli(tmp
     assert main(["align", str(out), "--pairs", str(tmp_path / "pairs.txt")]) == 0
     assert main(["export", str(out), str(tmp_path / "hf")]) == 2
     assert "cannot be exported to Marian" in capsys.readouterr().err
+
+
+def test_the_config_names_every_score_and_variant_that_is_built():
+    from xattn.config import SCORE_NAMES, VARIANT_NAMES
+    from xattn.variants import SCORES
+
+    assert tuple(SCORES) == SCORE_NAMES and tuple(VARIANTS) == VARIANT_NAMES

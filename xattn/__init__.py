@@ -1,8 +1,6 @@
 """xattn: encoder-decoder Transformers built around cross-attention."""
 from xattn.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, TrainConfig
 from xattn.errors import XattnError
-from xattn.model import DecoderOutput, EncoderOutput, Transformer
-from xattn.translator import Translation, Translator, load
 
 __version__ = "0.1.0"
 
@@ -11,11 +9,19 @@ SUBPACKAGES = ("analysis", "interop", "serve", "transfer")
 transformers and FastAPI load only for those who use them."""
 
 
-def __getattr__(name: str):
-    if name in SUBPACKAGES:
-        import importlib
+LAZY = {"DecoderOutput": "model", "EncoderOutput": "model", "Transformer": "model", "Translation": "translator",
+        "Translator": "translator", "load": "translator"}
+"""Names imported on first use, with torch: `import xattn.data.prepare` (the workers of `xattn prepare`) and
+`xattn.config` load without it."""
 
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in SUBPACKAGES:
         return importlib.import_module(f"xattn.{name}")
+    if name in LAZY:
+        return getattr(importlib.import_module(f"xattn.{LAZY[name]}"), name)
     raise AttributeError(f"module 'xattn' has no attribute {name!r}")
 
 __all__ = ["DataConfig", "DecodeConfig", "DecoderOutput", "EncoderOutput", "ModelConfig", "RunConfig",

@@ -77,31 +77,89 @@ def read_lines(path: str | Path | None) -> list[str]:
     Form feeds, U+2028 and the other characters that `str.splitlines` also breaks at stay inside
     their line, so N lines in give N lines out. A file whose lines end in "\\r" alone is an error.
     """
+    return [line for chunk in read_line_chunks(path) for line in chunk]
+
+
+CHUNK_LINES = 10_000
+"""Lines of a file that translate -i and evaluate read, translate and write at a time: bounded memory."""
+
+
+def read_line_chunks(path: str | Path | None, size: int | None = None, block: int = 1 << 20) -> Iterator[list[str]]:
+    """The lines of `read_lines(path)`, by its rule and with its errors, `size` (default CHUNK_LINES) at a
+    time, the file read `block` bytes at a time: a file of any length in bounded memory."""
+    size = size or CHUNK_LINES
     if path in (None, "-"):
-        return split_lines(sys.stdin.buffer.read(), "stdin")
+        yield from _line_chunks(sys.stdin.buffer, "stdin", size, block)
+        return
     path = Path(path)
     if path.is_dir():
         raise XattnError(f"{path}: is a directory, not a text file")
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
-            raw = f.read()
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            yield from _line_chunks(f, str(path), size, block)
     except FileNotFoundError:
         raise XattnError(f"{path}: no such file") from None
     except (OSError, EOFError) as e:
         raise XattnError(f"{path}: cannot read ({e})") from None
-    return split_lines(raw, str(path))
 
 
-def split_lines(raw: bytes, where: str) -> list[str]:
-    """UTF-8 bytes -> lines, by the rule of `read_lines`; `where` names the source in errors."""
-    raw = raw.removeprefix(b"\xef\xbb\xbf")
-    lines = raw.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    if b"\n" not in raw:
-        _refuse_cr_only(raw, where)
-    return [decode_line(line, where, number) for number, line in enumerate(lines, start=1)]
+def count_lines(path: str | Path) -> int:
+    """How many lines `read_lines(path)` gives, counted without decoding them (a quick first pass)."""
+    if path in (None, "-"):
+        raise ValueError("stdin cannot be counted before it is read")
+    count, last = 0, b"\n"
+    try:
+        with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:
+            while block := f.read(1 << 20):
+                count, last = count + block.count(b"\n"), block[-1:]
+    except FileNotFoundError:
+        raise XattnError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise XattnError(f"{path}: is a directory, not a text file") from None
+    except (OSError, EOFError) as e:
+        raise XattnError(f"{path}: cannot read ({e})") from None
+    return count + (last != b"\n")
+
+
+def _line_chunks(f, where: str, size: int, block_size: int) -> Iterator[list[str]]:
+    lines = Lines(where)
+    while block := f.read(block_size):
+        lines.feed(block)
+        while len(lines.ready) >= size:
+            yield lines.take(size)
+    lines.finish()
+    if lines.ready:
+        yield lines.take(len(lines.ready))
+
+
+class Lines:
+    """Bytes in, lines out, by the rule of `read_lines` (a leading BOM dropped, "\\n" only, "\\r" before it
+    dropped, UTF-8 checked with the line number, lines ending in "\\r" alone refused)."""
+
+    def __init__(self, where: str):
+        self.where, self.pending, self.number, self.ready = where, b"", 0, []
+
+    def feed(self, data: bytes) -> None:
+        data = self.pending + data
+        if self.number == 0:
+            data = data.removeprefix(b"\xef\xbb\xbf")
+        *complete, self.pending = data.split(b"\n")
+        for line in complete:
+            self.number += 1
+            self.ready.append(decode_line(line, self.where, self.number))
+
+    def finish(self) -> None:
+        """The end of the input: its last line, if it has no newline."""
+        if self.number == 0:
+            _refuse_cr_only(self.pending, self.where)
+        if self.pending:
+            self.number += 1
+            self.ready.append(decode_line(self.pending, self.where, self.number))
+            self.pending = b""
+
+    def take(self, n: int) -> list[str]:
+        taken, self.ready = self.ready[:n], self.ready[n:]
+        return taken
 
 
 def decode_line(line: bytes, where: str, number: int) -> str:
@@ -139,28 +197,19 @@ def stream_lines(stream, where: str = "stdin") -> Iterator[list[str]]:
     gets each line at once and a fast pipe still gives large batches."""
     import select
 
-    fd, pending, number, lines, seen_newline = stream.fileno(), b"", 0, [], False
+    fd, lines = stream.fileno(), Lines(where)
     while True:
-        if not lines or select.select([fd], [], [], 0)[0]:  # block only when there is nothing to hand out
+        if not lines.ready or select.select([fd], [], [], 0)[0]:  # block only when there is nothing to hand out
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
-            pending = (pending + chunk).removeprefix(b"\xef\xbb\xbf") if number == 0 and not lines else pending + chunk
-            *complete, pending = pending.split(b"\n")
-            seen_newline |= bool(complete)
-            for line in complete:
-                number += 1
-                lines.append(decode_line(line, where, number))
-            if len(lines) < STREAM_BATCH:
+            lines.feed(chunk)
+            if len(lines.ready) < STREAM_BATCH:
                 continue
-        yield lines[:STREAM_BATCH]
-        lines = lines[STREAM_BATCH:]
-    if not seen_newline:
-        _refuse_cr_only(pending, where)
-    if pending:
-        lines.append(decode_line(pending, where, number + 1))
-    for start in range(0, len(lines), STREAM_BATCH):
-        yield lines[start:start + STREAM_BATCH]
+        yield lines.take(STREAM_BATCH)
+    lines.finish()
+    while lines.ready:
+        yield lines.take(STREAM_BATCH)
 
 
 def read_json(path: Path) -> Any:

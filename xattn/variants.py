@@ -16,9 +16,8 @@ from torch import Tensor, nn
 from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore,
                              MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
                              sliced)
+from xattn.config import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
 
-PLACES = ("enc_self", "dec_self", "cross")
-"""Where attention sits: encoder self-attention, decoder (masked) self-attention, cross-attention."""
 
 SCORES: dict[str, Callable[[int, int], nn.Module]] = {
     "dot": lambda n_heads, head_dim: DotScore(),

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from xattn.errors import XattnError
-from xattn.io import atomic_write_text, one_line
+from xattn.io import atomic_write, atomic_write_text, one_line
 
 
 def add_verb(sub, name: str, help: str, example: str, run) -> argparse.ArgumentParser:
@@ -59,6 +60,21 @@ def write_output_lines(path: str | None, lines: list[str]) -> None:
         sys.stdout.flush()
     else:
         atomic_write_text(Path(path), text)
+
+
+def write_line_chunks(path: str | None, chunks: Iterable[list[str]]) -> None:
+    """Write each chunk of lines as it comes: to stdout at once, or into a temporary file renamed to `path`
+    when the last is in (an error on the way leaves `path` as it was); one chunk in memory at a time."""
+    if path in (None, "-"):
+        for lines in chunks:
+            write_output_lines(None, lines)
+        return
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for lines in chunks:
+                f.write("".join(f"{one_line(line)}\n" for line in lines))
+    atomic_write(Path(path), write)
 
 
 def add_head_flags(p, what: str = "read (decoder)") -> None:

@@ -1,10 +1,12 @@
 """`xattn evaluate MODEL`: translate a test set and score it with sacreBLEU (BLEU cased and lowercased, chrF)."""
 from __future__ import annotations
 
-from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_output_lines
+from collections.abc import Iterator
+
+from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_line_chunks
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
-from xattn.io import json_text, read_lines
+from xattn.io import count_lines, json_text, read_line_chunks
 
 
 def register(sub) -> None:
@@ -21,7 +23,17 @@ def register(sub) -> None:
 
 
 def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str]]:
-    """--src and --ref, or --split (default `split`) of the model's dataset (in --data-dir)."""
+    """--src and --ref, or --split (default `split`) of the model's dataset (in --data-dir), whole."""
+    src, ref = [], []
+    for chunk_src, chunk_ref in test_chunks(args, data_cfg, split):
+        src += chunk_src
+        ref += chunk_ref
+    return src, ref
+
+
+def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str], list[str]]]:
+    """The pairs of test_pairs CHUNK_LINES at a time: files of any length in bounded memory (their line
+    counts are compared first, by a quick pass, so a mismatch is reported before anything is translated)."""
     from xattn.datasets import load_pairs
 
     if args.src or args.ref:
@@ -30,28 +42,36 @@ def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str
         for flag in ("--split", "--data-dir"):
             if getattr(args, flag[2:].replace("-", "_")) is not None:
                 raise XattnError(f"{flag}: not used with --src and --ref, which give the pairs")
-        src, ref = read_lines(args.src), read_lines(args.ref)
-        if len(src) != len(ref):
-            raise XattnError(f"line counts differ: {args.src} has {len(src)} lines, {args.ref} has {len(ref)}")
-        return src, ref
+        if (n := count_lines(args.src)) != (m := count_lines(args.ref)):
+            raise XattnError(f"line counts differ: {args.src} has {n} lines, {args.ref} has {m}")
+        yield from zip(read_line_chunks(args.src), read_line_chunks(args.ref))
+        return
     if data_cfg.dataset is None:
         raise XattnError("the model was trained on own files; give --src and --ref")
     check_data_dir(args.data_dir, data_cfg)
     pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split or split,
                        args.data_dir or data_cfg.data_dir)
-    return [s for s, _ in pairs], [t for _, t in pairs]
+    yield [s for s, _ in pairs], [t for _, t in pairs]
 
 
 def run(args) -> int:
-    from xattn.evaluation import evaluate
+    from xattn.evaluation import Scorer
 
     translator = load_translator(args)
-    src, refs = test_pairs(args, translator.config.data)
     cfg = decode_config(args, translator.decode_config)
-    hyps = [t.text for t in translator.translate(src, cfg)]
+    scorer = Scorer()
+
+    def hypotheses() -> Iterator[list[str]]:
+        for src, refs in test_chunks(args, translator.config.data):
+            hyps = [t.text for t in translator.translate(src, cfg)]
+            scorer.add(hyps, refs)
+            yield hyps
     if args.output:
-        write_output_lines(args.output, hyps)
-    scores = evaluate(hyps, refs)
+        write_line_chunks(args.output, hypotheses())
+    else:
+        for _ in hypotheses():
+            pass
+    scores = scorer.scores()
     if args.json:
         print(json_text({k: {"score": round(s.score, 2), "signature": s.signature} for k, s in scores.items()}))
     else:

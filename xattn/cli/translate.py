@@ -1,10 +1,12 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
-                              path_arg, write_output_lines)
+                              path_arg, write_line_chunks)
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.io import count_lines, read_line_chunks
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
 DECODE_FLAGS = {
@@ -126,34 +128,41 @@ def run(args) -> int:
         raise XattnError(f"{', '.join(unused)} apply to --alignment")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
-    prefixes = read_lines(args.prefix) if args.prefix else None
     links = alignment_of(args, translator) if args.alignment else None
-    out, relaxed, count = [], [], 0
-    for texts in input_batches(args):
-        batch_prefixes = prefixes[count:count + len(texts)] if prefixes is not None else None
-        if batch_prefixes is not None and len(batch_prefixes) < len(texts):
-            raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input more")
-        results = translator.translate(texts, cfg, prefixes=batch_prefixes, return_attention=args.alignment,
-                                       attention_from="rescore")
-        lines = output_lines(results, texts, count, args.scores, links)
-        relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
-        count += len(texts)
-        if args.output in (None, "-"):
-            write_output_lines(None, lines)  # each batch as soon as it is translated
-        else:
-            out += lines
-    if prefixes is not None and len(prefixes) != count:
-        raise XattnError(f"line counts differ: {args.prefix} has {len(prefixes)} lines, the input {count}")
-    if args.output not in (None, "-"):
-        write_output_lines(args.output, out)
+    relaxed: list[int] = []
+    write_line_chunks(args.output, translated(args, translator, cfg, links, relaxed))
     if relaxed:
         note_relaxed(relaxed, args.input or "stdin")
     return 0
 
 
-def input_batches(args):
+def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[list[str]]:
+    """The output lines of each chunk of the input, in input order (a chunk is length-sorted into batches
+    inside translate); the lines whose constraints were relaxed into `relaxed`. Two files' line counts are
+    compared first, by a quick pass, so a mismatch is reported before anything is translated."""
+    prefixes = read_line_chunks(args.prefix) if args.prefix else None
+    if args.prefix and args.input not in (None, "-"):
+        if (n := count_lines(args.prefix)) != (m := count_lines(args.input)):
+            raise XattnError(f"line counts differ: {args.prefix} has {n} lines, the input {m}")
+    count = 0
+    for texts in input_batches(args):
+        given = None
+        if prefixes is not None:
+            given = next(prefixes, [])
+            if len(given) < len(texts):
+                raise XattnError(f"line counts differ: {args.prefix} has {count + len(given)} lines, the input more")
+        results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
+                                       attention_from="rescore")
+        relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
+        yield output_lines(results, texts, count, args.scores, links)
+        count += len(texts)
+    if prefixes is not None and (more := sum(map(len, prefixes))):
+        raise XattnError(f"line counts differ: {args.prefix} has {count + more} lines, the input {count}")
+
+
+def input_batches(args) -> Iterator[list[str]]:
     """The input's lines: from a terminal or a pipe in batches as they arrive (so each line typed is
-    translated at once), else (a file, or with --prefix) all at once, for length-sorted batching."""
+    translated at once), else (a file, or with --prefix) CHUNK_LINES at a time, in bounded memory."""
     import sys
 
     from xattn.io import is_interactive, stream_lines
@@ -161,7 +170,7 @@ def input_batches(args):
     if args.input in (None, "-") and args.prefix is None and is_interactive(sys.stdin):
         yield from stream_lines(sys.stdin)
     else:
-        yield read_lines(args.input)
+        yield from read_line_chunks(args.input)
 
 
 def output_lines(results, texts: list[str], offset: int, scores: bool, links) -> list[str]:

@@ -52,7 +52,7 @@ class Inputs:
     def pairs(self) -> Iterator[Pair]:
         cfg = self.cfg
         if cfg.dataset is not None:
-            from xattn.corpus import read_all, text_fingerprint
+            from xattn.data.splits import read_all, text_fingerprint
 
             pairs = read_all(cfg, "train")
             self.records = {dataset_name(cfg): {"sha256": text_fingerprint(pairs)}}
@@ -74,7 +74,7 @@ class Inputs:
     @staticmethod
     def dataset_digest(cfg: DataConfig) -> str:
         """The SHA-256 of a named dataset's training text (small; read whole)."""
-        from xattn.corpus import read_all, text_fingerprint
+        from xattn.data.splits import read_all, text_fingerprint
 
         return text_fingerprint(read_all(cfg, "train"))
 
@@ -192,7 +192,7 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
     `workers`: encoding processes (default: one per core, and one per PAIRS_PER_WORKER pairs at most, as a
     process takes a second or two to start). `inherit` {"src" or "tgt": a tokenizer file}: that side's
     tokenizer is copied (a transfer parent's) and only the other side's is trained."""
-    from xattn.corpus import describe_split
+    from xattn.data.splits import describe_split
 
     if workers is not None and not 1 <= workers <= 256:
         raise XattnError(f"workers: must be in [1, 256], got {workers}")

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import errno
 from array import array
-from itertools import chain
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xattn.data.batching import Batch, collate
 from xattn.errors import XattnError
 from xattn.io import atomic_dir, json_text, read_json, sha256_file
+
+if TYPE_CHECKING:
+    from xattn.data.batching import Batch
 
 FORMAT = 2
 BLOCK = 64
@@ -204,13 +207,15 @@ class MappedCorpus:
 
     def collate(self, indices: Sequence[int]) -> Batch:
         """A Batch of pairs `indices`; only their ids are read from the map."""
+        from xattn.data.batching import collate
+
         return collate([self.sentence("src", i).tolist() for i in indices],
                        [self.sentence("tgt", i).tolist() for i in indices], indices)
 
 
 def row_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Token counts (a mapped array) + 1 in the narrowest unsigned dtype, a block at a time: 2 bytes a
-    sentence in this process, and the map is let go when the caller drops it."""
+    """Token counts + 1 in the narrowest unsigned dtype (2 bytes a sentence under 65,535 tokens), a block at
+    a time."""
     dtype = np.uint16 if len(lengths) == 0 or int(np.max(lengths)) < (1 << 16) - 1 else np.uint32
     rows, block = np.empty(len(lengths), dtype=dtype), 1 << 22
     for start in range(0, len(lengths), block):
@@ -219,7 +224,8 @@ def row_lengths(lengths: np.ndarray) -> np.ndarray:
 
 
 def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray:
-    """The array `name` of a prepared directory as its manifest `spec` describes it, mapped read-only."""
+    """The array `name` of a prepared directory as its manifest `spec` describes it: the ids mapped read-only,
+    the lengths and blocks (a few bytes a sentence, read whole) in memory."""
     path = folder / name
     if not path.is_file():
         raise XattnError(f"{path}: missing from the prepared corpus; prepare it again")
@@ -235,4 +241,17 @@ def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray
                          "it again") from None
     if spec["bytes"] == 0:
         return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return mapped(path, dtype) if name.endswith(".bin") else np.fromfile(path, dtype=dtype)
+
+
+def mapped(path: Path, dtype: np.dtype) -> np.ndarray:
+    """`path` mapped read-only as a flat array, marked for random access: a batch reads scattered sentences,
+    so the kernel maps the pages they touch and no read-ahead around them (which would fill this process'
+    RSS with pages no batch asked for)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(region, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        region.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(region, dtype=dtype)
