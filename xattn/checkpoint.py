@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from xattn.config import ModelConfig, ParentConfig, RunConfig, load_config, save
 from xattn.errors import XattnError
 from xattn.io import atomic_write_bytes, json_text, sha256_file
 from xattn.model import Transformer
-from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, TokenizerPair, load_tokenizers, vocab_file
+from xattn.tokenizer import TokenizerPair, copy_tokenizers, load_tokenizers, tokenizer_hashes  # noqa: F401 (re-exported)
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
@@ -67,23 +66,6 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
-
-
-def tokenizer_files(directory: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> list[Path]:
-    """The tokenizer files of `directory` among models `names` and their id tables, those that exist."""
-    files = [Path(directory) / n for n in names] + [vocab_file(Path(directory) / n) for n in names]
-    return [f for f in files if f.is_file()]
-
-
-def tokenizer_hashes(directory: Path) -> dict[str, str]:
-    """SHA-256 of each tokenizer file in `directory` (models and their id tables), by file name."""
-    return {f.name: sha256_file(f) for f in tokenizer_files(directory)}
-
-
-def copy_tokenizers(directory: Path, out: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> None:
-    """Copy the tokenizer files of `directory` (models `names` and their id tables) into `out`."""
-    for f in tokenizer_files(directory, names):
-        shutil.copyfile(f, Path(out) / f.name)
 
 
 def weights_of(model: Transformer) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ import io
 import itertools
 import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from xattn.errors import XattnError
-from xattn.io import atomic_write_bytes, read_json
+from xattn.io import atomic_write_bytes, read_json, sha256_file
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
@@ -252,3 +253,22 @@ def load_tokenizers(out_dir: str | Path) -> TokenizerPair:
         missing = TGT_MODEL if has_src else SRC_MODEL
         raise XattnError(f"{out_dir}: {missing} is missing")
     raise XattnError(f"{out_dir}: no tokenizer found (expected {JOINT_MODEL} or {SRC_MODEL} + {TGT_MODEL})")
+
+
+# ------------------------------------------------------------------------------ the files of a directory
+
+def tokenizer_files(directory: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> list[Path]:
+    """The tokenizer files of `directory` among models `names` and their id tables, those that exist."""
+    files = [Path(directory) / n for n in names] + [vocab_file(Path(directory) / n) for n in names]
+    return [f for f in files if f.is_file()]
+
+
+def tokenizer_hashes(directory: Path) -> dict[str, str]:
+    """SHA-256 of each tokenizer file in `directory` (models and their id tables), by file name."""
+    return {f.name: sha256_file(f) for f in tokenizer_files(directory)}
+
+
+def copy_tokenizers(directory: Path, out: Path, names=(JOINT_MODEL, SRC_MODEL, TGT_MODEL)) -> None:
+    """Copy the tokenizer files of `directory` (models `names` and their id tables) into `out`."""
+    for f in tokenizer_files(directory, names):
+        shutil.copyfile(f, Path(out) / f.name)

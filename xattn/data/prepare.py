@@ -208,7 +208,6 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
     stats = FilterStats(empty=empty)
     with prepared_dir(Path(out)) as folder:
         tokenizers = train_into(folder, sample, cfg, where, inherit or {})
-        del sample  # the encoding workers start now: the peak of one need not add to the other's
         made = load_tokenizers(folder)
         pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", total)
         jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(pairs))
@@ -308,19 +307,36 @@ def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[Flat, Flat]
 
 def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, inherit: dict[str, Path]) -> dict[str, str]:
     """Train the tokenizers on `sample` into `folder`, the sides in `inherit` copied from their files instead
-    (always separate vocabularies then); the tokenizer files' SHA-256."""
-    from xattn.checkpoint import tokenizer_hashes
+    (always separate vocabularies then); the tokenizer files' SHA-256. SentencePiece runs in a child process
+    that reads the sample from files, so its memory (gigabytes for a large sample) is the system's again
+    before the encoding workers start. `sample` is emptied."""
+    from xattn.tokenizer import tokenizer_hashes
+
+    files = [folder / f".sample.{side}" for side in ("src", "tgt")]
+    for k, path in enumerate(files):
+        path.write_text("\n".join(pair[k] for pair in sample), encoding="utf-8")
+    sample.clear()
+    try:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            pool.apply(train_from_files, (str(folder), [str(f) for f in files], cfg.vocab_size, cfg.joint_vocab,
+                                          {side: str(path) for side, path in inherit.items()}))
+    except XattnError as e:
+        raise XattnError(f"{where}: cannot train the tokenizer on this text ({e})") from None
+    for path in files:
+        path.unlink()
+    return tokenizer_hashes(folder)
+
+
+def train_from_files(folder: str, files: list[str], vocab_size: int, joint: bool, inherit: dict[str, str]) -> None:
+    """train_into's child process: the sample's two sides from `files`, one sentence a line."""
     from xattn.io import atomic_write_bytes
     from xattn.tokenizer import SRC_MODEL, TGT_MODEL, train_sentencepiece, train_tokenizers
 
-    try:
-        if not inherit:
-            train_tokenizers([s for s, _ in sample], [t for _, t in sample], folder, cfg.vocab_size, cfg.joint_vocab)
-        for k, (side, name) in enumerate((("src", SRC_MODEL), ("tgt", TGT_MODEL)) if inherit else ()):
-            if side in inherit:
-                atomic_write_bytes(folder / name, Path(inherit[side]).read_bytes())
-            else:
-                train_sentencepiece([pair[k] for pair in sample], folder / name, cfg.vocab_size)
-    except XattnError as e:
-        raise XattnError(f"{where}: cannot train the tokenizer on this text ({e})") from None
-    return tokenizer_hashes(folder)
+    src, tgt = (Path(f).read_text(encoding="utf-8").split("\n") for f in files)
+    if not inherit:
+        train_tokenizers(src, tgt, folder, vocab_size, joint)
+    for side, name, texts in (("src", SRC_MODEL, src), ("tgt", TGT_MODEL, tgt)) if inherit else ():
+        if side in inherit:
+            atomic_write_bytes(Path(folder) / name, Path(inherit[side]).read_bytes())
+        else:
+            train_sentencepiece(texts, Path(folder) / name, vocab_size)
