@@ -60,7 +60,7 @@ def test_translate_sampling_and_prefix(quickstart_dir, tmp_path):
     forced = _run("translate", str(quickstart_dir), "--prefix", str(prefix), stdin="dreiundzwanzig\n")
     assert forced.returncode == 0 and forced.stdout.startswith("twenty")
     wrong = _run("translate", str(quickstart_dir), "--top-k", "5", stdin="sieben\n")
-    assert wrong.returncode == 2 and "add --sample" in wrong.stderr
+    assert wrong.returncode == 2 and "applies to sampling only; set --sample" in wrong.stderr
     bad = _run("translate", str(quickstart_dir), "--sample", "--temperature", "0", stdin="sieben\n")
     assert bad.returncode == 2 and "temperature" in bad.stderr and "Traceback" not in bad.stderr
 

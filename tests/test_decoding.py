@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import xattn
 from tests.conftest import tiny_config
-from xattn import beam
+from xattn.decoding import beam
 from xattn.config import DecodeConfig
 from xattn.decoding import Hypothesis, gnmt_penalty, greedy, max_lengths, search
-from xattn.processors import constraints
+from xattn.decoding.processors import constraints
 
 
 def beam_search(model, src, beam_size, length_penalty, n_best, max_len, **options):
@@ -350,7 +350,7 @@ def test_invalid_settings_are_clear_errors(options, message):
 
 @pytest.mark.parametrize("V", [50, 3000, 3008])
 def test_best_extensions_equal_a_top_n_over_all_sums(V):
-    from xattn.beam import best_extensions
+    from xattn.decoding.beam import best_extensions
 
     torch.manual_seed(0)
     N, K, n = 4, 3, 6

@@ -55,7 +55,7 @@ def test_zeroing_heads_equals_removing_them(overrides):
 
 @pytest.mark.parametrize("cross", [[3, 2], [0, 3], [4, 0]])
 def test_search_tracks_the_attention_of_a_pruned_model_and_reads_coverage_where_there_are_heads(cross):
-    from xattn.beam import coverage_layer
+    from xattn.decoding.beam import coverage_layer
     from xattn.decoding import search
 
     model = prune_model(_model(), {"cross": [list(range(4 - n)) for n in cross]})

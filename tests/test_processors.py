@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from xattn.processors import (StepState, forced_prefix, max_length, min_length, no_repeat_ngram, temperature, top_k,
+from xattn.decoding.processors import (StepState, forced_prefix, max_length, min_length, no_repeat_ngram, temperature, top_k,
                               top_p)
 
 NEG = float("-inf")
@@ -60,7 +60,7 @@ def test_lengths_and_prefix():
 
 @pytest.mark.parametrize("value", [1e-300, 1.7e-121, 1e-30, 0.5, 3.4028235677973366e+38, 1e300])
 def test_extreme_temperatures_give_a_distribution_not_nan(value):
-    from xattn.processors import temperature
+    from xattn.decoding.processors import temperature
 
     lp = torch.tensor([[0.0, -1.0, -5.0, float("-inf")]]).log_softmax(-1)
     out = temperature(value)(lp, None).exp()
@@ -69,7 +69,7 @@ def test_extreme_temperatures_give_a_distribution_not_nan(value):
 
 def test_the_maximum_length_wins_over_a_longer_minimum():
     """--min-len 2 with a maximum length of 1: EOS at the maximum, never a row with nothing allowed."""
-    from xattn.processors import StepState, apply_all, max_length, min_length
+    from xattn.decoding.processors import StepState, apply_all, max_length, min_length
 
     lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -2.0, -0.5]])  # EOS is id 2
     state = StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([1, 5]), None)
@@ -80,7 +80,7 @@ def test_the_maximum_length_wins_over_a_longer_minimum():
 
 @pytest.mark.parametrize("p", [2.7e-144, 1e-45, 1e-3])
 def test_top_p_always_keeps_the_most_probable_token(p):
-    from xattn.processors import top_p
+    from xattn.decoding.processors import top_p
 
     lp = torch.tensor([[-2.0, -0.1, -3.0, float("-inf")]])
     out = top_p(p)(lp.clone(), None)

@@ -9,6 +9,7 @@ a ConfigError naming `section.key`; an unknown key names the nearest valid one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -263,6 +264,24 @@ class DecodeConfig:
     def hypotheses(self) -> int:
         """Rows decoded per input: samples when sampling, else the beam."""
         return self.num_samples if self.sampling else self.beam_size
+
+    SAMPLING_ONLY: ClassVar[frozenset[str]] = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed"})
+    BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"beam_size", "n_best", "coverage_penalty", "stopping"})
+    WIDE_BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"coverage_penalty", "stopping"})
+    """Settings of beam search that greedy search (a beam of 1) has no use for."""
+
+    def refuse_unused(self, given: Iterable[str]) -> None:
+        """Of the settings a user gave (`given`, field names), the first that this config's kind of search
+        would ignore is a ConfigError naming it: the beam's when sampling, the sampler's when searching, the
+        coverage penalty and stopping rule with a beam of 1. Front ends map the names to their own."""
+        ignored = self.BEAM_ONLY if self.sampling else \
+            self.SAMPLING_ONLY | (self.WIDE_BEAM_ONLY if self.beam_size == 1 else frozenset())
+        if unused := sorted(set(given) & ignored):
+            key = unused[0]
+            raise ConfigError(f"decode.{key}", "applies to beam search, not to sampling (samples: decode.num_samples)"
+                              if self.sampling else "applies to sampling only; set decode.sampling"
+                              if key in self.SAMPLING_ONLY else "applies to beam search with decode.beam_size 2 or "
+                              "more (decode.beam_size is 1: greedy search)")
 
 
 @dataclass(frozen=True)

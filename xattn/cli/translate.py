@@ -70,30 +70,24 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
 def decode_config(args, base):
     """The model directory's DecodeConfig with the command line's choices on top; errors name the flags."""
     from xattn.config import ConfigError, DecodeConfig, build
-    from xattn.decoding import BEAM_ONLY, ignored_settings
 
     changes = {field: getattr(args, flag[2:].replace("-", "_"), None) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
+    given = set(changes)  # the settings the command line names (refuse_unused names them)
     if args.sample:
         changes["sampling"] = True
-    sampling, beam = changes.get("sampling", base.sampling), changes.get("beam_size", base.beam_size)
-    if ignored := ignored_settings(set(changes) - {"sampling"}, sampling, beam):
-        flags = {field: flag for flag, (field, _, _) in DECODE_FLAGS.items()}
-        greedy = [f for f in ignored if f in BEAM_ONLY and not sampling]  # named first when mixed with top-k etc.
-        reason = ("beam search only, not --sample (samples: --num-samples)" if sampling else
-                  f"beam search with --beam 2 or more only (the beam is {beam}: greedy)" if greedy else
-                  "sampling only; add --sample")
-        raise XattnError(f"{', '.join(flags[f] for f in greedy or ignored)}: {reason}")
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
-        return build(DecodeConfig, changes, "decode", base)
+        cfg = build(DecodeConfig, changes, "decode", base)
+        cfg.refuse_unused(given)
+        return cfg
     except ConfigError as e:
-        flags = {f"decode.{field}": flag for flag, (field, _, _) in DECODE_FLAGS.items()}
+        flags = {f"decode.{field}": flag for flag, (field, _, _) in DECODE_FLAGS.items()} | {"decode.sampling": "--sample"}
         if e.key not in flags or e.key.removeprefix("decode.") not in changes:
             raise
         problem = e.problem
-        for key, flag in flags.items():
+        for key, flag in sorted(flags.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
             problem = problem.replace(key, flag)
         raise XattnError(f"{flags[e.key]}: {problem}") from None
 

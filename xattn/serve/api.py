@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from xattn.analysis.maps import head_mean
 from xattn.checks import hints
 from xattn.config import DecodeConfig
-from xattn.decoding import BEAM_ONLY, ignored_settings
 from xattn.errors import XattnError
 from xattn.words import split_words
 from xattn.serve.limits import ApiError, Limits
@@ -135,17 +134,13 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConf
             given["n_best"] = max(given.get("n_best", 1), wanted)
         else:
             widen = {"beam_size": wanted, "n_best": wanted}
-    beam = widen.get("beam_size", given.get("beam_size", base.beam_size))
-    if ignored := ignored_settings(asked, sampling, beam):
-        raise ApiError(422, f"{ignored[0]}: " + ("applies to beam search, not to sampling (samples: num_samples)"
-                                                 if sampling else "applies to beam search with beam_size 2 or more"
-                                                 if ignored[0] in BEAM_ONLY else
-                                                 "applies to sampling only; set sampling: true"), "invalid_request")
     try:
         decode = dataclasses.replace(base, **given)
-        return decode, dataclasses.replace(decode, **widen) if widen else None
-    except XattnError as e:  # a ConfigError "decode.beam_size: must be ..."
-        raise ApiError(422, str(e).removeprefix("decode."), "invalid_request") from None
+        wider = dataclasses.replace(decode, **widen) if widen else None
+        (wider or decode).refuse_unused(asked)
+        return decode, wider
+    except XattnError as e:  # a ConfigError "decode.beam_size: must be ..." (field names are the request's)
+        raise ApiError(422, str(e).replace("decode.", ""), "invalid_request") from None
 
 
 def with_alternatives(first: list, wider: list, count: int) -> list:

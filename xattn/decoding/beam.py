@@ -2,7 +2,7 @@
 the beam's back-pointers.
 
 Shapes: B sentences, K beam size, N sentences still decoding, V vocabulary, T positions,
-L layers, H heads, S source length. See decoding.py for lengths and scores.
+L layers, H heads, S source length. See xattn/decoding/__init__.py for lengths and scores.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from torch import Tensor
 
 from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
-from xattn.decoding import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, Transformer
-from xattn.processors import Constraints, StepState
+from xattn.decoding.processors import Constraints, StepState
 
 NEG_INF = float("-inf")
 

@@ -1,0 +1,56 @@
+"""Decoding strategies over a step function: greedy, sampling (temperature, top-k, top-p) and beam search.
+
+Shapes: B sentences, K beam size, N rows still decoding, V target vocabulary, T generated positions,
+L decoder layers, H heads, S source length.
+A strategy touches the model only through `encode`, `new_cache` and a `Step`:
+`step(tokens (N, 1), cache) -> (log_probs (N, V), cross-attention (N, L, H, S) or None)`.
+Every strategy applies the same constraints (processors.py) to the model's log-probabilities.
+
+Lengths: `max_len[b]` bounds the tokens generated for sentence b, EOS excluded (never below its forced
+prefix); at that length only EOS is allowed. Scores: a hypothesis of n tokens plus EOS ranks by
+log p / lp(n + 1), lp(len) = ((5 + len) / 6) ** alpha (GNMT, Wu et al. 2016), plus, in beam search,
+the coverage penalty beta * sum_j log(min(sum_i a_ij, 1)) over the source tokens j, where a is the
+last decoder layer's cross-attention averaged over heads (in a pruned model, the last layer with heads).
+Greedy reports the same normalised score, so a beam of one gives greedy's tokens and score.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from xattn.config import DecodeConfig
+from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
+from xattn.decoding.beam import beam_search
+from xattn.decoding.step import Hypothesis, Step, gnmt_penalty, hypothesis, make_step, max_lengths, prepare_cache
+from xattn.model import EncoderOutput, Transformer
+from xattn.decoding.processors import constraints, warpers
+
+__all__ = ["Hypothesis", "Step", "ancestral", "argmax", "beam_search", "gnmt_penalty", "greedy", "hypothesis",
+           "make_step", "max_lengths", "prepare_cache", "sampler", "search"]
+
+
+@torch.inference_mode()
+def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
+           need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
+    """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
+    enc: model.encode(src) when the caller has it already.
+
+    Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
+    greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
+    hypothesis carries the cross-attention that produced it, tracked along the search.
+    """
+    if src.shape[0] == 0:
+        return []
+    max_len = max_lengths(src, cfg, model.cfg.pad_id, prefix)
+    if model.cfg.positions == "learned":  # BOS + max_len tokens must fit the position table
+        max_len = max_len.clamp(max=model.cfg.max_positions - 1)
+    rules = constraints(cfg, model.cfg)
+    if cfg.sampling:
+        generator = torch.Generator(device=src.device)
+        generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
+        pick = sampler(warpers(cfg), generator)
+        return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
+                         need_attention, enc)
+    if cfg.beam_size == 1:
+        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc)
+    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc)

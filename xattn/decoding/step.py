@@ -1,0 +1,77 @@
+"""What every decoding strategy shares: the step function over the model, hypotheses and their scores (GNMT
+length penalty), the decoder cache of a batch and the maximum lengths. See xattn/decoding/__init__.py for the
+shapes, lengths and scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from xattn.attention import DecoderCache, stack_layers
+from xattn.config import DecodeConfig
+from xattn.model import EncoderOutput, Transformer
+
+Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]                       # generated ids, EOS excluded
+    score: float                            # the ranking score (normalised, penalties included)
+    log_prob: float                         # sum of token log-probabilities, EOS included
+    cross_attention: Tensor | None = None   # (L, H, len(tokens) + 1, S) when tracked during search
+    relaxed: bool = False                   # ended early: the constraints left no token but EOS (processors.py)
+
+
+def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT lp(len) = ((5 + len) / 6) ** alpha; `len` counts EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def make_step(model: Transformer, need_weights: bool = False) -> Step:
+    """A `Step` over `model.decode`; with `need_weights` it also returns this step's cross-attention."""
+    def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
+        out = model.decode(tokens, None, cache=cache, need_weights=need_weights)
+        logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
+        if not need_weights:
+            return log_probs, None
+        return log_probs, stack_layers(out.cross_attn)[:, :, :, -1].float()  # (N, L, H, S)
+    return step
+
+
+def prepare_cache(model: Transformer, src: Tensor, copies: int = 1,
+                  enc: EncoderOutput | None = None) -> DecoderCache:
+    """Encode src (B, S) (unless `enc` is its encoding already) and return a cache of B * copies rows,
+    `copies` consecutive rows per sentence."""
+    cache = model.new_cache(enc if enc is not None else model.encode(src))
+    if copies > 1:
+        cache.expand(copies, grouped=False)
+    return cache
+
+
+def hypothesis(ids: list[int], stop: set[int], log_prob: float, alpha: float, penalty: float = 0.0,
+               attention: Tensor | None = None, relaxed: bool = False) -> Hypothesis:
+    """A Hypothesis from generated ids, cut at the first `stop` id (EOS or pad); score = log p / lp + penalty."""
+    end = next((i for i, token in enumerate(ids) if token in stop), len(ids))
+    score = log_prob / gnmt_penalty(end + 1, alpha) + penalty
+    if attention is not None:
+        attention = attention[:end + 1].permute(1, 2, 0, 3).contiguous()  # (L, H, T, S)
+    return Hypothesis(ids[:end], score, log_prob, attention, relaxed)
+
+
+def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | None = None) -> Tensor:
+    """(B, S) -> (B,) floor(max_len_a * src_len + max_len_b), src_len counting non-pad tokens (EOS included).
+
+    A source holding nothing but EOS (an empty sentence) gets 0: its translation is empty, unless a
+    forced prefix is longer; the limit never cuts a prefix.
+    """
+    src_len = src.ne(pad_id).sum(dim=1)  # (B,)
+    limit = (cfg.max_len_a * src_len.double() + cfg.max_len_b).floor().long().clamp(min=0)
+    limit = torch.where(src_len > 1, limit, torch.zeros_like(limit))
+    if prefix is not None:
+        limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
+    return limit
