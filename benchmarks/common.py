@@ -128,7 +128,7 @@ def config_key(cfg) -> str:
     if body["data"].get("train_subset") is None:  # all the data, as before these keys existed
         body["data"].pop("train_subset", None)
         body["data"].pop("subset_seed", None)
-    for key, default in (("spm_sample", 300_000), ("dedup", False)):  # defaults, as before the keys existed
+    for key, default in (("spm_sample", 250_000), ("dedup", False)):  # defaults, as before the keys existed
         if body["data"].get(key) == default:
             body["data"].pop(key)
     body["train"] = {k: v for k, v in body["train"].items() if k not in NOT_IN_KEY["train"]}

@@ -159,7 +159,7 @@ class DataConfig:
     joint_vocab: bool = True            # one SentencePiece model for both sides
     max_len: int = 100                  # training pairs with a side longer than this (tokens) are dropped
     max_ratio: float = 3.0              # training pairs whose token-length ratio exceeds this are dropped
-    spm_sample: int = 300_000           # SentencePiece trains on this many training pairs drawn at random
+    spm_sample: int = 250_000           # SentencePiece trains on this many training pairs drawn at random
     #   (seeded by subset_seed; all of them when the corpus is smaller), as `xattn prepare` streams the corpus
     dedup: bool = False                 # xattn prepare: drop a training pair that repeats an earlier one exactly
     prepared: str | None = None         # train on this prepared directory (xattn prepare); None: the one made

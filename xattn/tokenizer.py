@@ -167,13 +167,14 @@ def train_sentencepiece(
         raise XattnError(f"unknown tokenizer model_type {model_type!r}; valid: {', '.join(MODEL_TYPES)}")
     if vocab_size < 8:
         raise XattnError(f"vocab_size must be at least 8, got {vocab_size}")
-    sentences = [t for t in texts if t.strip()]
-    if not sentences:
+    sentences = (t for t in texts if t.strip())  # streamed: SentencePiece keeps its own copy, Python none
+    first = next(sentences, None)
+    if first is None:
         raise XattnError(f"{model_path}: no non-empty sentences to train the tokenizer on")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=itertools.chain([first], sentences),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,

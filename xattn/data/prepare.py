@@ -308,8 +308,9 @@ def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[Flat, Flat]
 def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, inherit: dict[str, Path]) -> dict[str, str]:
     """Train the tokenizers on `sample` into `folder`, the sides in `inherit` copied from their files instead
     (always separate vocabularies then); the tokenizer files' SHA-256. SentencePiece runs in a child process
-    that reads the sample from files, so its memory (gigabytes for a large sample) is the system's again
-    before the encoding workers start. `sample` is emptied."""
+    that streams the sample from files into it (no Python copy beside SentencePiece's own), so its memory
+    (gigabytes for a large sample) is the system's again before the encoding workers start. `sample` is
+    emptied."""
     from xattn.tokenizer import tokenizer_hashes
 
     files = [folder / f".sample.{side}" for side in ("src", "tgt")]
@@ -327,12 +328,19 @@ def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, in
     return tokenizer_hashes(folder)
 
 
+def lines_of(path: str) -> Iterator[str]:
+    """The lines of a sample file, one at a time (split at "\\n" only)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line.removesuffix("\n")
+
+
 def train_from_files(folder: str, files: list[str], vocab_size: int, joint: bool, inherit: dict[str, str]) -> None:
     """train_into's child process: the sample's two sides from `files`, one sentence a line."""
     from xattn.io import atomic_write_bytes
     from xattn.tokenizer import SRC_MODEL, TGT_MODEL, train_sentencepiece, train_tokenizers
 
-    src, tgt = (Path(f).read_text(encoding="utf-8").split("\n") for f in files)
+    src, tgt = (lines_of(f) for f in files)
     if not inherit:
         train_tokenizers(src, tgt, folder, vocab_size, joint)
     for side, name, texts in (("src", SRC_MODEL, src), ("tgt", TGT_MODEL, tgt)) if inherit else ():
