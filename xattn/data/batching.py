@@ -194,16 +194,18 @@ class TokenBatchSampler:
         return len(self.batches(0))
 
     def padding_fraction(self, batches: Sequence[Sequence[int]]) -> float:
-        """Fraction of padded positions over the src and tgt tensors of `batches`."""
-        if isinstance(batches, Batches):
-            sizes = batches.bounds[:, 1] - batches.bounds[:, 0]
-            flat = np.concatenate([batches.order[a:b] for a, b in batches.bounds]) if len(sizes) else np.zeros(0, int)
-            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            src, tgt = self.src_lengths[flat].astype(np.int64), self.tgt_lengths[flat].astype(np.int64)
-            real = int(src.sum() + tgt.sum())
-            padded = int(np.sum(sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts)))) \
-                if len(sizes) else 0
-            return 1.0 - real / padded if padded else 0.0
+        """Fraction of padded positions over the src and tgt tensors of `batches`. An epoch's Batches (one
+        contiguous run of `order`) is measured in a few array operations, without a list per batch."""
+        if isinstance(batches, Batches) and len(batches):
+            bounds = batches.bounds[np.argsort(batches.bounds[:, 0], kind="stable")]
+            if np.array_equal(bounds[1:, 0], bounds[:-1, 1]):
+                run = batches.order[bounds[0, 0]:bounds[-1, 1]]
+                src, tgt = self.src_lengths[run], self.tgt_lengths[run]
+                starts, sizes = bounds[:, 0] - bounds[0, 0], bounds[:, 1] - bounds[:, 0]
+                real = int(src.sum(dtype=np.int64)) + int(tgt.sum(dtype=np.int64))
+                longest = np.maximum.reduceat(src, starts).astype(np.int64) + np.maximum.reduceat(tgt, starts)
+                padded = int(np.sum(sizes * longest))
+                return 1.0 - real / padded if padded else 0.0
         real = padded = 0
         for batch in batches:
             src, tgt = self.src_lengths[list(batch)], self.tgt_lengths[list(batch)]

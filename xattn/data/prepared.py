@@ -209,8 +209,11 @@ class MappedCorpus:
         """A Batch of pairs `indices`; only their ids are read from the map."""
         from xattn.data.batching import collate
 
-        return collate([self.sentence("src", i).tolist() for i in indices],
-                       [self.sentence("tgt", i).tolist() for i in indices], indices)
+        batch = collate([self.sentence("src", i).tolist() for i in indices],
+                        [self.sentence("tgt", i).tolist() for i in indices], indices)
+        for ids in self.ids.values():
+            let_go(ids)
+        return batch
 
 
 def row_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -244,10 +247,22 @@ def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray
     return mapped(path, dtype) if name.endswith(".bin") else np.fromfile(path, dtype=dtype)
 
 
+def let_go(ids: np.ndarray) -> None:
+    """Unmap the pages of a mapped array from this process (they stay in the page cache, shared with every
+    other process, and map again when read): however many batches it reads, its RSS holds at most one
+    batch's pages. The kernel maps the pages around each one read (fault-around) whatever the advice, so
+    without this a process' RSS would grow by some 64 KB per sentence read until it held the whole file."""
+    import mmap
+
+    region = getattr(ids.base, "obj", None)
+    if isinstance(region, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        region.madvise(mmap.MADV_DONTNEED)
+
+
 def mapped(path: Path, dtype: np.dtype) -> np.ndarray:
     """`path` mapped read-only as a flat array, marked for random access: a batch reads scattered sentences,
-    so the kernel maps the pages they touch and no read-ahead around them (which would fill this process'
-    RSS with pages no batch asked for)."""
+    so read-ahead around them would only fill the page cache with pages no batch asked for (let_go keeps
+    them out of this process' RSS)."""
     import mmap
 
     with open(path, "rb") as f:
