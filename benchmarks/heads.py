@@ -52,11 +52,11 @@ def pairs(split: str, n: int | None) -> tuple[list[str], list[str]]:
 
 
 def score(translator, mask, sources, refs) -> dict:
-    translator.model.head_mask = mask
+    translator.head_mask = mask
     try:
         hyps = [t.text for t in translator.translate(sources, BEAM)]
     finally:
-        translator.model.head_mask = None
+        translator.head_mask = None
     return {"bleu": round(bleu(hyps, refs).score, 2), "bleu_lc": round(bleu(hyps, refs, lowercase=True).score, 2)}
 
 

@@ -147,9 +147,9 @@ def test_greedy_drops_finished_rows():
     sizes = []
     decode = model.decode
 
-    def counting_decode(tgt, enc, cache=None, need_weights=False):
+    def counting_decode(tgt, enc, cache=None, need_weights=False, head_mask=None):
         sizes.append(tgt.shape[0])
-        return decode(tgt, enc, cache=cache, need_weights=need_weights)
+        return decode(tgt, enc, cache=cache, need_weights=need_weights, head_mask=head_mask)
 
     model.decode = counting_decode
     hyps = greedy(model, src, torch.full((8,), 12))
@@ -286,31 +286,36 @@ def test_forced_prefix_is_continued(options):
         assert hyps[0][0].log_prob == pytest.approx(ref, abs=1e-4)
 
 
+def forced_cross(model, src, hyps, rows):
+    """The cross-attention of a teacher-forced pass over `hyps` (Translator.forced_attention, on the plain model)."""
+    from xattn.inference import Speedups
+    from xattn.translator import Translator
+
+    translator = Translator(model, None, "cpu", speedups=Speedups(pack=False))
+    return translator.forced_attention(src, [h.tokens for h in hyps], rows).cross
+
+
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=3, n_best=3), dict(sampling=True, seed=2, num_samples=2)])
 def test_attention_tracked_in_search_equals_teacher_forcing(options):
-    from xattn.translator import teacher_forced_attention
-
     model, src = eos_model(), random_src(13)
     tracked = search(model, src, DecodeConfig(**options), need_attention=True)
     plain = search(model, src, DecodeConfig(**options))
     assert [[h.tokens for h in s] for s in tracked] == [[h.tokens for h in s] for s in plain]
     flat = [h for s in tracked for h in s]
     rows = [b for b, s in enumerate(tracked) for _ in s]
-    expected, _ = teacher_forced_attention(model, model.encode(src), flat, rows)
+    expected = forced_cross(model, src, flat, rows)
     src_len = src.ne(PAD).sum(1).tolist()
     for h, r, e in zip(flat, rows, expected):
         torch.testing.assert_close(h.cross_attention[..., : src_len[r]], torch.from_numpy(e), atol=1e-5, rtol=1e-4)
 
 
 def test_coverage_penalty_score_by_hand():
-    from xattn.translator import teacher_forced_attention
-
     model, src = eos_model(), random_src(14)
     beta, alpha = 0.4, 1.0
     hyps = _search(model, src, beam_size=4, n_best=2, length_penalty=alpha, coverage_penalty=beta)
     flat = [h for s in hyps for h in s]
     rows = [b for b, s in enumerate(hyps) for _ in s]
-    attention, _ = teacher_forced_attention(model, model.encode(src), flat, rows)
+    attention = forced_cross(model, src, flat, rows)
     for h, a in zip(flat, attention):
         coverage = torch.from_numpy(a[-1].mean(axis=0)).sum(dim=0)  # (S,) last layer, mean of heads
         expected = h.log_prob / gnmt_penalty(len(h.tokens) + 1, alpha) + beta * coverage.clamp(1e-10, 1).log().sum()
@@ -376,8 +381,8 @@ class MarkovModel(xattn.Transformer):
         super().__init__(tiny_config(src_vocab_size=table.shape[0], tgt_vocab_size=table.shape[0]))
         self.log_table = table.log()
 
-    def decode(self, tgt, enc, cache=None, need_weights=False):
-        out = super().decode(tgt, enc, cache=cache, need_weights=need_weights)
+    def decode(self, tgt, enc, cache=None, need_weights=False, head_mask=None):
+        out = super().decode(tgt, enc, cache=cache, need_weights=need_weights, head_mask=head_mask)
         return dataclasses.replace(out, logits=self.log_table[tgt])  # (B, T, V)
 
 

@@ -28,8 +28,8 @@ def test_a_mask_of_ones_changes_nothing(overrides):
     model = _model(**overrides)
     with torch.no_grad():
         plain = model(SRC, TGT, need_weights=True)
-        model.head_mask = {place: [torch.ones(4), torch.ones(4)] for place in ("enc_self", "dec_self", "cross")}
-        masked = model(SRC, TGT, need_weights=True)
+        ones = {place: [torch.ones(4), torch.ones(4)] for place in ("enc_self", "dec_self", "cross")}
+        masked = model(SRC, TGT, need_weights=True, head_mask=ones)
     torch.testing.assert_close(masked.logits, plain.logits, rtol=0, atol=0)
     torch.testing.assert_close(masked.cross_attn[1], plain.cross_attn[1], rtol=0, atol=0)
 
@@ -41,15 +41,15 @@ def test_zeroing_heads_equals_removing_them(overrides):
     assert pruned.cfg.heads == {"enc_self": [2, 4], "dec_self": [4, 0], "cross": [3, 2]}
     assert [n for n, _ in pruned.named_parameters()] == [n for n, _ in model.named_parameters()]
     assert pruned.decoder.layers[1].cross_attn.q_proj.weight.shape[0] == 2 * model.cfg.head_dim
+    mask = mask_of_removal(model.cfg, REMOVAL)
     with torch.no_grad():
-        model.head_mask = mask_of_removal(model.cfg, REMOVAL)
-        masked, small = model(SRC, TGT), pruned(SRC, TGT, need_weights=True)
+        masked, small = model(SRC, TGT, head_mask=mask), pruned(SRC, TGT, need_weights=True)
     torch.testing.assert_close(small.logits, masked.logits, atol=1e-5, rtol=1e-5)
-    assert small.cross_attn[1].shape[1] == 2 and pruned.head_mask is None
+    assert small.cross_attn[1].shape[1] == 2
     from xattn.decoding import search
 
     with torch.no_grad():  # beam search, cached: the same translations
-        a, b = (search(m, SRC, xattn.DecodeConfig(beam_size=3)) for m in (model, pruned))
+        a, b = (search(m, SRC, xattn.DecodeConfig(beam_size=3), head_mask=k) for m, k in ((model, mask), (pruned, None)))
     assert [[h.tokens for h in n_best] for n_best in a] == [[h.tokens for h in n_best] for n_best in b]
 
 
@@ -100,10 +100,8 @@ def test_importance_gradient_agrees_with_finite_differences():
     def loss(place, layer, head, delta):
         mask = {p: [torch.ones(4, dtype=torch.float64) for _ in range(2)] for p in ("enc_self", "dec_self", "cross")}
         mask[place][layer][head] += delta
-        model.head_mask = mask
         with torch.no_grad():
-            logits = model(batch.src, batch.tgt_in).logits
-        model.head_mask = None
+            logits = model(batch.src, batch.tgt_in, head_mask=mask).logits
         nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0,
                                                 reduction="sum")  # in float64, for the finite difference
         return float(nll) / batch.n_tgt_tokens

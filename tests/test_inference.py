@@ -93,7 +93,7 @@ def test_int8_decodes_on_a_quantized_copy(tied_dir):
 def test_speedup_errors():
     with pytest.raises(xattn.XattnError, match="quantize must be int8, got 'int4'"):
         Speedups(quantize="int4")
-    with pytest.raises(xattn.XattnError, match="int8 quantization runs on CPU only"):
+    with pytest.raises(xattn.XattnError, match="^device: int8 quantization runs on the CPU only, not on cuda"):
         Speedups(quantize="int8").need_copy(torch.device("cuda"))
 
 

@@ -8,8 +8,7 @@ import torch
 import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
-from xattn.decoding import Hypothesis
-from xattn.translator import Translation, Translator, load, teacher_forced_attention, token_batches
+from xattn.translator import Translation, Translator, load, token_batches
 
 WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 30)]
 
@@ -121,13 +120,15 @@ def test_attention_equals_unbatched_teacher_forcing(translator):
 
 
 def test_cross_attention_crops_padding(translator):
-    model = translator.model
     src = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
-    hyps = [Hypothesis([9, 10, 11], 0.0, 0.0), Hypothesis([], 0.0, 0.0), Hypothesis([12], 0.0, 0.0)]
-    maps, selfw = teacher_forced_attention(model, model.encode(src), hyps, rows=[0, 1, 1])
-    assert [m.shape[2:] for m in selfw] == [(4, 4), (1, 1), (2, 2)]
-    assert [m.shape[2:] for m in maps] == [(4, 4), (1, 2), (2, 2)]
-    np.testing.assert_allclose(maps[1].sum(-1), 1.0, atol=1e-5)
+    forced = translator.forced_attention(src, [[9, 10, 11], [], [12]], rows=[0, 1, 1],
+                                         kinds=("cross", "decoder-self", "encoder-self"))
+    assert [m.shape[2:] for m in forced.decoder_self] == [(4, 4), (1, 1), (2, 2)]
+    assert [m.shape[2:] for m in forced.cross] == [(4, 4), (1, 2), (2, 2)]
+    assert [m.shape[2:] for m in forced.encoder_self] == [(4, 4), (2, 2), (2, 2)]
+    np.testing.assert_allclose(forced.cross[1].sum(-1), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="'self' is not one of cross, decoder-self, encoder-self"):
+        translator.forced_attention(src, [[9]], kinds=("self",))
 
 
 def test_n_best_alternatives(translator):

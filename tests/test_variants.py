@@ -88,13 +88,12 @@ def test_a_pruned_layer_and_a_head_mask():
     out = model(src, tgt, need_weights=True)
     assert out.cross_attn[0].shape == (1, 0, 3, 3) and out.cross_attn[1].shape == (1, 1, 3, 3)
     assert model.decoder.layers[0].cross_attn.q_proj.weight.shape == (0, 16)
-    model.head_mask = {"cross": [None, torch.ones(1)]}
-    torch.testing.assert_close(model(src, tgt).logits, out.logits)
+    torch.testing.assert_close(model(src, tgt, head_mask={"cross": [None, torch.ones(1)]}).logits, out.logits)
     for wrong, message in (({"crosss": [None, None]}, "'crosss' is not a place"),
                            ({"cross": [None]}, "cross has 2 layers, got 1"),
                            ({"cross": [None, torch.ones(2)]}, "cross layer 1 has 1 heads, got factors of shape (2,)")):
         with pytest.raises(ValueError, match=re.escape(message)):
-            model.head_mask = wrong
+            model(src, tgt, head_mask=wrong)
 
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=2",

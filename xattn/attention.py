@@ -132,8 +132,8 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
 
 def _fused_is_slower(q: Tensor) -> bool:
     """True for reduced-precision training on CPU, where PyTorch's fused CPU attention backward is
-    about 10x slower than the explicit path (bf16, B=160, H=4, T=S=17: 63 ms against 6 ms per
-    forward + backward, benchmarks/README.md); in float32, at inference and on CUDA the fused kernel wins.
+    much slower than the explicit path (the figures: benchmarks/README.md, Training throughput); in
+    float32, at inference and on CUDA the fused kernel wins.
     """
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
 

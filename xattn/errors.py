@@ -3,3 +3,15 @@
 
 class XattnError(Exception):
     """A mistake in user input (file, config key, flag); its message names the culprit."""
+
+
+class ParameterError(XattnError):
+    """A bad value of a library function's parameter, named as the library names it ("layer: expected a layer
+    number"); the command line names the flag that sets it instead ("--layer: ...")."""
+
+    def __init__(self, name: str, problem: str):
+        super().__init__(f"{name}: {problem}")
+        self.name, self.problem = name, problem
+
+    def __reduce__(self):  # picklable across processes, like any XattnError
+        return type(self), (self.name, self.problem)

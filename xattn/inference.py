@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.layers import FeedForward
 from xattn.model import Transformer
 
@@ -37,7 +37,7 @@ class Speedups:
     def need_copy(self, device: torch.device) -> bool:
         """Whether decoding on `device` needs a rewritten copy at all (int8 off the CPU is an error)."""
         if self.quantize == "int8" and device.type != "cpu":
-            raise XattnError("int8 quantization runs on CPU only; use --device cpu")
+            raise ParameterError("device", f"int8 quantization runs on the CPU only, not on {device}")
         packs = self.pack and device.type == "cpu" and torch.backends.mkldnn.is_available()
         return self.quantize is not None or self.compile or packs
 
@@ -91,7 +91,6 @@ class InferenceModel:
         stamp = weight_stamp(self.source)
         if self._copy is None or not same_stamp(stamp, self._stamp):
             self._copy, self._stamp = prepare(self.source, self.speedups), stamp
-        self._copy.head_mask = self.source.head_mask  # the source's, whenever it is set
         return self._copy
 
 
@@ -120,10 +119,10 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
     """Replace every float32 nn.Linear by a PackedLinear (inference on CPU only), fusing each FFN's
     activation into its first layer. Rewrites `model` in place: use it on a copy (`prepare`).
 
-    The default GEMM is about 2-2.6x slower than oneDNN's packed one on this project's AMD CPU for
-    the decoder's shapes, and the separate activation pass over the (rows, d_ff) hidden layer took
-    10% of greedy decoding (benchmarks/README.md); results agree to float32 rounding. Does nothing
-    where PyTorch was built without oneDNN.
+    oneDNN's packed GEMM is faster than the default one for the decoder's shapes, and fusing the
+    activation saves a pass over the (rows, d_ff) hidden layer (the figures: benchmarks/README.md,
+    Translation speed); results agree to float32 rounding. Does nothing where PyTorch was built
+    without oneDNN.
     """
     if not torch.backends.mkldnn.is_available():
         return

@@ -48,6 +48,26 @@ class PreNorm(nn.LayerNorm):
         return x + y
 
 
+@dataclass(frozen=True)
+class DecoderInputs:
+    """What a decoder layer reads besides its input, given by keyword, one per layer and call.
+
+    cross_kv: the cross-attention keys and values, (B / group, H, S, Dh) each: one per group of `group` rows
+    (a beam's rows share their sentence's, see DecoderCache). cross_mask (B / group, 1, S). self_mask
+    (1 or B, T, T_all), None for one new position. cache: the layer's self-attention cache, which this call
+    grows by its T positions (attention then runs over all positions so far); None for teacher forcing, all
+    positions at once. self_ctx, cross_ctx: positions, head mask, whether to return weights (cross_ctx
+    describes the folded queries: its positions repeat per row of a group).
+    """
+    cross_kv: tuple[Tensor, Tensor]
+    cross_mask: Tensor
+    self_mask: Tensor | None = None
+    cache: LayerCache | None = None
+    group: int = 1
+    self_ctx: AttentionContext = AttentionContext()
+    cross_ctx: AttentionContext = AttentionContext()
+
+
 @dataclass
 class LayerWeights:
     self_attn: Tensor | None = None     # (B, H, T, T) or (B, H, S, S)
@@ -88,25 +108,19 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = norm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, self_mask: Tensor, cross_mask: Tensor, cache: LayerCache, self_ctx: AttentionContext,
-                cross_ctx: AttentionContext, grow_cache: bool = False, group: int = 1) -> tuple[Tensor, LayerWeights]:
-        """x (B, T, D), self_mask (1 or B, T, T_all), cross_mask (B / group, 1, S) -> (B, T, D).
-
-        `cache` holds the cross-attention K/V, one per group of `group` rows (see DecoderCache);
-        with `grow_cache` this step's self-attention K/V are appended to it and attention runs
-        over all steps so far. `cross_ctx` describes the folded queries (its positions repeat per row).
-        """
+    def forward(self, x: Tensor, *, inputs: DecoderInputs) -> tuple[Tensor, LayerWeights]:
+        """x (B, T, D) -> (B, T, D), with what else the layer reads in `inputs` (DecoderInputs)."""
         h = self.self_attn_norm.before(x)
         kv = self.self_attn.project_kv(h)
-        if grow_cache:
-            kv = cache.append(*kv)
-        a = self.self_attn(h, kv, self_mask, self_ctx)
+        if inputs.cache is not None:
+            kv = inputs.cache.append(*kv)
+        a = self.self_attn(h, kv, inputs.self_mask, inputs.self_ctx)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         h = self.cross_attn_norm.before(x)
-        c = self.cross_attn(fold(h, group), (cache.cross_k, cache.cross_v), cross_mask, cross_ctx)
+        c = self.cross_attn(fold(h, inputs.group), inputs.cross_kv, inputs.cross_mask, inputs.cross_ctx)
         x = self.cross_attn_norm.after(x, self.dropout(c.out.view_as(x)))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
-        return x, LayerWeights(self_attn=a.weights, cross_attn=unfold_weights(c.weights, group))
+        return x, LayerWeights(self_attn=a.weights, cross_attn=unfold_weights(c.weights, inputs.group))
 
 
 def fold(x: Tensor, group: int) -> Tensor:

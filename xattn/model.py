@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_mask, padding_mask
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
-from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
+from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
 from xattn.variants import PLACES
 
 
@@ -79,7 +79,13 @@ AttentionBuilder = Callable[[str, int], nn.Module]
 
 HeadMask = dict[str, list[Tensor | None]]
 """Per place (enc_self, dec_self, cross), per layer: a (H_l,) tensor of factors in [0, 1] on each head's
-output (None: that layer unmasked); see Transformer.head_mask."""
+output (None: that layer unmasked); an argument of encode, decode and forward (Transformer.check_head_mask)."""
+
+
+def context(place: str, layer: int, need_weights: bool, positions: Tensor, head_mask: HeadMask | None) -> AttentionContext:
+    """The AttentionContext of `place` in layer `layer`: its factors of `head_mask`, if any."""
+    mask = head_mask.get(place, [None] * (layer + 1))[layer] if head_mask is not None else None
+    return AttentionContext(need_weights, positions, mask)
 
 
 def default_attention(cfg: ModelConfig) -> AttentionBuilder:
@@ -123,7 +129,6 @@ class Transformer(nn.Module):
         self._init_weights()
         if cfg.tie_output:
             self.generator.weight = self.tgt_embed.weight
-        self.head_mask = None
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -139,13 +144,15 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------------------------ encode
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
-        """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token)."""
+    def encode(self, src: Tensor, need_weights: bool = False, head_mask: HeadMask | None = None) -> EncoderOutput:
+        """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token). `head_mask` (checked
+        by check_head_mask): factors on each head's output, e.g. 0 to switch a head off."""
         mask = padding_mask(src, self.cfg.pad_id)
         x = self.dropout(self.src_embed(src) * self.embed_scale + self.src_pos(0, src.shape[1]))
         weights, positions = [], torch.arange(src.shape[1], device=src.device)
         for i, layer in enumerate(self.encoder.layers):
-            x, w = layer(x, mask.unsqueeze(1), self._context("enc_self", i, need_weights, positions))  # mask (B, 1, S)
+            ctx = context("enc_self", i, need_weights, positions, head_mask)
+            x, w = layer(x, mask.unsqueeze(1), ctx)  # mask (B, 1, S)
             weights.append(w.self_attn)
         return EncoderOutput(self.encoder.norm(x), mask, tuple(weights) if need_weights else None)
 
@@ -157,36 +164,38 @@ class Transformer(nn.Module):
         return DecoderCache(layers, enc.mask)
 
     def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-               need_weights: bool = False) -> DecoderOutput:
+               need_weights: bool = False, head_mask: HeadMask | None = None) -> DecoderOutput:
         """tgt (B, T) int64 (starting with BOS) -> DecoderOutput(logits (B, T, V), ...).
 
         Without a cache, T positions are decoded at once under a look-ahead mask. With a cache,
         `tgt` holds only the new positions (usually T = 1); the cache grows by T and `enc` may be None.
+        `head_mask`: as in `encode`.
         """
-        hidden = self.decode_states(tgt, enc, cache, need_weights)
+        hidden = self.decode_states(tgt, enc, cache, need_weights, head_mask)
         return DecoderOutput(self.generator(hidden.states), hidden.cross_attn, hidden.self_attn)
 
     def decode_states(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-                      need_weights: bool = False) -> DecoderStates:
+                      need_weights: bool = False, head_mask: HeadMask | None = None) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
         offset = cache.length if cache is not None else 0
         T = tgt.shape[1]
         x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + self.tgt_pos(offset, T))
-        if cache is None:
+        if cache is None:  # teacher forcing: no cache; the cross-attention K/V of this call
             assert enc is not None, "decode without a cache needs the encoder output"
-            layer_caches, src_mask = [LayerCache(*l.cross_attn.project_kv(enc.states)) for l in self.decoder.layers], enc.mask
+            cross_kv, src_mask = [l.cross_attn.project_kv(enc.states) for l in self.decoder.layers], enc.mask
         else:
-            layer_caches, src_mask = cache.layers, cache.src_mask
+            cross_kv, src_mask = [(lc.cross_k, lc.cross_v) for lc in cache.layers], cache.src_mask
         self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
         cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)
         cross, selfw = [], []
         group = cache.group if cache is not None else 1
         positions = torch.arange(offset, offset + T, device=tgt.device)
-        for i, (layer, lc) in enumerate(zip(self.decoder.layers, layer_caches)):
-            self_ctx = self._context("dec_self", i, need_weights, positions)
-            cross_ctx = self._context("cross", i, need_weights, positions.repeat(group))
-            x, w = layer(x, self_mask, cross_mask, lc, self_ctx, cross_ctx, cache is not None, group)
+        for i, layer in enumerate(self.decoder.layers):
+            x, w = layer(x, inputs=DecoderInputs(
+                cross_kv[i], cross_mask, self_mask, cache.layers[i] if cache is not None else None, group,
+                context("dec_self", i, need_weights, positions, head_mask),
+                context("cross", i, need_weights, positions.repeat(group), head_mask)))
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:
@@ -196,14 +205,9 @@ class Transformer(nn.Module):
             return DecoderStates(states)
         return DecoderStates(states, tuple(cross), tuple(selfw))
 
-    @property
-    def head_mask(self) -> HeadMask | None:
-        """Applied by every forward pass while set (a differentiable tensor gives the mask's gradient): per
-        place, one entry per layer, None or a (heads of that layer,) tensor; places left out are unmasked."""
-        return self._head_mask
-
-    @head_mask.setter
-    def head_mask(self, mask: HeadMask | None) -> None:
+    def check_head_mask(self, mask: HeadMask | None) -> HeadMask | None:
+        """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
+        tensor; places left out are unmasked. A ValueError names what does not fit."""
         for place, layers in (mask or {}).items():
             if place not in PLACES:
                 raise ValueError(f"head_mask: {place!r} is not a place; one of {', '.join(PLACES)}")
@@ -213,15 +217,14 @@ class Transformer(nn.Module):
                 if factors is not None and tuple(factors.shape) != (self.cfg.heads_of(place, i),):
                     raise ValueError(f"head_mask: {place} layer {i} has {self.cfg.heads_of(place, i)} heads, got "
                                      f"factors of shape {tuple(factors.shape)}")
-        self._head_mask = mask
+        return mask
 
-    def _context(self, place: str, layer: int, need_weights: bool, positions: Tensor) -> AttentionContext:
-        mask = self.head_mask.get(place, [None] * (layer + 1))[layer] if self.head_mask is not None else None
-        return AttentionContext(need_weights, positions, mask)
-
-    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False) -> DecoderOutput:
-        """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token."""
-        return self.decode(tgt, self.encode(src), need_weights=need_weights)
+    def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False,
+                head_mask: HeadMask | None = None) -> DecoderOutput:
+        """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token.
+        `head_mask` (a differentiable one gives its gradient, see analysis/importance.py): as in `encode`."""
+        self.check_head_mask(head_mask)
+        return self.decode(tgt, self.encode(src, head_mask=head_mask), need_weights=need_weights, head_mask=head_mask)
 
     # ------------------------------------------------------------------------------ parameter groups
 

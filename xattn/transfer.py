@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from xattn.config import ParentConfig, RunConfig
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.model import Transformer
 
 SIDES = ("src", "tgt")
@@ -60,7 +60,7 @@ re-initialised)."""
 
 def strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
-        raise XattnError(f"--strategy: unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+        raise ParameterError("strategy", f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 
 
@@ -140,11 +140,11 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     from xattn.recipes import RunParts, length_ratio
 
     if Path(out_dir).resolve() == Path(parent_dir).resolve():
-        raise XattnError(f"--out {out_dir}: is the parent; a child trains into a directory of its own")
+        raise ParameterError("out_dir", f"{out_dir} is the parent; a child trains into a directory of its own")
     parent = load_model_dir(parent_dir)
     side = changed_side(parent.config, cfg)
     if strat.side is not None and strat.side != side:
-        raise XattnError(f"--strategy {strat.name} changes the {strat.side} side, but the child changes the "
+        raise ParameterError("strategy", f"{strat.name} changes the {strat.side} side, but the child changes the "
                          f"{side} language ({parent.config.data.src_lang}->{parent.config.data.tgt_lang} to "
                          f"{cfg.data.src_lang}->{cfg.data.tgt_lang}); use {side}{strat.name[3:]}")
     if parent.config.model.share_embeddings or parent.tokenizers.joint:
@@ -222,7 +222,7 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise XattnError(f"--out {out}: exists and is not empty; compose into a new directory")
+        raise ParameterError("out_dir", f"{out} exists and is not empty; compose into a new directory")
     source: dict[str, Path] = {}
     for part, groups in PARTS.items():
         if parts.get(part) is not None:

@@ -18,7 +18,7 @@ from xattn.errors import XattnError
 from xattn.decoding import Hypothesis, search
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
-from xattn.model import EncoderOutput, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -60,28 +60,17 @@ def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -
     return batches
 
 
-def teacher_forced_attention(model: Transformer, enc: EncoderOutput, hyps: Sequence[Hypothesis], rows: Sequence[int],
-                             self_attention: bool = True) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """Cross- (and self-) attention of each hypothesis, in one teacher-forced pass.
+@dataclass
+class ForcedAttention:
+    """The attention of a teacher-forced pass (Translator.forced_attention), one unpadded array per target r:
+    cross (L, H, T_r, S_r), decoder self (L, H, T_r, T_r) and encoder self (L, H, S_r, S_r) when asked for,
+    with T_r = len(targets[r]) + 1 (BOS + tokens in, tokens + EOS predicted) and S_r its source's length."""
+    cross: list[np.ndarray]
+    decoder_self: list[np.ndarray] | None = None
+    encoder_self: list[np.ndarray] | None = None
 
-    enc: the encoding of the batch's sources (B, S); hypothesis r translates row rows[r]. Decoder input is
-    BOS + tokens, so its T = len(tokens) + 1 positions predict tokens + EOS. Returns R arrays (L, H, T_r, S_r)
-    and R arrays (L, H, T_r, T_r) (None without `self_attention`), unpadded.
-    """
-    cfg, device = model.cfg, enc.states.device
-    tgt = pad_batch([[cfg.bos_id] + h.tokens for h in hyps], cfg.pad_id, device)  # (R, T)
-    index = torch.tensor(list(rows), device=device)
-    enc = EncoderOutput(enc.states.index_select(0, index), enc.mask.index_select(0, index))  # (R, S, D), (R, S)
-    with torch.inference_mode():
-        out = model.decode_states(tgt, enc, need_weights=True)
-    cross = stack_layers(out.cross_attn).float().cpu().numpy()  # (R, L, H, T, S)
-    src_len = enc.mask.sum(dim=1).tolist()
-    T = [len(h.tokens) + 1 for h in hyps]
-    crosses = [cross[r, :, :, : T[r], : src_len[r]].copy() for r in range(len(hyps))]
-    if not self_attention:
-        return crosses, None
-    selfw = stack_layers(out.self_attn).float().cpu().numpy()  # (R, L, H, T, T)
-    return crosses, [selfw[r, :, :, : T[r], : T[r]].copy() for r in range(len(hyps))]
+
+KINDS = ("cross", "decoder-self", "encoder-self")
 
 
 class Translator:
@@ -98,6 +87,17 @@ class Translator:
         self.tokenizers = tokenizers
         self.config = config
         self.inference = InferenceModel(self.model, speedups, self.device)
+        self._head_mask: HeadMask | None = None
+
+    @property
+    def head_mask(self) -> HeadMask | None:
+        """Factors on the heads' outputs (Transformer.encode) that every search and teacher-forced pass of
+        this Translator applies; None: every head as trained."""
+        return self._head_mask
+
+    @head_mask.setter
+    def head_mask(self, mask: HeadMask | None) -> None:
+        self._head_mask = self.model.check_head_mask(mask)
 
     @property
     def decode_config(self) -> DecodeConfig:
@@ -150,6 +150,35 @@ class Translator:
                 results[i] = translation
         return results  # type: ignore[return-value]
 
+    def forced_attention(self, src: Tensor, targets: Sequence[Sequence[int]], rows: Sequence[int] | None = None,
+                         kinds: Sequence[str] = ("cross",), enc: EncoderOutput | None = None) -> ForcedAttention:
+        """The attention of one teacher-forced pass: the decoder reads BOS + targets[r] (ids, EOS excluded) as
+        the translation of source row rows[r] (default r) of src (B, S), EOS-ended and pad-padded. `kinds`:
+        of "cross" (always computed), "decoder-self", "encoder-self". `enc`: src's encoding when the caller
+        has it (a search's), made here otherwise. Every verb that reads the attention of a given or found
+        translation (rescoring, attention, align, diagnose, the server) goes through this pass."""
+        if unknown := [k for k in kinds if k not in KINDS]:
+            raise ValueError(f"kinds: {unknown[0]!r} is not one of {', '.join(KINDS)}")
+        model, cfg = self.inference.current(), self.model.cfg
+        rows = list(range(len(targets))) if rows is None else list(rows)
+        with torch.inference_mode():
+            if enc is None or ("encoder-self" in kinds and enc.self_attn is None):
+                enc = model.encode(src, need_weights="encoder-self" in kinds, head_mask=self.head_mask)
+            if rows != list(range(src.shape[0])):
+                index = torch.tensor(rows, device=src.device)
+                enc = EncoderOutput(enc.states.index_select(0, index), enc.mask.index_select(0, index),
+                                    tuple(w.index_select(0, index) for w in enc.self_attn) if enc.self_attn else None)
+            tgt = pad_batch([[cfg.bos_id, *t] for t in targets], cfg.pad_id, src.device)  # (R, T)
+            out = model.decode_states(tgt, enc, need_weights=True, head_mask=self.head_mask)
+        S, T = enc.mask.sum(dim=1).tolist(), [len(t) + 1 for t in targets]
+
+        def unpadded(weights, rows_of: list[int], cols_of: list[int]) -> list[np.ndarray]:
+            stacked = stack_layers(weights).float().cpu().numpy()  # (R, L, H, rows, cols)
+            return [stacked[r, :, :, :rows_of[r], :cols_of[r]].copy() for r in range(len(targets))]
+        return ForcedAttention(unpadded(out.cross_attn, T, S),
+                               unpadded(out.self_attn, T, T) if "decoder-self" in kinds else None,
+                               unpadded(enc.self_attn, S, S) if "encoder-self" in kinds else None)
+
     def _translate_batch(self, model: Transformer, ids: list[list[int]], cfg: DecodeConfig, options: Options,
                          prefix: list[list[int]] | None) -> list[Translation]:
         pad = self.model.cfg.pad_id
@@ -158,15 +187,16 @@ class Translator:
         in_search = options.cross and options.source == "search"
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
-            enc = model.encode(src) if rescore else None  # the search and the rescoring pass share it
-        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc)
+            enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
+        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc, head_mask=self.head_mask)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
         if rescore:
-            tf_cross, tf_self = teacher_forced_attention(model, enc, flat, rows, options.self_)
-            cross = tf_cross if options.cross and not in_search else cross
-            selfw = tf_self if options.self_ else selfw
+            forced = self.forced_attention(src, [h.tokens for h in flat], rows,
+                                           ("cross", "decoder-self") if options.self_ else ("cross",), enc)
+            cross = forced.cross if options.cross and not in_search else cross
+            selfw = forced.decoder_self if options.self_ else selfw
         if in_search:
             src_len = src.ne(pad).sum(dim=1).tolist()
             cross = [h.cross_attention[..., : src_len[r]].numpy() for h, r in zip(flat, rows)]

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from xattn.analysis.maps import HeadChoice, PairAttention
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.io import read_lines
 from xattn.words import split_words
 
@@ -182,7 +182,7 @@ class AlignSettings:
             if value not in valid:
                 raise XattnError(f"--{name}: expected one of {', '.join(valid)}, got {value!r}")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            raise XattnError(f"--threshold: must be in (0, 1], got {self.threshold:g}")
+            raise ParameterError("threshold", f"must be in (0, 1], got {self.threshold:g}")
 
 
 def word_attention(pair: PairAttention, method: str = "shift", choice: HeadChoice | None = None) -> np.ndarray:

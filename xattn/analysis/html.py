@@ -31,7 +31,7 @@ import numpy as np
 
 from xattn.analysis.maps import AttentionMaps, HeadChoice, head_mean, heads_per_layer
 from xattn.analysis.plots import TITLES
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.io import atomic_write_text, json_text
 
 EXTENSIONS = (".html", ".htm")
@@ -54,7 +54,7 @@ def render(maps: AttentionMaps | Mapping[str, AttentionMaps], title: str | None 
     choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
     choice.check(heads, what)
     if choice.heads is not None and len(choice.heads) != 1:
-        raise XattnError("--heads: the HTML view shows one head or the mean of heads; pick it in the page")
+        raise ParameterError("heads", "the HTML view shows one head or the mean of heads; pick it in the page")
     data = {"views": [_view(name, m) for name, m in named.items()],
             "initial": {"layer": choice.layer, "head": "mean" if choice.heads is None else choice.heads[0]}}
     fields = {"TITLE": html.escape(title or ", ".join(named), quote=False), "CSP": CSP, "DATA": _script_json(data)}

@@ -54,12 +54,11 @@ def gradient_scores(model: Transformer, data, normalise: bool = True) -> dict[st
     mask = {place: [torch.ones(cfg.heads_of(place, i), device=device, requires_grad=True)
                     for i in range(cfg.layers_of(place))] for place in PLACES}
     total = {place: [torch.zeros_like(m) for m in layers] for place, layers in mask.items()}
-    was_training, saved = model.training, model.head_mask
+    was_training = model.training
     model.eval()
-    model.head_mask = mask
     try:
         for batch in data:
-            logits = model(batch.src, batch.tgt_in).logits
+            logits = model(batch.src, batch.tgt_in, head_mask=mask).logits
             nll = label_smoothed_loss(logits, batch.tgt_out, cfg.pad_id, 0.0)[0] / max(batch.n_tgt_tokens, 1)
             grads = torch.autograd.grad(nll, [m for layers in mask.values() for m in layers], allow_unused=True)
             flat = [t for layers in total.values() for t in layers]
@@ -67,7 +66,6 @@ def gradient_scores(model: Transformer, data, normalise: bool = True) -> dict[st
                 if g is not None:
                     t += g.abs()
     finally:
-        model.head_mask = saved
         model.train(was_training)
     if normalise:  # Michel et al.: each layer's scores over their L2 norm
         total = {p: [t / (t.norm() + 1e-20) for t in layers] for p, layers in total.items()}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.words import is_separator, split_words
 
 if TYPE_CHECKING:
@@ -55,16 +55,16 @@ class HeadChoice:
         try:
             layer = int(layer)
         except (TypeError, ValueError):
-            raise XattnError(f"--layer: expected a layer number (0-based), got {layer!r}") from None
+            raise ParameterError("layer", f"expected a layer number (0-based), got {layer!r}") from None
         if heads is None or heads == "mean":
             return cls(layer, None)
         if isinstance(heads, str):
             try:
                 heads = [int(h) for h in heads.split(",")]
             except ValueError:
-                raise XattnError(f"--heads: expected 'mean' or head numbers such as 0,3,5, got {heads!r}") from None
+                raise ParameterError("heads", f"expected 'mean' or head numbers such as 0,3,5, got {heads!r}") from None
         if not heads or len(set(heads)) != len(heads):
-            raise XattnError(f"--heads: expected distinct head numbers, got {','.join(map(str, heads))}")
+            raise ParameterError("heads", f"expected distinct head numbers, got {','.join(map(str, heads))}")
         return cls(layer, tuple(int(h) for h in heads))
 
     @classmethod
@@ -321,10 +321,6 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
                         kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
                         progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
     """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
-    import torch
-
-    from xattn.attention import stack_layers
-
     from xattn.translator import pad_batch, token_batches
 
     if len(sources) != len(targets):
@@ -334,22 +330,14 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
     tok, cfg = translator.tokenizers, translator.model.cfg
     (src_ids, src_of), (tgt_ids, tgt_of) = (by_words(t, texts, cfg.eos_id) for t, texts in ((tok.src, sources),
                                                                                            (tok.tgt, targets)))
-    model, device = translator.inference.current(), translator.device
     for batch in token_batches([max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)], max_tokens):
-        src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, device)  # (B, S)
-        tgt = pad_batch([[cfg.bos_id] + tgt_ids[i][:-1] for i in batch], cfg.pad_id, device)  # (B, T)
-        with torch.inference_mode():
-            enc = model.encode(src, need_weights="encoder-self" in kinds)
-            dec = model.decode_states(tgt, enc, need_weights=True)
-        cross = stack_layers(dec.cross_attn).float().cpu().numpy()  # (B, L, H, T, S)
-        selfw = stack_layers(dec.self_attn).float().cpu().numpy() if "decoder-self" in kinds else None
-        encw = stack_layers(enc.self_attn).float().cpu().numpy() if "encoder-self" in kinds else None
+        src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, translator.device)  # (B, S)
+        forced = translator.forced_attention(src, [tgt_ids[i][:-1] for i in batch], kinds=kinds)  # EOS is predicted
         for b, i in enumerate(batch):
-            S, T = len(src_ids[i]), len(tgt_ids[i])
             yield i, PairAttention.build(
-                tok.src.pieces(src_ids[i]), tok.tgt.pieces(tgt_ids[i]), cross[b, :, :, :T, :S].copy(),
-                selfw[b, :, :, :T, :T].copy() if selfw is not None else None,
-                encw[b, :, :, :S, :S].copy() if encw is not None else None, TextWords(sources[i], src_of[i]),
+                tok.src.pieces(src_ids[i]), tok.tgt.pieces(tgt_ids[i]), forced.cross[b],
+                forced.decoder_self[b] if forced.decoder_self is not None else None,
+                forced.encoder_self[b] if forced.encoder_self is not None else None, TextWords(sources[i], src_of[i]),
                 TextWords(targets[i], tgt_of[i]), line=i + 1)
         if progress is not None:
             progress(len(batch))

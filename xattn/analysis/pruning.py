@@ -23,7 +23,7 @@ import torch
 
 from xattn.checks import Check, read_record, validate, within
 from xattn.config import ModelConfig
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.model import HeadMask, Transformer
 from xattn.variants import PLACES
 
@@ -111,7 +111,6 @@ def prune_model(model: Transformer, removal: Removal) -> Transformer:
                 attention_module(pruned, place, i).prune_heads(keep)
                 heads[place][i] = len(keep)
     pruned.cfg = dataclasses.replace(cfg, heads=heads)  # made canonical: unchanged places drop out
-    pruned.head_mask = None
     return pruned
 
 
@@ -126,7 +125,7 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
 
     model_dir, out = Path(model_dir), Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise XattnError(f"--out {out}: exists and is not empty; prune into a new directory")
+        raise ParameterError("out_dir", f"{out} exists and is not empty; prune into a new directory")
     loaded = load_model_dir(model_dir)
     pruned = prune_model(loaded.model, removal)
     cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig())

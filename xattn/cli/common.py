@@ -13,8 +13,13 @@ from xattn.io import atomic_write, atomic_write_text, one_line
 def add_verb(sub, name: str, help: str, example: str, run) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, flags={})
     return parser
+
+
+def flag_of(args, name: str) -> str | None:
+    """The flag of the verb that `args` were parsed for whose value is the library parameter `name`."""
+    return args.flags.get(name) or (f"--{name.replace('_', '-')}" if hasattr(args, name) else None)
 
 
 def path_arg(value: str) -> str:

@@ -23,6 +23,7 @@ def register(sub) -> None:
     p.add_argument("--tgt-embeddings", type=path_arg, metavar="MODEL", help="take the target embeddings and "
                    "tokenizer from MODEL (after --decoder)")
     p.add_argument("--out", type=path_arg, required=True, help="a new model directory")
+    p.set_defaults(flags={"out_dir": "--out"})  # the library names it out_dir
     p.add_argument("--full", action="store_true", help="store the whole weights (a standalone model) instead of "
                    "what differs from the shared parent")
 

@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--strategy", required=True, choices=list(STRATEGIES), metavar="STRATEGY",
                    help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--out", type=path_arg, required=True, help="the child's model directory")
+    p.set_defaults(flags={"out_dir": "--out"})  # the library names it out_dir
     p.add_argument("--full", action="store_true", help="store the child's whole weights (a standalone model) "
                    "instead of what differs from the parent")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder (same as data.data_dir=...)")

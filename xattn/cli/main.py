@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 
 VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
          "diagnose", "finetune", "compose", "prune", "serve")
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     try:
         return args.run(args) or 0
+    except ParameterError as e:  # a library parameter the command line sets with a flag: name the flag
+        from xattn.cli.common import flag_of
+
+        return _fail(args.verb, f"{flag_of(args, e.name) or e.name}: {e.problem}")
     except XattnError as e:
         return _fail(args.verb, str(e))
     except BrokenPipeError:  # the reader went away (`| head`)

@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--importance", type=path_arg, metavar="FILE",
                    help="with --fraction: the table to rank by (default: MODEL/head_importance.tsv)")
     p.add_argument("--out", type=path_arg, required=True, help="a new model directory")
+    p.set_defaults(flags={"out_dir": "--out"})  # the library names it out_dir
 
 
 def run(args) -> int:

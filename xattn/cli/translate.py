@@ -112,7 +112,7 @@ def load_translator(args):
     if getattr(args, "head_mask", None):
         from xattn.analysis.pruning import read_head_mask
 
-        translator.model.head_mask = read_head_mask(args.head_mask, translator.model.cfg)
+        translator.head_mask = read_head_mask(args.head_mask, translator.model.cfg)
     return translator
 
 

@@ -22,7 +22,7 @@ from xattn.config import DecodeConfig
 from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
 from xattn.decoding.step import Hypothesis, Step, gnmt_penalty, hypothesis, make_step, max_lengths, prepare_cache
-from xattn.model import EncoderOutput, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import constraints, warpers
 
 __all__ = ["Hypothesis", "Step", "ancestral", "argmax", "beam_search", "gnmt_penalty", "greedy", "hypothesis",
@@ -31,9 +31,11 @@ __all__ = ["Hypothesis", "Step", "ancestral", "argmax", "beam_search", "gnmt_pen
 
 @torch.inference_mode()
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
-           need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
+           need_attention: bool = False, enc: EncoderOutput | None = None,
+           head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
     """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
-    enc: model.encode(src) when the caller has it already.
+    enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
+    heads' outputs (Transformer.encode), applied at every step.
 
     Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
     greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
@@ -50,7 +52,8 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
         pick = sampler(warpers(cfg), generator)
         return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
-                         need_attention, enc)
+                         need_attention, enc, head_mask)
     if cfg.beam_size == 1:
-        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc)
-    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc)
+        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc,
+                         head_mask)
+    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, hypothesis, make_step, prepare_cache
-from xattn.model import EncoderOutput, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Constraints, Processor, StepState, apply_all, constraints
 
 Pick = Callable[[Tensor, StepState], Tensor]
@@ -31,18 +31,19 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 @torch.inference_mode()
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
-              need_attention: bool = False, enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
+              need_attention: bool = False, enc: EncoderOutput | None = None,
+              head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
     leave the batch, so each step costs only the rows still decoding.
     """
     cfg, device = model.cfg, src.device
-    step = make_step(model, need_attention)
+    step = make_step(model, need_attention, head_mask)
     R = src.shape[0] * copies
     max_len = max_len.to(device).repeat_interleave(copies)  # (R,)
     prefix = prefix.repeat_interleave(copies, dim=0) if prefix is not None else None  # (R, P)
-    cache = prepare_cache(model, src, copies, enc)
+    cache = prepare_cache(model, src, copies, enc, head_mask)
     T = int(max_len.max()) + 1
     out = torch.full((R, T), cfg.pad_id, dtype=torch.long, device=device)  # (R, T)
     log_prob = torch.zeros(R, device=device)

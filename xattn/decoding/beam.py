@@ -15,7 +15,7 @@ from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.errors import XattnError
-from xattn.model import EncoderOutput, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Constraints, StepState
 
 NEG_INF = float("-inf")
@@ -180,8 +180,8 @@ def candidates(lp: Tensor, beam: Beam, K: int) -> Candidates:
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
-                prefix: Tensor | None = None, need_attention: bool = False,
-                enc: EncoderOutput | None = None) -> list[list[Hypothesis]]:
+                prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
+                head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
 
     Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
@@ -193,8 +193,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
-    step = make_step(model, need_attention or beta > 0)
-    cache = prepare_cache(model, src, enc=enc)  # one row per sentence for the first step, where all K are alike
+    step = make_step(model, need_attention or beta > 0, head_mask)
+    cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
     read = coverage_layer(model.cfg) if beta > 0 else None

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from xattn.attention import DecoderCache, stack_layers
 from xattn.config import DecodeConfig
-from xattn.model import EncoderOutput, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
 
@@ -31,10 +31,11 @@ def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     return ((5 + length) / 6) ** alpha
 
 
-def make_step(model: Transformer, need_weights: bool = False) -> Step:
-    """A `Step` over `model.decode`; with `need_weights` it also returns this step's cross-attention."""
+def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None) -> Step:
+    """A `Step` over `model.decode` (with `head_mask`, see Transformer.encode); with `need_weights` it also
+    returns this step's cross-attention."""
     def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
-        out = model.decode(tokens, None, cache=cache, need_weights=need_weights)
+        out = model.decode(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
         logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
         if not need_weights:
@@ -43,11 +44,11 @@ def make_step(model: Transformer, need_weights: bool = False) -> Step:
     return step
 
 
-def prepare_cache(model: Transformer, src: Tensor, copies: int = 1,
-                  enc: EncoderOutput | None = None) -> DecoderCache:
+def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, enc: EncoderOutput | None = None,
+                  head_mask: HeadMask | None = None) -> DecoderCache:
     """Encode src (B, S) (unless `enc` is its encoding already) and return a cache of B * copies rows,
     `copies` consecutive rows per sentence."""
-    cache = model.new_cache(enc if enc is not None else model.encode(src))
+    cache = model.new_cache(enc if enc is not None else model.encode(src, head_mask=head_mask))
     if copies > 1:
         cache.expand(copies, grouped=False)
     return cache
