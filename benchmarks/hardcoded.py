@@ -70,7 +70,7 @@ def memory_worker(model_dir: str) -> None:
     from xattn.checkpoint import load_model_dir
     from xattn.corpus import prepare_corpus
     from xattn.data import TokenBatchSampler
-    from xattn.training import label_smoothed_loss
+    from xattn.losses import label_smoothed_loss
 
     torch.set_num_threads(1)
     loaded = load_model_dir(model_dir)

@@ -30,7 +30,7 @@ import xattn
 from xattn.data import TokenBatchSampler, tokenize_pairs
 from xattn.datasets import multi30k
 from xattn.tokenizer import train_tokenizers
-from xattn.training import label_smoothed_loss
+from xattn.losses import label_smoothed_loss
 
 D, LAYERS, HEADS, FFN, VOCAB = 256, 3, 4, 1024, 8000
 

@@ -13,7 +13,8 @@ import torch
 from xattn.checkpoint import load_model_dir
 from xattn.config import load_config
 from xattn.errors import XattnError
-from xattn.training import Trainer, inverse_sqrt_lr, label_smoothed_loss, train
+from xattn.losses import label_smoothed_loss
+from xattn.training import Trainer, inverse_sqrt_lr, train
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
         "model.d_ff=32", "model.share_embeddings=true", "model.tie_output=true",

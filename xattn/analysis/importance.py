@@ -47,7 +47,7 @@ def head_importance(model: Transformer, data, method: str = "gradient") -> list[
 
 def gradient_scores(model: Transformer, data, normalise: bool = True) -> dict[str, list[torch.Tensor]]:
     """Per place, per layer: (H_l,) expected absolute gradients of the loss w.r.t. the head mask."""
-    from xattn.training import label_smoothed_loss
+    from xattn.losses import label_smoothed_loss
 
     cfg = model.cfg
     device = next(model.parameters()).device
