@@ -37,7 +37,7 @@ from xattn.analysis.importance import batches, head_importance
 from xattn.analysis.pruning import least_important, mask_of_removal, prune_dir
 from xattn.datasets import load_pairs
 from xattn.evaluation import bleu
-from xattn.variants import PLACES
+from xattn.registry import PLACES
 
 PRESET = "multi30k-de-en-8heads"
 MODEL = ["train.threads=1", "train.max_minutes=40"]

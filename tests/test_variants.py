@@ -133,8 +133,9 @@ def test_a_hard_coded_model_trains_saves_reloads_and_translates_from_the_cli(tmp
     assert "cannot be exported to Marian" in capsys.readouterr().err
 
 
-def test_the_config_names_every_score_and_variant_that_is_built():
-    from xattn.config import SCORE_NAMES, VARIANT_NAMES
-    from xattn.variants import SCORES
+def test_the_registry_names_every_choice_that_is_built():
+    from xattn import layers, model, registry, variants
 
-    assert tuple(SCORES) == SCORE_NAMES and tuple(VARIANTS) == VARIANT_NAMES
+    assert tuple(variants.SCORES) == registry.SCORES and tuple(variants.VARIANTS) == registry.VARIANTS
+    assert tuple(layers.ACTIVATIONS) == registry.ACTIVATIONS and tuple(model.NORMS) == registry.NORMS
+    assert tuple(model.POSITIONS) == registry.POSITIONS

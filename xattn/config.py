@@ -20,13 +20,8 @@ from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, b
     sha256_hex, validate, within
 from xattn.errors import XattnError
 from xattn.io import read_yaml
+from xattn.registry import ACTIVATIONS, NORMS, PLACES, POSITIONS, SCORES, VARIANTS
 
-PLACES = ("enc_self", "dec_self", "cross")
-"""Where attention sits: encoder self-attention, decoder (masked) self-attention, cross-attention."""
-SCORE_NAMES = ("dot", "scaled_dot", "general", "additive")
-"""The score functions (xattn.variants.SCORES builds them); named here so that configs load without torch."""
-VARIANT_NAMES = ("learned", "gaussian")
-"""The attention variants (xattn.variants.VARIANTS builds them)."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +57,9 @@ class ModelConfig:
         src_vocab_size=POSITIVE, tgt_vocab_size=POSITIVE, d_model=POSITIVE, n_heads=POSITIVE,
         n_encoder_layers=NON_NEGATIVE, n_decoder_layers=POSITIVE, d_ff=POSITIVE, max_positions=POSITIVE,
         dropout=FRACTION, attention_dropout=FRACTION, activation_dropout=FRACTION,
-        activation=one_of("relu", "gelu", "swish"), norm=one_of("post", "pre"),
-        positions=one_of("sinusoidal", "learned"), score=one_of(*SCORE_NAMES),
-        attention=lambda v: _per_place(v, lambda x: one_of(*VARIANT_NAMES)(x) if isinstance(x, str) else
+        activation=one_of(*ACTIVATIONS), norm=one_of(*NORMS),
+        positions=one_of(*POSITIONS), score=one_of(*SCORES),
+        attention=lambda v: _per_place(v, lambda x: one_of(*VARIANTS)(x) if isinstance(x, str) else
                                        f"expected a variant name, got {x!r}"),
         heads=lambda v: _per_place(v, lambda x: None if isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                    else f"expected a number of heads >= 0, got {x!r}"),

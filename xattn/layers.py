@@ -14,6 +14,10 @@ from torch import Tensor, nn
 from xattn.attention import AttentionContext, LayerCache
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+"""The activations of xattn.registry.ACTIVATIONS."""
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN: Linear(D, d_ff), activation, dropout, Linear(d_ff, D)."""
 
@@ -21,7 +25,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[activation]
+        self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

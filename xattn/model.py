@@ -18,7 +18,7 @@ from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_m
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
-from xattn.variants import PLACES
+from xattn.registry import PLACES
 
 
 @dataclass
@@ -77,6 +77,13 @@ class LearnedPositions(nn.Embedding):
 AttentionBuilder = Callable[[str, int], nn.Module]
 """(place, layer index) -> attention module; place is "enc_self", "dec_self" or "cross"."""
 
+NORMS = {"post": PostNorm, "pre": PreNorm}
+"""The LayerNorm placements of xattn.registry.NORMS."""
+POSITIONS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    "sinusoidal": lambda cfg: SinusoidalPositions(cfg.d_model),
+    "learned": lambda cfg: LearnedPositions(cfg.max_positions, cfg.d_model)}
+"""The position encodings of xattn.registry.POSITIONS."""
+
 HeadMask = dict[str, list[Tensor | None]]
 """Per place (enc_self, dec_self, cross), per layer: a (H_l,) tensor of factors in [0, 1] on each head's
 output (None: that layer unmasked); an argument of encode, decode and forward (Transformer.check_head_mask)."""
@@ -111,12 +118,11 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         attention = attention or default_attention(cfg)
-        D, norm = cfg.d_model, {"post": PostNorm, "pre": PreNorm}[cfg.norm]
+        D, norm = cfg.d_model, NORMS[cfg.norm]
         ffn = lambda: FeedForward(D, cfg.d_ff, cfg.activation, cfg.activation_dropout)  # noqa: E731
         self.src_embed = nn.Embedding(cfg.src_vocab_size, D, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, D, padding_idx=cfg.pad_id)
-        positions = (lambda: SinusoidalPositions(D)) if cfg.positions == "sinusoidal" \
-            else (lambda: LearnedPositions(cfg.max_positions, D))
+        positions = lambda: POSITIONS[cfg.positions](cfg)  # noqa: E731
         self.src_pos, self.tgt_pos = positions(), positions()
         final_norm = (lambda: nn.LayerNorm(D)) if cfg.norm == "pre" else nn.Identity
         self.encoder = Stack([EncoderLayer(attention("enc_self", i), ffn(), norm, D, cfg.dropout)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore,
                              MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
                              sliced)
-from xattn.config import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
+from xattn.registry import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
 
 
 SCORES: dict[str, Callable[[int, int], nn.Module]] = {

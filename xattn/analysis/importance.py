@@ -20,7 +20,7 @@ from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha25
 from xattn.errors import XattnError
 from xattn.io import read_lines
 from xattn.model import Transformer
-from xattn.variants import PLACES
+from xattn.registry import PLACES
 
 METHODS = ("gradient", "confidence")
 IMPORTANCE_FILE = "head_importance.tsv"

@@ -25,7 +25,7 @@ from xattn.checks import Check, read_record, validate, within
 from xattn.config import ModelConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.model import HeadMask, Transformer
-from xattn.variants import PLACES
+from xattn.registry import PLACES
 
 Removal = dict[str, list[list[int]]]
 """Per place, per layer: the heads to remove."""

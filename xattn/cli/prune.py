@@ -35,7 +35,7 @@ def run(args) -> int:
     from xattn.analysis.pruning import least_important, prune_dir, read_head_mask, removal_of_mask
     from xattn.checkpoint import weights_id
     from xattn.config import load_config
-    from xattn.variants import PLACES
+    from xattn.registry import PLACES
 
     cfg = load_config(Path(args.model) / "config.yaml").model if (Path(args.model) / "config.yaml").is_file() else None
     if cfg is None:
