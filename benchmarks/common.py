@@ -137,7 +137,8 @@ def config_key(cfg) -> str:
 
 def cached_dir(preset: str, overrides: list[str] = ()) -> tuple[Path, object]:
     """Where `xattn train PRESET overrides` is kept (CACHE/PRESET-KEY), and its config."""
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
 
     cfg = load_config(resolve_config(preset), [f"data.data_dir={data_dir()}", *overrides])
     return CACHE / f"{preset}-{config_key(cfg)}", cfg

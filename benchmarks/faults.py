@@ -434,9 +434,9 @@ def figures(runs: dict[str, tuple[list[Start], dict]], ref: Reference, args, sec
 
 def preset_config() -> str:
     """The numbers-de-en run config: by name where xattn ships presets, else the file in configs/."""
-    from xattn import config
+    from xattn import presets
     if hasattr(config, "resolve_config"):
-        return str(config.resolve_config(PRESET))
+        return str(presets.resolve_config(PRESET))
     return str(ROOT / "configs" / f"{PRESET}.yaml")
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from common import data_dir, write_result
 
-from xattn.config import DecodeConfig, load_config, resolve_config
+from xattn.config import DecodeConfig, load_config
+
+from xattn.presets import resolve_config
 from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
 from xattn.devices import resolve_device

@@ -35,7 +35,9 @@ from alignment import MODEL
 from common import (CACHE, RESULTS, cached_model, config_key, data_dir, finished, markdown_table, model_fingerprint,
                     train_noted, trained_by, write_result)
 
-from xattn.config import load_config, resolve_config
+from xattn.config import load_config
+
+from xattn.presets import resolve_config
 from xattn.transfer import child_factory, strategy
 
 PARENT = "multi30k-fr-en"

@@ -50,7 +50,8 @@ NUMBERS_TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1
 @pytest.fixture(scope="session")
 def numbers_model(tmp_path_factory) -> Path:
     """A model directory trained for 3 steps on the numbers task (do not change it; copy it)."""
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     out = tmp_path_factory.mktemp("numbers") / "model"

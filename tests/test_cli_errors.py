@@ -58,7 +58,8 @@ def space(tmp_path_factory, numbers_model) -> Path:
 def prepared_corpora(root: Path) -> None:
     """prepared: the tiny numbers config's corpus; prepared-short: a copy with src.bin cut short;
     prepared-files: made from src.txt + good.txt."""
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.data.prepare import prepare
 
     prepare(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY).data, root / "prepared", workers=1)

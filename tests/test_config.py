@@ -1,6 +1,8 @@
 import pytest
 
-from xattn.config import PRESET_DIR, load_config, presets, resolve_config
+from xattn.config import load_config
+
+from xattn.presets import PRESET_DIR, presets, resolve_config
 from xattn.errors import XattnError
 
 

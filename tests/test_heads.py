@@ -167,7 +167,8 @@ def test_a_pruning_mask_holds_zeros_and_ones_only(tmp_path):
 def four_heads(tmp_path_factory):
     """A numbers model with 4 heads per attention and 2 decoder layers, trained for 3 steps."""
     from tests.conftest import NUMBERS_TINY
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     out = tmp_path_factory.mktemp("heads") / "model"

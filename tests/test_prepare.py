@@ -39,7 +39,9 @@ def test_training_batches_are_those_of_the_in_memory_path(tmp_path):
 
     import numpy as np
 
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+
+    from xattn.presets import resolve_config
     from xattn.data import TokenBatchSampler
 
     cfg = load_config(resolve_config("multi30k-de-en"), [f"data.data_dir={MULTI30K}"])

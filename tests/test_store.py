@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import NUMBERS_TINY
-from xattn.config import load_config, resolve_config
+from xattn.config import load_config
+from xattn.presets import resolve_config
 from xattn.data.prepare import prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.data.store import cache_root, training_corpus

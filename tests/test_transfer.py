@@ -62,7 +62,8 @@ TINY = ["data.joint_vocab=false", "data.dataset=numbers", "data.numbers_size=300
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
     """A de->en numbers model with separate vocabularies, trained for 3 steps."""
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     out = tmp_path_factory.mktemp("parent") / "de-en"
@@ -225,7 +226,8 @@ def test_a_missing_or_different_parent_is_one_line(parent, children, tmp_path, c
     import shutil
 
     from xattn.cli.main import main
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     moved = tmp_path / "a" / "b" / "moved"
@@ -320,7 +322,8 @@ def test_compose_joins_an_encoder_side_and_a_decoder_side(parent, children, tmp_
 ])
 def test_compose_refuses_parts_that_do_not_fit(parent, children, numbers_model, tmp_path, capsys, args, message):
     from xattn.cli.main import main
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     other = tmp_path / "other"
@@ -344,7 +347,8 @@ def test_a_child_found_through_a_symlink_finds_its_parent(children, tmp_path):
 def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_path):
     from xattn.analysis.pruning import prune_dir
     from xattn.checkpoint import load_model_dir
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.training import train
 
     hard = SHAPE + ["model.n_heads=4", "model.attention={enc_self: gaussian, dec_self: gaussian, cross: gaussian}"]

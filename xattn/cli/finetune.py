@@ -34,7 +34,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from xattn import distributed as dist
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.progress import echo
     from xattn.training import Trainer
     from xattn.transfer import check_overrides, child_factory, format_parameter_table, parameter_table, strategy

@@ -21,7 +21,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.data.prepare import prepare
 
     cfg = load_config(resolve_config(args.config), with_flags(args.overrides, {"--data-dir": ("data.data_dir", args.data_dir)}))

@@ -26,7 +26,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from xattn.analysis.maps import AttentionMaps
     from xattn.analysis.plots import figure, save
-    from xattn.config import load_config, resolve_config
+    from xattn.config import load_config
+    from xattn.presets import resolve_config
     from xattn.datasets import load_pairs
     from xattn.evaluation import evaluate
     from xattn.training import train

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from xattn.cli.common import add_verb, check_data_dir, path_arg, with_flags
-from xattn.config import PRESET_DIR, load_config, presets, resolve_config
+from xattn.config import load_config
+from xattn.presets import PRESET_DIR, presets, resolve_config
 
 
 def register(sub) -> None:
