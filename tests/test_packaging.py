@@ -56,7 +56,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
-    where = _run([venv / "bin" / "python", "-c", "import xattn, xattn.config as c; "
+    where = _run([venv / "bin" / "python", "-c", "import xattn, xattn.presets as c; "
                   "print(xattn.__file__); print(c.resolve_config('numbers-de-en'))"], elsewhere, "import").stdout
     assert all(Path(line).is_relative_to(venv) for line in where.split()), where
 
