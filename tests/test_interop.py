@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
@@ -369,6 +370,33 @@ def test_ct2_greedy_matches_xattn(tmp_path, transformers, variant):
     quantized = export_ct2(model_dir, tmp_path / "ct2-int8", quantization="int8")
     outputs = ctranslate2.Translator(str(quantized), device="cpu", intra_threads=1).translate_batch(pieces, beam_size=1)
     assert len(outputs) == len(SOURCES)
+
+
+def test_ct2_with_the_exported_shortlist_matches_xattn_with_it(tmp_path, transformers):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from xattn.interop.ct2 import export_ct2
+    from xattn.shortlist import build
+
+    model_dir = make_model_dir(tmp_path / "model", *VARIANTS["separate"], seed=1)
+    loaded = load_model_dir(model_dir)
+    cfg, tok = loaded.model.cfg, loaded.tokenizers
+    shortlist = build([np.array(tok.src.encode(s)) for s in SOURCES], [np.array(tok.tgt.encode(s)) for s in SOURCES[::-1]],
+                      (cfg.src_vocab_size, cfg.tgt_vocab_size), [cfg.eos_id, tok.tgt.unk_id], per_source=2, frequent=3)
+    shortlist.save(model_dir, {})
+    out = export_ct2(model_dir, tmp_path / "ct2")
+    assert (out / "vmap.txt").is_file()
+    src = batch(tok.src, SOURCES, cfg.pad_id, last=[cfg.eos_id])
+    vocab = shortlist.candidates(src)
+    assert len(vocab) < cfg.tgt_vocab_size / 2
+    ours = [tok.tgt.pieces(h[0].tokens) for h in search(loaded.model, src, DecodeConfig(
+        beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN), vocab=vocab)]
+    assert any(ours) and all(len(o) < MAX_LEN for o in ours) and all(set(tok.tgt.encode(" ".join(o))) <= set(vocab.tolist()) for o in ours if o)
+    pieces = [tok.src.pieces(tok.src.encode(s)) + ["</s>"] for s in SOURCES]
+    never = [[tok.tgt.pieces([i])[0]] for i in (cfg.pad_id, cfg.bos_id)]
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=MAX_LEN, suppress_sequences=never,
+                                         use_vmap=True)
+    assert [r.hypotheses[0] for r in results] == ours
 
 
 # --------------------------------------------------------------------------------------------------- CLI

@@ -141,6 +141,7 @@ def test_languages_info_health_openapi_and_the_page(client):
      "invalid_request"),
     ({"q": "drei", "length_penalty": 1e300}, 422, "length_penalty: must be in [0, 10]", "invalid_request"),
     ({"q": "drei", "coverage_penalty": 1e300}, 422, "coverage_penalty: must be in [0, 10]", "invalid_request"),
+    ({"q": "drei", "shortlist": True}, 422, "shortlist: this model has no shortlist", "invalid_request"),
 ])
 def test_every_client_mistake_is_a_json_error_with_its_status(client, body, status, fragment, error_type):
     error(client.post("/translate", json=body), status, fragment, error_type)

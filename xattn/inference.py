@@ -45,15 +45,46 @@ class Speedups:
 def prepare(model: Transformer, speedups: Speedups) -> Transformer:
     """An eval-mode copy of `model` rewritten for decoding; it shares every parameter it does not rewrite."""
     fast = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
-    if speedups.quantize == "int8":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.ao.quantization.quantize_dynamic(fast, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    elif speedups.pack and not speedups.compile:
-        pack_linear_layers(fast)
+    rewrite(fast, speedups)
+    if type(model.generator) is torch.nn.Linear and not speedups.compile:
+        fast.generator = FastOutput(model.generator, fast.generator, speedups)
     if speedups.compile:
         fast.decode = torch.compile(fast.decode, dynamic=True)
     return fast
+
+
+def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
+    """`module` with its linear layers quantized or packed as `speedups` says, in place."""
+    if speedups.quantize == "int8":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    elif speedups.pack and not speedups.compile:
+        pack_linear_layers(module)
+    return module
+
+
+class FastOutput(torch.nn.Module):
+    """The decoding copy's output projection: `fast`, the plain `linear` rewritten by `speedups`; `restrict`
+    gives the same rewrite of some of its rows (a shortlist's, decoding/step.py)."""
+
+    def __init__(self, linear: torch.nn.Linear, fast: torch.nn.Module, speedups: Speedups):
+        super().__init__()
+        self.fast, self.speedups = fast, speedups
+        self.plain = [linear]  # a list: not a submodule (its parameters are the model's own)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fast(x)
+
+    def restrict(self, vocab: Tensor) -> torch.nn.Module:
+        linear = self.plain[0]
+        with torch.inference_mode(False), torch.no_grad():
+            rows = torch.nn.Linear(linear.in_features, len(vocab), bias=linear.bias is not None,
+                                   device=linear.weight.device, dtype=linear.weight.dtype)
+            rows.weight.copy_(linear.weight.index_select(0, vocab.clone()))
+            if linear.bias is not None:
+                rows.bias.copy_(linear.bias.index_select(0, vocab.clone()))
+            return rewrite(torch.nn.Sequential(rows), self.speedups)[0]
 
 
 Stamp = list[tuple[Tensor, int, int]]

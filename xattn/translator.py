@@ -13,12 +13,14 @@ import torch
 from torch import Tensor
 
 from xattn.attention import stack_layers
+from xattn import shortlist
 from xattn.config import DecodeConfig, RunConfig
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.decoding import Hypothesis, search
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer
+from xattn.shortlist import Shortlist
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -88,6 +90,7 @@ class Translator:
         self.config = config
         self.inference = InferenceModel(self.model, speedups, self.device)
         self._head_mask: HeadMask | None = None
+        self.shortlist: Shortlist | None = None  # what decode.shortlist uses (from_dir: the model directory's)
 
     @property
     def head_mask(self) -> HeadMask | None:
@@ -117,7 +120,11 @@ class Translator:
         speedups = Speedups(quantize=quantize, compile=compile)
         device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
-        return cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
+        translator = cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
+        if (Path(path) / shortlist.FILE).is_file():
+            cfg = loaded.config.model
+            translator.shortlist = Shortlist.load(path, cfg.src_vocab_size, cfg.tgt_vocab_size)
+        return translator
 
     def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
@@ -188,7 +195,8 @@ class Translator:
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
             enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
-        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc, head_mask=self.head_mask)
+        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc, head_mask=self.head_mask,
+                       vocab=self._vocab(src, forced) if cfg.shortlist else None)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
@@ -208,6 +216,14 @@ class Translator:
             r += len(hyps)
             out.append(replace(options_[0], alternatives=options_ if many else []))
         return out
+
+    def _vocab(self, src: Tensor, forced: Tensor | None) -> Tensor:
+        """The target ids the shortlist allows for this batch (with its forced prefixes' tokens)."""
+        if self.shortlist is None:
+            raise ParameterError("shortlist", "this model has no shortlist; build one with `xattn shortlist "
+                                 "MODEL_DIR`")
+        pad = self.model.cfg.pad_id
+        return self.shortlist.candidates(src, forced[forced.ne(pad)] if forced is not None else None)
 
     def _translation(self, hyp: Hypothesis, src_tokens: list[str], cross: np.ndarray | None,
                      selfw: np.ndarray | None) -> Translation:

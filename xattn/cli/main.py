@@ -8,7 +8,7 @@ import sys
 from xattn.errors import ParameterError, XattnError
 
 VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
-         "diagnose", "finetune", "compose", "prune", "serve")
+         "diagnose", "finetune", "compose", "prune", "shortlist", "serve")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 

@@ -58,6 +58,8 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
         if not (one_per_input and flag in MANY_PER_INPUT):
             p.add_argument(flag, type=kind, help=help)
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--shortlist", action="store_true", help="score only the target tokens the model's lexical "
+                   "shortlist (xattn shortlist) lists for a batch's source tokens: faster, may change a few translations")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--compile", action="store_true",
@@ -76,6 +78,8 @@ def decode_config(args, base):
     given = set(changes)  # the settings the command line names (refuse_unused names them)
     if args.sample:
         changes["sampling"] = True
+    if args.shortlist:
+        changes["shortlist"] = True
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
         changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
@@ -96,7 +100,7 @@ def refuse_search_flags(args, reason: str) -> None:
     """One error line when the command line sets how translations are searched, though nothing is searched
     (`reason`: why, e.g. the translation is given)."""
     given = [flag for flag in DECODE_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
-    given += [flag for flag in ("--sample", "--compile")  # --compile: the search's step
+    given += [flag for flag in ("--sample", "--shortlist", "--compile")  # --compile: the search's step
               if getattr(args, flag[2:].replace("-", "_"))]
     if given:
         raise XattnError(f"{given[0]}: {reason}")

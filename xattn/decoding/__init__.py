@@ -32,10 +32,11 @@ __all__ = ["Hypothesis", "Step", "ancestral", "argmax", "beam_search", "gnmt_pen
 @torch.inference_mode()
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
            need_attention: bool = False, enc: EncoderOutput | None = None,
-           head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
+           head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
     """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
     enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
-    heads' outputs (Transformer.encode), applied at every step.
+    heads' outputs (Transformer.encode), applied at every step; vocab: sorted target ids, the only ones the
+    search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary.
 
     Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
     greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
@@ -52,8 +53,8 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
         pick = sampler(warpers(cfg), generator)
         return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
-                         need_attention, enc, head_mask)
+                         need_attention, enc, head_mask, vocab)
     if cfg.beam_size == 1:
         return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc,
-                         head_mask)
-    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask)
+                         head_mask, vocab)
+    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask, vocab)

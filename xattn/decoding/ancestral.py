@@ -32,14 +32,14 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None,
-              head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
+              head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
     leave the batch, so each step costs only the rows still decoding.
     """
     cfg, device = model.cfg, src.device
-    step = make_step(model, need_attention, head_mask)
+    step = make_step(model, need_attention, head_mask, vocab)
     R = src.shape[0] * copies
     max_len = max_len.to(device).repeat_interleave(copies)  # (R,)
     prefix = prefix.repeat_interleave(copies, dim=0) if prefix is not None else None  # (R, P)

@@ -181,7 +181,7 @@ def candidates(lp: Tensor, beam: Beam, K: int) -> Candidates:
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
                 prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
-                head_mask: HeadMask | None = None) -> list[list[Hypothesis]]:
+                head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
 
     Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
@@ -193,7 +193,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
-    step = make_step(model, need_attention or beta > 0, head_mask)
+    step = make_step(model, need_attention or beta > 0, head_mask, vocab)
     cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished = start(model, src, K, T, need_attention, beta > 0)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from xattn.attention import DecoderCache, stack_layers
@@ -31,17 +32,38 @@ def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     return ((5 + length) / 6) ** alpha
 
 
-def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None) -> Step:
-    """A `Step` over `model.decode` (with `head_mask`, see Transformer.encode); with `need_weights` it also
-    returns this step's cross-attention."""
+def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None,
+              vocab: Tensor | None = None) -> Step:
+    """A `Step` over the model's decoder (with `head_mask`, see Transformer.encode); with `need_weights` it
+    also returns this step's cross-attention. `vocab`: sorted target ids (a shortlist's candidates), the only
+    ones the step scores; every other id gets log-probability -inf."""
+    output = restricted(model.generator, vocab) if vocab is not None else None
+
     def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
-        out = model.decode(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
-        logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
+        if output is None:
+            out = model.decode(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
+            logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
+        else:
+            out = model.decode_states(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
+            logits = output(out.states[:, -1]).float()  # (N, len(vocab))
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
+        if output is not None:
+            log_probs = log_probs.new_full((log_probs.shape[0], model.cfg.tgt_vocab_size), float("-inf")) \
+                .index_copy_(1, vocab, log_probs)
         if not need_weights:
             return log_probs, None
         return log_probs, stack_layers(out.cross_attn)[:, :, :, -1].float()  # (N, L, H, S)
     return step
+
+
+def restricted(generator: torch.nn.Module, vocab: Tensor) -> Callable[[Tensor], Tensor]:
+    """The output projection `generator` for the target ids `vocab` only: its rows `vocab` (an inference
+    copy's projection, xattn.inference.FastOutput, makes its own rewritten form of them)."""
+    if hasattr(generator, "restrict"):
+        return generator.restrict(vocab)
+    weight = generator.weight.index_select(0, vocab)
+    bias = generator.bias.index_select(0, vocab) if generator.bias is not None else None
+    return lambda x: F.linear(x, weight, bias)
 
 
 def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, enc: EncoderOutput | None = None,

@@ -5,7 +5,9 @@ ctranslate2's `TransformersConverter` assumes opus-mt conventions that do not ho
 it starts decoding from a zero vector (opus-mt's <pad> row) and so drops the last vocabulary entry, and
 it gives source and target one vocabulary. Here decoding starts from xattn's BOS embedding, no row is
 dropped, and each side keeps its own vocabulary. Like opus-mt in CTranslate2, the caller appends
-"</s>" to the source pieces; the output directory also holds source.spm and target.spm.
+"</s>" to the source pieces; the output directory also holds source.spm and target.spm, and, when the
+model has a lexical shortlist (xattn/shortlist.py), the same lists as CTranslate2's vocabulary map
+(vmap.txt: `translate_batch(..., use_vmap=True)`).
 """
 from __future__ import annotations
 
@@ -84,6 +86,22 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         src = pieces_by_id(loaded.tokenizers.src, cfg.src_vocab_size)
         tgt = pieces_by_id(loaded.tokenizers.tgt, cfg.tgt_vocab_size)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, Path(hf_dir))
+        vmap = write_vmap(Path(model_dir), cfg, src, tgt, Path(hf_dir) / "vmap.txt")
         converter = _converter(Path(hf_dir), src, tgt, cfg, loaded.tokenizers.tgt.unk_id)
-        converter.convert(str(tmp), quantization=quantization, force=True)  # force: tmp exists (and is empty)
+        converter.convert(str(tmp), vmap=vmap, quantization=quantization, force=True)  # force: tmp exists (empty)
     return Path(out_dir)
+
+
+def write_vmap(model_dir: Path, cfg: ModelConfig, src: list[str], tgt: list[str], path: Path) -> str | None:
+    """The model's shortlist as a CTranslate2 vocabulary map at `path` (None when it has none): a line
+    `source piece TAB target pieces` per listed source id, and the frequent ones under the empty key."""
+    from xattn.shortlist import FILE, Shortlist
+
+    if not (model_dir / FILE).is_file():
+        return None
+    shortlist = Shortlist.load(model_dir, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    lines = ["\t" + " ".join(tgt[t] for t in shortlist.frequent)]
+    lines += [src[s] + "\t" + " ".join(tgt[t] for t in row if t >= 0)
+              for s, row in enumerate(shortlist.table.tolist()) if row[0] >= 0]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)

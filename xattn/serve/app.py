@@ -22,7 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
 from xattn.serve.limits import ApiError, Limits
@@ -193,6 +193,8 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
                            "busy", {"Retry-After": "1"}) from None
         except asyncio.TimeoutError:
             raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
+        except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)
+            raise ApiError(422, str(e), "invalid_request") from None
         except XattnError as e:  # what the model cannot take (checked before where it can be)
             raise ApiError(422, f"q: {e}", "invalid_request") from None
         try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here

@@ -1,0 +1,131 @@
+"""Lexical shortlists: counting, the candidates of a batch, decoding over them (every strategy, every
+inference copy), the model directory's file and `xattn shortlist`."""
+import numpy as np
+import pytest
+import torch
+
+import xattn
+from xattn.decoding import search
+from xattn.inference import Speedups, prepare
+from xattn.shortlist import FILE, Shortlist, build
+
+from conftest import tiny_config
+
+
+def test_counts_rank_translations_by_dice_above_frequent_words():
+    # source 5 translates as 7, source 6 as 8; target 9 is in every sentence (frequent), 10 in a few
+    src = [np.array([5, 3]), np.array([5, 4]), np.array([6, 3]), np.array([6, 4]), np.array([5, 6])]
+    tgt = [np.array([7, 9]), np.array([7, 9, 10]), np.array([8, 9]), np.array([8, 9, 10]), np.array([7, 8, 9])]
+    sl = build(src, tgt, (12, 12), specials=[2], per_source=2, frequent=1)
+    assert sl.frequent.tolist() == [2, 9]
+    assert sl.table[5].tolist() == [7, 10]  # dice(5, 7) = 2*3/(3+3), (5, 10) 2*1/(3+2), (5, 8) 2*1/(3+3)
+    assert sl.table[6][0] == 8
+    assert sl.table[11].tolist() == [-1, -1]  # never seen: only the frequent list
+    assert sl.pairs == 5
+
+
+def test_candidates_are_the_union_of_the_batch_lists_the_frequent_and_forced_ids():
+    table = np.full((6, 2), -1, np.int32)
+    table[3], table[4] = [10, 11], [12, -1]
+    sl = Shortlist(np.array([2, 20]), table)
+    src = torch.tensor([[3, 2, 0], [4, 3, 2]])
+    assert sl.candidates(src).tolist() == [2, 10, 11, 12, 20]
+    assert sl.candidates(src, torch.tensor([15])).tolist() == [2, 10, 11, 12, 15, 20]
+
+
+def model_and_list(seed=0):
+    torch.manual_seed(seed)
+    model = xattn.Transformer(tiny_config(src_vocab_size=40, tgt_vocab_size=50)).eval()
+    src = torch.randint(3, 40, (4, 6))
+    src[:, -1] = model.cfg.eos_id
+    return model, src
+
+
+@pytest.mark.parametrize("cfg", [xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3, n_best=2),
+                                 xattn.DecodeConfig(sampling=True, seed=3, num_samples=2)])
+def test_decoding_over_the_whole_vocabulary_changes_nothing(cfg):
+    model, src = model_and_list()
+    every = torch.arange(model.cfg.tgt_vocab_size)
+    plain = search(model, src, cfg)
+    listed = search(model, src, cfg, vocab=every)
+    for a, b in zip(plain, listed):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+@pytest.mark.parametrize("speedups", [None, Speedups(), Speedups(quantize="int8")])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_decoding_produces_only_listed_ids_with_their_own_scores(speedups, beam):
+    model, src = model_and_list(1)
+    decoder = prepare(model, speedups) if speedups is not None else model
+    vocab = torch.tensor([2, 5, 7, 11, 13, 17, 19, 23, 29, 31])  # EOS and a few others
+    cfg = xattn.DecodeConfig(beam_size=beam, max_len_a=0, max_len_b=8)
+    hyps = search(decoder, src, cfg, vocab=vocab)
+    for (h,) in hyps:
+        assert set(h.tokens) <= set(vocab.tolist())
+    # the same search over a model whose other outputs are impossible anyway
+    masked = torch.full((model.cfg.tgt_vocab_size,), -1e9)
+    masked[vocab] = 0.0
+    with torch.no_grad():
+        model.generator.bias += masked
+    reference = search(prepare(model, speedups) if speedups is not None else model, src, cfg)
+    assert [h[0].tokens for h in hyps] == [h[0].tokens for h in reference]
+    assert [h[0].score for h in hyps] == pytest.approx([h[0].score for h in reference], abs=0.05 if speedups and
+                                                        speedups.quantize else 1e-4)
+
+
+def test_the_model_directory_keeps_it_and_refuses_another_vocabulary(tmp_path):
+    sl = Shortlist(np.array([2, 4]), np.array([[3, -1], [5, 6]], np.int32), pairs=7)
+    sl.save(tmp_path, {"per_source": 2})
+    back = Shortlist.load(tmp_path, 2, 10)
+    assert back.frequent.tolist() == [2, 4] and back.table.tolist() == [[3, -1], [5, 6]] and back.pairs == 7
+    with pytest.raises(xattn.XattnError, match="another vocabulary"):
+        Shortlist.load(tmp_path, 3, 10)
+    with pytest.raises(xattn.XattnError, match="another vocabulary"):
+        Shortlist.load(tmp_path, 2, 6)
+    (tmp_path / FILE).write_bytes(b"not safetensors")
+    with pytest.raises(xattn.XattnError, match="not a shortlist"):
+        Shortlist.load(tmp_path, 2, 10)
+    with pytest.raises(xattn.XattnError, match="no shortlist"):
+        Shortlist.load(tmp_path / "elsewhere", 2, 10)
+
+
+def test_cli_counts_the_training_data_and_translate_uses_it(numbers_model, tmp_path, capsys):
+    import shutil
+
+    from xattn.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    src = tmp_path / "in.de"
+    src.write_text("drei\nsiebzehn\nzweihundert eins\n")
+    assert main(["translate", str(model), "-i", str(src), "--shortlist"]) == 2
+    assert "--shortlist: this model has no shortlist" in capsys.readouterr().err
+    assert main(["shortlist", str(model), "--per-source", "3", "--frequent", "5"]) == 0
+    assert "counted on 300 sentence pairs of the training data" in capsys.readouterr().out
+    translator = xattn.load(model)
+    assert translator.shortlist.per_source == 3
+    assert main(["translate", str(model), "-i", str(src), "--shortlist", "--beam", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    allowed = set(translator.shortlist.candidates(torch.tensor(
+        [translator.tokenizers.src.encode(s) + [2] for s in ["drei"]])).tolist())
+    out = translator.translate(["drei"], xattn.DecodeConfig(beam_size=2, shortlist=True))[0]
+    assert set(translator.tokenizers.tgt.encode(out.text)) <= allowed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--src", "S"], "--src and --tgt go together"),
+    (["--src", "S", "--tgt", "T"], "T: ends at line 2, before the other side"),
+    (["--per-source", "0"], "--per-source: must be at least 1"),
+])
+def test_cli_refuses_bad_input_in_one_line(numbers_model, tmp_path, capsys, args, message):
+    from xattn.cli.main import main
+
+    (tmp_path / "S").write_text("eins\nzwei\ndrei\n")
+    (tmp_path / "T").write_text("one\ntwo\n")
+    args = [str(tmp_path / a) if a in ("S", "T") else a for a in args]
+    assert main(["shortlist", str(numbers_model), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (numbers_model / FILE).exists()
