@@ -435,7 +435,7 @@ def figures(runs: dict[str, tuple[list[Start], dict]], ref: Reference, args, sec
 def preset_config() -> str:
     """The numbers-de-en run config: by name where xattn ships presets, else the file in configs/."""
     from xattn import presets
-    if hasattr(config, "resolve_config"):
+    if hasattr(presets, "resolve_config"):
         return str(presets.resolve_config(PRESET))
     return str(ROOT / "configs" / f"{PRESET}.yaml")
 

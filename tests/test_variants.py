@@ -90,8 +90,8 @@ def test_a_pruned_layer_and_a_head_mask():
     assert model.decoder.layers[0].cross_attn.q_proj.weight.shape == (0, 16)
     torch.testing.assert_close(model(src, tgt, head_mask={"cross": [None, torch.ones(1)]}).logits, out.logits)
     for wrong, message in (({"crosss": [None, None]}, "'crosss' is not a place"),
-                           ({"cross": [None]}, "cross has 2 layers, got 1"),
-                           ({"cross": [None, torch.ones(2)]}, "cross layer 1 has 1 heads, got factors of shape (2,)")):
+                           ({"cross": [None]}, "cross: expected a list of 2 layers"),
+                           ({"cross": [None, torch.ones(2)]}, "cross layer 1: expected 1 factors (one per head), got 2")):
         with pytest.raises(ValueError, match=re.escape(message)):
             model(src, tgt, head_mask=wrong)
 

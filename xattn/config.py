@@ -20,7 +20,7 @@ from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, b
     sha256_hex, validate, within
 from xattn.errors import XattnError
 from xattn.io import read_yaml
-from xattn.registry import ACTIVATIONS, NORMS, PLACES, POSITIONS, SCORES, VARIANTS
+from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, place_problem
 
 
 
@@ -111,6 +111,18 @@ class ModelConfig:
         """How many heads each layer of `place` has: model.n_heads, or fewer once pruned (0: none left)."""
         return [self.heads_of(place, i) for i in range(self.layers_of(place))]
 
+    def layout_problem(self, place: str, layers: list) -> str | None:
+        """What keeps `layers` (per layer of `place`: None, or one value per head) from fitting this model; a
+        head mask in memory or in a file is checked by it."""
+        if problem := place_problem(place):
+            return problem
+        if len(layers) != self.layers_of(place):
+            return f"{place}: expected a list of {self.layers_of(place)} layers (a list of factors or null each), got {len(layers)}"
+        for i, factors in enumerate(layers):
+            if factors is not None and len(factors) != self.heads_of(place, i):
+                return f"{place} layer {i}: expected {self.heads_of(place, i)} factors (one per head), got {len(factors)}"
+        return None
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -127,8 +139,8 @@ class ModelConfig:
 def _per_place(value: dict, check: Check) -> str | None:
     """A mapping from places (enc_self, dec_self, cross) to a value or a list of values, each passing `check`."""
     for place, item in value.items():
-        if place not in PLACES:
-            return f"{place!r} is not a place; one of {', '.join(PLACES)}"
+        if problem := place_problem(place):
+            return problem
         for x in item if isinstance(item, list) else [item]:
             if problem := check(x):
                 return f"{place}: {problem}"

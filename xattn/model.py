@@ -18,7 +18,6 @@ from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_m
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
-from xattn.registry import PLACES
 
 
 @dataclass
@@ -215,14 +214,10 @@ class Transformer(nn.Module):
         """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
         tensor; places left out are unmasked. A ValueError names what does not fit."""
         for place, layers in (mask or {}).items():
-            if place not in PLACES:
-                raise ValueError(f"head_mask: {place!r} is not a place; one of {', '.join(PLACES)}")
-            if len(layers) != self.cfg.layers_of(place):
-                raise ValueError(f"head_mask: {place} has {self.cfg.layers_of(place)} layers, got {len(layers)}")
-            for i, factors in enumerate(layers):
-                if factors is not None and tuple(factors.shape) != (self.cfg.heads_of(place, i),):
-                    raise ValueError(f"head_mask: {place} layer {i} has {self.cfg.heads_of(place, i)} heads, got "
-                                     f"factors of shape {tuple(factors.shape)}")
+            if problem := self.cfg.layout_problem(place, list(layers)):
+                raise ValueError(f"head_mask: {problem}")
+            if bad := [i for i, f in enumerate(layers) if f is not None and f.dim() != 1]:
+                raise ValueError(f"head_mask: {place} layer {bad[0]}: expected a 1-D tensor of factors")
         return mask
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False,

@@ -61,13 +61,8 @@ def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
         layers = getattr(record, place)
         if layers is None:
             continue
-        if len(layers) != cfg.layers_of(place):
-            raise XattnError(f"{path}: {place}: expected a list of {cfg.layers_of(place)} layers (a list of factors "
-                             f"or null each), got {len(layers)}")
-        for i, factors in enumerate(layers):
-            if factors is not None and len(factors) != cfg.heads_of(place, i):
-                raise XattnError(f"{path}: {place} layer {i}: expected {cfg.heads_of(place, i)} factors (one per "
-                                 f"head), got {factors!r}")
+        if problem := cfg.layout_problem(place, layers):
+            raise XattnError(f"{path}: {problem}")
         mask[place] = [None if factors is None else torch.tensor(factors, dtype=torch.float32) for factors in layers]
     return mask
 

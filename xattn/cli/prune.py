@@ -35,7 +35,7 @@ def run(args) -> int:
     from xattn.analysis.pruning import least_important, prune_dir, read_head_mask, removal_of_mask
     from xattn.checkpoint import weights_id
     from xattn.config import load_config
-    from xattn.registry import PLACES
+    from xattn.registry import PLACES, place_problem
 
     cfg = load_config(Path(args.model) / "config.yaml").model if (Path(args.model) / "config.yaml").is_file() else None
     if cfg is None:
@@ -52,8 +52,8 @@ def run(args) -> int:
                   if p.strip()]
         if not places:
             raise XattnError(f"--places: names no place; one or more of {', '.join(PLACES)}")
-        if bad := [p for p in places if p not in PLACES]:
-            raise XattnError(f"--places: {bad[0]!r} is not a place; one of {', '.join(PLACES)}")
+        if problems := [problem for p in places if (problem := place_problem(p))]:
+            raise XattnError(f"--places: {problems[0]}")
         table = Path(args.importance or Path(args.model) / IMPORTANCE_FILE)
         if not table.is_file():
             raise XattnError(f"{table}: no importance table; run `xattn heads importance {args.model}` first, "
