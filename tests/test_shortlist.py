@@ -129,3 +129,25 @@ def test_cli_refuses_bad_input_in_one_line(numbers_model, tmp_path, capsys, args
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (numbers_model / FILE).exists()
+
+
+@pytest.mark.parametrize("cfg", [
+    xattn.DecodeConfig(beam_size=1, min_len=4, no_repeat_ngram_size=1, max_len_a=0, max_len_b=7),
+    xattn.DecodeConfig(beam_size=3, n_best=3, min_len=2, no_repeat_ngram_size=2, max_len_a=0, max_len_b=9),
+    xattn.DecodeConfig(sampling=True, seed=5, num_samples=3, top_k=4, top_p=0.9, min_len=2, max_len_a=0, max_len_b=6)])
+def test_constraints_and_prefixes_hold_over_the_listed_columns(cfg):
+    model, src = model_and_list(2)
+    vocab = torch.tensor([2, 4, 6, 9, 12, 15, 21, 30, 33, 47])
+    prefix = torch.tensor([[9, 30], [47, 0], [0, 0], [12, 12]])  # pad-ended; 12 12 against no-repeat: relaxed
+    masked = torch.full((model.cfg.tgt_vocab_size,), -1e9)
+    masked[vocab] = 0.0
+    listed = search(model, src, cfg, prefix, vocab=vocab)
+    with torch.no_grad():
+        model.generator.bias += masked
+    reference = search(model, src, cfg, prefix)
+    for a, b in zip(listed, reference):
+        if not cfg.sampling:  # a sample draws from the same distribution, over other columns: other draws
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.relaxed for h in a] == [h.relaxed for h in b]
+        assert all(set(h.tokens) <= set(vocab.tolist()) and (len(h.tokens) >= 2 or h.relaxed) for h in a)
+    assert all(h.tokens[:2] == [9, 30] for h in listed[0]) and all(h.tokens[:1] == [47] for h in listed[1])

@@ -218,12 +218,15 @@ class Translator:
         return out
 
     def _vocab(self, src: Tensor, forced: Tensor | None) -> Tensor:
-        """The target ids the shortlist allows for this batch (with its forced prefixes' tokens)."""
+        """The target ids the shortlist allows for this batch, with EOS and its forced prefixes' tokens."""
         if self.shortlist is None:
             raise ParameterError("shortlist", "this model has no shortlist; build one with `xattn shortlist "
                                  "MODEL_DIR`")
-        pad = self.model.cfg.pad_id
-        return self.shortlist.candidates(src, forced[forced.ne(pad)] if forced is not None else None)
+        cfg = self.model.cfg
+        must = torch.tensor([cfg.eos_id], device=src.device)
+        if forced is not None:
+            must = torch.cat([must, forced[forced.ne(cfg.pad_id)]])
+        return self.shortlist.candidates(src, must)
 
     def _translation(self, hyp: Hypothesis, src_tokens: list[str], cross: np.ndarray | None,
                      selfw: np.ndarray | None) -> Translation:

@@ -10,9 +10,11 @@ from torch import Tensor
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, hypothesis, make_step, prepare_cache
 from xattn.model import EncoderOutput, HeadMask, Transformer
-from xattn.decoding.processors import Constraints, Processor, StepState, apply_all, constraints
+from xattn.decoding.processors import Columns, Constraints, Processor, StepState, apply_all, constraints
 
 Pick = Callable[[Tensor, StepState], Tensor]
+COMPACT = 8
+"""Finished rows leave the batch once they are at least 1 / COMPACT of it."""
 """(constrained log-probs (N, V), state) -> chosen token (N,)."""
 
 
@@ -36,7 +38,8 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
-    leave the batch, so each step costs only the rows still decoding.
+    leave the batch once they are a `1 / COMPACT` part of it (leaving copies every row's cache, so a few
+    finished rows ride along, their steps discarded, until then). `vocab`: as in `search`.
     """
     cfg, device = model.cfg, src.device
     step = make_step(model, need_attention, head_mask, vocab)
@@ -49,26 +52,31 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     log_prob = torch.zeros(R, device=device)
     relaxed = torch.zeros(R, dtype=torch.bool, device=device)  # (R,) ended by the constraints' last resort
     attention: Tensor | None = None
-    alive = torch.arange(R, device=device)  # (N,) row of each live hypothesis
+    alive = torch.arange(R, device=device)  # (N,) row of each hypothesis in the batch
+    live = torch.ones(R, dtype=torch.bool, device=device)  # (N,) not finished (a finished row waits to leave)
     last = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)  # (N, 1)
+    columns = Columns.of(vocab, cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
         raw, attn = step(last, cache)
-        state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None)
+        state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N, V), (N,) or None
         if exhausted is not None:
-            relaxed[alive] |= exhausted
-        token = pick(lp, state)  # (N,)
-        out[alive, t] = token
-        log_prob[alive] += lp.gather(1, token.unsqueeze(1)).squeeze(1)
+            relaxed[alive] |= exhausted & live
+        column = pick(lp, state)  # (N,)
+        log_prob[alive] += lp.gather(1, column.unsqueeze(1)).squeeze(1).masked_fill_(~live, 0.0)
+        token = state.token(column)
+        out[alive, t] = token  # a finished row's are past its EOS: cut off by `hypothesis`
         if attn is not None:
             attention = attention if attention is not None else attn.new_zeros(R, T, *attn.shape[1:])
             attention[alive, t] = attn  # (R, T, L, H, S)
-        keep = token.ne(cfg.eos_id).nonzero().squeeze(1)  # (N',)
-        if keep.numel() == 0:
+        live &= token.ne(cfg.eos_id)
+        kept = int(live.sum())
+        if kept == 0:
             break
-        if keep.numel() < alive.numel():
+        if (live.numel() - kept) * COMPACT >= live.numel():
+            keep = live.nonzero().squeeze(1)  # (N',)
             cache.select(keep)
-            alive, token = alive[keep], token[keep]
+            alive, token, live = alive[keep], token[keep], live[keep]
         last = token.unsqueeze(1)
     stop = {cfg.eos_id, cfg.pad_id}
     hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None, cut)

@@ -16,7 +16,7 @@ from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, HeadMask, Transformer
-from xattn.decoding.processors import Constraints, StepState
+from xattn.decoding.processors import Columns, Constraints, StepState
 
 NEG_INF = float("-inf")
 
@@ -164,11 +164,12 @@ class Candidates:
     listed: Tensor                  # (N, C) bool: a real candidate (the extra column only when needed)
 
 
-def candidates(lp: Tensor, beam: Beam, K: int) -> Candidates:
+def candidates(lp: Tensor, beam: Beam, K: int, state: StepState) -> Candidates:
     """lp (N * K, V) constrained next-token log-probs -> the candidates of this step."""
     N, V = beam.log_prob.shape[0], lp.shape[1]
-    score, parent, token = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
-    g_lp, g_token = lp.view(N, K, V)[:, 0].max(dim=1)  # (N,): the greedy path's best next token
+    score, parent, column = best_extensions(lp, beam.log_prob, 2 * K)  # (N, 2K) each
+    g_lp, g_column = lp.view(N, K, V)[:, 0].max(dim=1)  # (N,): the greedy path's best next token
+    token, g_token = state.token(column), state.token(g_column)  # ids (a shortlist's columns are not)
     is_greedy = beam.greedy.unsqueeze(1) & parent.eq(0) & token.eq(g_token.unsqueeze(1))  # (N, 2K)
     missing = beam.greedy & ~is_greedy.any(dim=1)  # (N,) its extension ranks below the 2K best
     return Candidates(torch.cat([score, (beam.log_prob[:, 0] + g_lp).unsqueeze(1)], dim=1),
@@ -199,6 +200,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     beam, finished = start(model, src, K, T, need_attention, beta > 0)
     read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
+    columns = Columns.of(vocab, model.cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
         N = beam.sentence.shape[0]
         raw, attn = step(last, cache)
@@ -208,11 +210,11 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
             attn = attn.repeat_interleave(K, dim=0) if attn is not None else None
         rows = beam.sentence.repeat_interleave(K)  # (N * K,)
         state = StepState(t, beam.tokens[:, :, :t].reshape(N * K, t), max_len[rows],
-                          prefix[rows] if prefix is not None else None)
+                          prefix[rows] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N * K, V), (N * K,) or None
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
         cover = attn[:, :, read].nanmean(dim=2) if beta > 0 else None  # (N, K, S); NaN: heads the layer lacks
-        c = candidates(lp, beam, K)  # (N, C) each
+        c = candidates(lp, beam, K, state)  # (N, C) each
         is_eos = c.token.eq(eos)
         ended = is_eos & c.score.isfinite() & c.listed
         ended[:, K:2 * K] = False  # an EOS finishes a hypothesis only when it ranks among the K best

@@ -3,6 +3,8 @@ decoding strategy applies in the same order (STYLE.md rule 8). The constraints w
 log-probabilities they are given (a fresh tensor each step) instead of copying N x V values.
 
 Shapes: N rows being decoded, V target vocabulary, t tokens generated so far, P forced prefix length.
+Under a shortlist (xattn/shortlist.py) a search scores only some ids: the log-probabilities then have one
+column per listed id (`Columns`), and processors find an id's column with `StepState.column`.
 A processor only ever lowers entries to -inf, except the sampling warpers (temperature, top-k,
 top-p), which reshape the distribution a sample is drawn from and never touch search scores.
 """
@@ -19,12 +21,37 @@ from xattn.config import DecodeConfig, ModelConfig
 NEG_INF = float("-inf")
 
 
+@dataclass(frozen=True)
+class Columns:
+    """The target ids a search scores, when not all of them: column j of the log-probabilities is id ids[j]."""
+    ids: Tensor                     # (W,) sorted target ids
+    where: Tensor                   # (V,) the column of each id; W (one past the last column) for unlisted ids
+
+    @classmethod
+    def of(cls, ids: Tensor, vocab_size: int) -> Columns:
+        where = torch.full((vocab_size,), len(ids), dtype=torch.long, device=ids.device)
+        return cls(ids, where.index_copy_(0, ids, torch.arange(len(ids), device=ids.device)))
+
+
 @dataclass
 class StepState:
     t: int                          # index of the token being chosen (0 = first after BOS)
     tokens: Tensor                  # (N, t) tokens chosen so far, forced prefix included
     max_len: Tensor                 # (N,) tokens allowed before EOS is forced
     prefix: Tensor | None = None    # (N, P) forced tokens, pad where a row's prefix has ended
+    columns: Columns | None = None  # the ids scored, when a shortlist restricts them (None: every id)
+
+    def column(self, ids: Tensor) -> Tensor:
+        """The columns of target `ids` in this step's log-probabilities (W, past the last, for unlisted ids)."""
+        return ids if self.columns is None else self.columns.where[ids]
+
+    def column_of(self, id_: int) -> int:
+        """The column of one target id (W for an unlisted one)."""
+        return id_ if self.columns is None else int(self.columns.where[id_])
+
+    def token(self, columns: Tensor) -> Tensor:
+        """The target ids of log-probability `columns`."""
+        return columns if self.columns is None else self.columns.ids[columns]
 
 
 Processor = Callable[[Tensor, StepState], Tensor]
@@ -33,7 +60,8 @@ Processor = Callable[[Tensor, StepState], Tensor]
 def forbid(ids: list[int]) -> Processor:
     """Never produce `ids` (pad and BOS)."""
     def apply(lp: Tensor, state: StepState) -> Tensor:
-        lp[:, ids] = NEG_INF
+        columns = [c for c in map(state.column_of, ids) if c < lp.shape[1]]
+        lp[:, columns] = NEG_INF
         return lp
     return apply
 
@@ -43,16 +71,18 @@ def min_length(n: int, eos_id: int) -> Processor:
     def apply(lp: Tensor, state: StepState) -> Tensor:
         if state.t < n:
             rows = state.max_len > state.t  # (N,)
-            lp[:, eos_id] = torch.where(rows, NEG_INF, lp[:, eos_id])
+            eos = state.column_of(eos_id)
+            lp[:, eos] = torch.where(rows, NEG_INF, lp[:, eos])
         return lp
     return apply
 
 
-def only(lp: Tensor, rows: Tensor, token: Tensor) -> Tensor:
-    """(N, V), rows (N,) bool, token (N,) -> rows that may produce nothing but their `token`, in place."""
+def only(lp: Tensor, rows: Tensor, token: Tensor, state: StepState) -> Tensor:
+    """(N, V), rows (N,) bool, token (N,) ids (listed ones) -> rows that may produce nothing but their `token`,
+    in place."""
     index = rows.nonzero().squeeze(1)  # (n,)
     if index.numel():
-        token = token[index].unsqueeze(1)  # (n, 1)
+        token = state.column(token[index]).unsqueeze(1)  # (n, 1)
         kept = lp[index].gather(1, token)
         lp[index] = NEG_INF
         lp[index.unsqueeze(1), token] = kept
@@ -65,7 +95,7 @@ def forced_prefix(pad_id: int) -> Processor:
         if state.prefix is None or state.t >= state.prefix.shape[1]:
             return lp
         token = state.prefix[:, state.t]  # (N,)
-        return only(lp, token.ne(pad_id), token)
+        return only(lp, token.ne(pad_id), token, state)
     return apply
 
 
@@ -73,7 +103,7 @@ def max_length(eos_id: int) -> Processor:
     """EOS, and nothing else, once a row has max_len tokens."""
     def apply(lp: Tensor, state: StepState) -> Tensor:
         rows = state.max_len <= state.t  # (N,)
-        return only(lp, rows, torch.full_like(rows, eos_id, dtype=torch.long))
+        return only(lp, rows, torch.full_like(rows, eos_id, dtype=torch.long), state)
     return apply
 
 
@@ -87,7 +117,7 @@ def no_repeat_ngram(n: int) -> Processor:
         seen = grams[:, :, :-1].eq(tokens[:, -(n - 1):].unsqueeze(1)).all(dim=2) if n > 1 \
             else torch.ones(grams.shape[:2], dtype=torch.bool, device=lp.device)  # (N, G)
         V = lp.shape[1]
-        banned = grams[:, :, -1].masked_fill(~seen, V)  # (N, G), V = a spare column
+        banned = state.column(grams[:, :, -1]).masked_fill(~seen, V)  # (N, G), V = a spare column (unlisted ids too)
         padded = torch.cat([lp, lp.new_zeros(lp.shape[0], 1)], dim=1)  # (N, V + 1)
         return padded.scatter(1, banned, NEG_INF)[:, :V]
     return apply
@@ -143,13 +173,14 @@ class Constraints:
 
     def __call__(self, raw: Tensor, state: StepState) -> tuple[Tensor, Tensor | None]:
         """raw (N, V) log-probs, overwritten -> (constrained (N, V), relaxed (N,) bool or None)."""
-        eos = raw[:, self.eos_id].clone() if self.can_exhaust else None  # (N,) before any rule
+        column = state.column_of(self.eos_id)
+        eos = raw[:, column].clone() if self.can_exhaust else None  # (N,) before any rule
         lp = apply_all(list(self.rules), raw, state)
         if eos is None:
             return lp, None
         relaxed = lp.amax(dim=1).isneginf()  # (N,) rows with nothing allowed
         if relaxed.any():
-            lp[relaxed, self.eos_id] = eos[relaxed].clamp(min=torch.finfo(eos.dtype).min)
+            lp[relaxed, column] = eos[relaxed].clamp(min=torch.finfo(eos.dtype).min)
         return lp, relaxed
 
 

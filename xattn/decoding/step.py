@@ -36,7 +36,7 @@ def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMas
               vocab: Tensor | None = None) -> Step:
     """A `Step` over the model's decoder (with `head_mask`, see Transformer.encode); with `need_weights` it
     also returns this step's cross-attention. `vocab`: sorted target ids (a shortlist's candidates), the only
-    ones the step scores; every other id gets log-probability -inf."""
+    ones the step scores: its log-probabilities then have one column per id of `vocab` (processors.Columns)."""
     output = restricted(model.generator, vocab) if vocab is not None else None
 
     def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
@@ -47,9 +47,6 @@ def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMas
             out = model.decode_states(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
             logits = output(out.states[:, -1]).float()  # (N, len(vocab))
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
-        if output is not None:
-            log_probs = log_probs.new_full((log_probs.shape[0], model.cfg.tgt_vocab_size), float("-inf")) \
-                .index_copy_(1, vocab, log_probs)
         if not need_weights:
             return log_probs, None
         return log_probs, stack_layers(out.cross_attn)[:, :, :, -1].float()  # (N, L, H, S)
