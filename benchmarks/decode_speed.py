@@ -12,6 +12,10 @@ xattn with a torch.compile'd decoder step and writes results/decode_speed_compil
 `xattn_early_stopping` is xattn with `stopping="early"` (a sentence ends once 5 hypotheses have finished, the
 rule of fairseq and CTranslate2), beam 5 only: what the default exact rule costs and gains.
 
+The `_shortlist` systems decode over the model's lexical shortlist (xattn/shortlist.py; counted here with
+`xattn shortlist` when the model has none); `ct2_vmap` and `ct2_int8_vmap` are CTranslate2 with the same
+lists as its vocabulary map (exported as vmap.txt, `use_vmap=True`): the same restriction on both sides.
+
 Settings shared by all: max length 1.5 * source + 10 tokens (HF and CT2 per batch: longest source),
 length penalty 1.0 (xattn: GNMT ((5+len)/6)^1; HF and CT2: their own length normalisation), the same
 number of CPU threads. Batching: xattn its token budget (8000 source positions x beam); HF
@@ -35,7 +39,9 @@ from xattn.config import DecodeConfig
 from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
 from xattn.interop.ct2 import export_ct2
+from xattn.cli.main import main as cli_main
 from xattn.interop.marian import export_marian
+from xattn.shortlist import FILE as SHORTLIST
 from xattn.translator import Translator
 
 
@@ -43,11 +49,13 @@ BEAM_ONLY = {"xattn_early_stopping"}
 """Systems that differ from `xattn` only in beam search: not timed greedy."""
 
 
-def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False, stopping: str = "exact"):
+def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False, stopping: str = "exact",
+                 shortlist: bool = False):
     translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize, compile=compile)
 
     def run(texts: list[str], beam: int) -> list[str]:
-        cfg = DecodeConfig(beam_size=beam, n_best=1, **({"stopping": stopping} if beam > 1 else {}))
+        cfg = DecodeConfig(beam_size=beam, n_best=1, shortlist=shortlist,
+                           **({"stopping": stopping} if beam > 1 else {}))
         return [t.text for t in translator.translate(texts, cfg)]
     return run
 
@@ -78,10 +86,10 @@ class CT2System:
     """CTranslate2, loaded only for its own turns: while a ctranslate2.Translator exists, its idle
     worker threads slowed PyTorch's decoding by about 20% on the 2-core machine (benchmarks/README.md)."""
 
-    def __init__(self, ct2_dir: Path, threads: int):
+    def __init__(self, ct2_dir: Path, threads: int, vmap: bool = False):
         import sentencepiece as spm
 
-        self.dir, self.threads, self.translator = ct2_dir, threads, None
+        self.dir, self.threads, self.vmap, self.translator = ct2_dir, threads, vmap, None
         self.source = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.spm"))
         self.target = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
 
@@ -101,8 +109,15 @@ class CT2System:
         results = self.translator.translate_batch(
             pieces, beam_size=beam, max_batch_size=8000 // beam, batch_type="tokens",
             max_decoding_length=max(int(1.5 * len(p) + 10) for p in pieces), length_penalty=1.0,
-            suppress_sequences=[["<pad>"], ["<s>"]])
+            suppress_sequences=[["<pad>"], ["<s>"]], use_vmap=self.vmap)
         return [self.target.decode_pieces(r.hypotheses[0]) for r in results]
+
+
+def shortlist_settings(model: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(model / SHORTLIST), "np") as f:
+        return {k: v for k, v in (f.metadata() or {}).items() if k != "tokenizers"}
 
 
 def main() -> None:
@@ -115,15 +130,22 @@ def main() -> None:
     threads = torch.get_num_threads()
     pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
     texts, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    if not (Path(args.model) / SHORTLIST).is_file():
+        if cli_main(["shortlist", args.model, "--data-dir", data_dir()]) != 0:
+            raise SystemExit("could not count a shortlist for the model")
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, ct2_dir, ct2_int8_dir = Path(tmp, "hf"), Path(tmp, "ct2"), Path(tmp, "ct2-int8")
         export_marian(args.model, hf_dir)
-        export_ct2(args.model, ct2_dir)
+        export_ct2(args.model, ct2_dir)  # with the shortlist as vmap.txt, used only by the _vmap systems
         export_ct2(args.model, ct2_int8_dir, quantization="int8")
-        systems = {"xattn": xattn_system(Path(args.model), None), "xattn_int8": xattn_system(Path(args.model), "int8"),
-                   "xattn_early_stopping": xattn_system(Path(args.model), None, stopping="early"),
+        model = Path(args.model)
+        systems = {"xattn": xattn_system(model, None), "xattn_int8": xattn_system(model, "int8"),
+                   "xattn_early_stopping": xattn_system(model, None, stopping="early"),
+                   "xattn_shortlist": xattn_system(model, None, shortlist=True),
+                   "xattn_int8_shortlist": xattn_system(model, "int8", shortlist=True),
                    "hf_generate": hf_system(hf_dir), "ct2": CT2System(ct2_dir, threads),
-                   "ct2_int8": CT2System(ct2_int8_dir, threads)}
+                   "ct2_int8": CT2System(ct2_int8_dir, threads), "ct2_vmap": CT2System(ct2_dir, threads, vmap=True),
+                   "ct2_int8_vmap": CT2System(ct2_int8_dir, threads, vmap=True)}
         if args.compile:
             systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
         figures, outputs = {}, {}
@@ -156,7 +178,18 @@ def main() -> None:
         row["ratios"] = {"xattn_over_hf": round(x / row["hf_generate"]["sentences_per_s"], 2),
                          "xattn_over_ct2": round(x / row["ct2"]["sentences_per_s"], 2),
                          "xattn_int8_over_ct2_int8": round(x8 / row["ct2_int8"]["sentences_per_s"], 2),
-                         "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2)}
+                         "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2),
+                         "xattn_shortlist_over_ct2": round(row["xattn_shortlist"]["sentences_per_s"] / row["ct2"]["sentences_per_s"], 2),
+                         "xattn_int8_shortlist_over_ct2_int8": round(
+                             row["xattn_int8_shortlist"]["sentences_per_s"] / row["ct2_int8"]["sentences_per_s"], 2),
+                         "xattn_shortlist_over_ct2_vmap": round(
+                             row["xattn_shortlist"]["sentences_per_s"] / row["ct2_vmap"]["sentences_per_s"], 2),
+                         "xattn_int8_shortlist_over_ct2_int8_vmap": round(
+                             row["xattn_int8_shortlist"]["sentences_per_s"] / row["ct2_int8_vmap"]["sentences_per_s"], 2),
+                         "shortlist_speedup": round(row["xattn_shortlist"]["sentences_per_s"] / x, 3),
+                         "shortlist_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_shortlist"]["bleu"], 2),
+                         "shortlist_same_outputs": round(sum(a == b for a, b in zip(
+                             outputs[("xattn", mode)], outputs[("xattn_shortlist", mode)])) / len(texts), 4)}
         if "xattn_early_stopping" in row:  # what the exact stopping rule costs against fairseq's and CT2's
             early = row["xattn_early_stopping"]
             row["ratios"]["exact_over_early_stopping"] = round(x / early["sentences_per_s"], 3)
@@ -164,7 +197,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
     figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
     figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats,
-                           "model": model_fingerprint(args.model)}
+                           "model": model_fingerprint(args.model), "shortlist": shortlist_settings(Path(args.model))}
     name = args.out or ("decode_speed_compile" if args.compile else "decode_speed")
     print("->", write_result(name, figures))
 
