@@ -370,6 +370,13 @@ class DecoderCache:
                 layer.cross_v = layer.cross_v.index_select(0, sources)
             layer.select(index)
 
+    positions = None
+    """Per-row positions: None, since the rows of this cache all stand at `length` (decoding/stream.py's do not)."""
+
+    def advance(self, steps: int) -> None:
+        """Count `steps` more positions decoded (the model calls this after each decoder pass)."""
+        self.length += steps
+
     def expand(self, copies: int, grouped: bool) -> None:
         """Give each row `copies` consecutive copies: as one group (beam search) or as independent rows.
 

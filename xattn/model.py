@@ -62,6 +62,11 @@ class SinusoidalPositions(nn.Module):
             self.table = self._table(2 * (offset + length)).to(self.table.device)
         return self.table[offset: offset + length]  # (T, D)
 
+    def at(self, positions: Tensor) -> Tensor:
+        """The encodings of any positions (..., ) -> (..., D)."""
+        self.forward(0, int(positions.max()) + 1)  # grows the table when needed
+        return self.table[positions]
+
 
 class LearnedPositions(nn.Embedding):
     """One trained vector per position, up to ModelConfig.max_positions."""
@@ -71,6 +76,11 @@ class LearnedPositions(nn.Embedding):
             raise XattnError(f"a sequence of {offset + length} positions is longer than model.max_positions="
                              f"{self.num_embeddings} (learned positions); shorten the input or raise model.max_positions")
         return self.weight[offset: offset + length]  # (T, D)
+
+    def at(self, positions: Tensor) -> Tensor:
+        """The vectors of any positions (..., ) -> (..., D)."""
+        self.forward(0, int(positions.max()) + 1)  # refuses positions past the table
+        return self.weight[positions]
 
 
 AttentionBuilder = Callable[[str, int], nn.Module]
@@ -183,19 +193,24 @@ class Transformer(nn.Module):
                       need_weights: bool = False, head_mask: HeadMask | None = None) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
-        offset = cache.length if cache is not None else 0
         T = tgt.shape[1]
-        x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + self.tgt_pos(offset, T))
+        rows = cache.positions if cache is not None else None  # (B,): rows at positions of their own (a stream's)
+        offset = 0 if cache is None or rows is not None else cache.length
+        where = self.tgt_pos.at(rows).unsqueeze(1) if rows is not None else self.tgt_pos(offset, T)
+        x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + where)
         if cache is None:  # teacher forcing: no cache; the cross-attention K/V of this call
             assert enc is not None, "decode without a cache needs the encoder output"
             cross_kv, src_mask = [l.cross_attn.project_kv(enc.states) for l in self.decoder.layers], enc.mask
         else:
             cross_kv, src_mask = [(lc.cross_k, lc.cross_v) for lc in cache.layers], cache.src_mask
-        self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
+        if rows is not None:  # one new position per row; each row sees its own filled positions
+            self_mask = cache.self_mask()  # (B, 1, T_all)
+        else:
+            self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
         cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)
         cross, selfw = [], []
         group = cache.group if cache is not None else 1
-        positions = torch.arange(offset, offset + T, device=tgt.device)
+        positions = rows if rows is not None else torch.arange(offset, offset + T, device=tgt.device)
         for i, layer in enumerate(self.decoder.layers):
             x, w = layer(x, inputs=DecoderInputs(
                 cross_kv[i], cross_mask, self_mask, cache.layers[i] if cache is not None else None, group,
@@ -204,7 +219,7 @@ class Transformer(nn.Module):
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         states = self.decoder.norm(x)
         if not need_weights:
             return DecoderStates(states)

@@ -17,6 +17,7 @@ from xattn import shortlist
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.decoding import Hypothesis, search
+from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer
@@ -157,6 +158,10 @@ class Translator:
                 results[i] = translation
         return results  # type: ignore[return-value]
 
+    def stream(self, cfg: DecodeConfig) -> TranslationStream:
+        """A TranslationStream under `cfg` (plain greedy search: decoding.stream.streamable)."""
+        return TranslationStream(self, cfg)
+
     def forced_attention(self, src: Tensor, targets: Sequence[Sequence[int]], rows: Sequence[int] | None = None,
                          kinds: Sequence[str] = ("cross",), enc: EncoderOutput | None = None) -> ForcedAttention:
         """The attention of one teacher-forced pass: the decoder reads BOS + targets[r] (ids, EOS excluded) as
@@ -233,6 +238,35 @@ class Translator:
         tgt = self.tokenizers.tgt
         return Translation(tgt.decode(hyp.tokens), hyp.score, list(src_tokens),
                            tgt.pieces(hyp.tokens + [self.model.cfg.eos_id]), cross, selfw, hyp.relaxed)
+
+
+class TranslationStream:
+    """Texts in, Translations out as each one ends: greedy search with sentences joining between steps
+    (decoding/stream.py), for a server that keeps its batch full (xattn/serve/batcher.py). `Translator.stream`."""
+
+    def __init__(self, translator: Translator, cfg: DecodeConfig):
+        self.translator = translator
+        self.stream = Stream(translator.inference.current(), cfg, translator.head_mask)
+        self.sources: dict = {}  # tag -> source ids
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def add(self, texts: list[str], tags: list) -> None:
+        t = self.translator
+        ids = [s + [t.model.cfg.eos_id] for s in t.tokenizers.src.encode_batch(texts)]
+        self.stream.add(pad_batch(ids, t.model.cfg.pad_id, t.device), tags)
+        self.sources.update(zip(tags, ids))
+
+    def step(self) -> list[tuple[object, Translation]]:
+        """One decoder pass; the translations that ended, as (tag, Translation)."""
+        src = self.translator.tokenizers.src
+        return [(tag, self.translator._translation(hyp, src.pieces(self.sources.pop(tag)), None, None))
+                for tag, hyp in self.stream.step()]
+
+    def cancel(self, tag) -> bool:
+        self.sources.pop(tag, None)
+        return self.stream.cancel(tag)
 
 
 @dataclass(frozen=True)
