@@ -50,7 +50,16 @@ class Model:
         self.maps = sum(cfg.heads_per_layer("cross"))
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
-        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size)
+        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self)
+
+    def streamable(self, settings) -> bool:
+        """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
+        from xattn.decoding.stream import streamable
+
+        return not settings.attention and settings.wider is None and streamable(settings.decode, self.translator.model)
+
+    def open_stream(self, settings):
+        return self.translator.stream(settings.decode)
 
     def translate(self, texts, settings):
         first = self.translator.translate(texts, settings.decode, return_attention=settings.attention,

@@ -1,21 +1,31 @@
-"""Cross-request batching: requests with the same decoding settings share one `Translator.translate` call.
+"""Cross-request batching: requests with the same decoding settings share one `Translator.translate` call,
+and plain greedy requests share a continuous batch.
 
 Requests wait in a bounded queue. One collector task takes the first, then whatever else is queued, up to
 `max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch`
-runs alone), groups them by settings and runs one translate call per group on a dedicated
-thread, so the event loop never blocks and concurrent clients share batches. Under load (the last batch
+runs alone), groups them by settings and runs one translate call per group on the engine thread, so the
+event loop never blocks and concurrent clients share batches. Under load (the last batch
 merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
 clients of a batch send their next requests just after its answers go out, and would otherwise be split
 over several small batches; a lone client never waits. A
 sampling request is never merged with another: its random draws would then depend on its neighbours.
 A request whose client gave up (timeout, disconnect) before its batch started is dropped.
+
+Requests that `Streams.streamable` accepts (plain greedy search) skip the collector: their sentences join a
+continuous batch (Translator.stream) between two decoder steps, up to `max_batch` sentences at a time, and
+each request is answered as soon as its last sentence ends, so a long sentence never holds up the others'
+answers, and nobody waits for a batch to fill. A request whose client gave up leaves the batch at the next step.
+The engine thread runs the model: the steps of the continuous batches and, between two of them, translate calls.
 """
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
 
 class QueueFull(Exception):
@@ -28,21 +38,33 @@ class Job:
     settings: Hashable                # requests with equal settings may share a call
     mergeable: bool
     future: asyncio.Future = field(repr=False)
+    results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
+
+
+class Streams(Protocol):
+    """What the batcher needs to stream requests: which settings can be, and a stream for them."""
+
+    def streamable(self, settings: Hashable) -> bool: ...
+
+    def open_stream(self, settings: Hashable) -> Any: ...  # add(texts, tags), step() -> [(tag, result)], cancel(tag)
 
 
 class Batcher:
-    """Runs `translate(texts, settings) -> results` (one per text) for queued requests, batched."""
+    """Runs `translate(texts, settings) -> results` (one per text) for queued requests, batched; with `streams`,
+    the requests it can stream in continuous batches."""
 
     def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.005,
-                 queue_size: int = 256):
-        self.translate, self.max_batch, self.max_wait = translate, max_batch, max_wait
+                 queue_size: int = 256, streams: Streams | None = None):
+        self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="xattn-translate")
+        self.streams = streams
+        self.engine = Engine(streams, max_batch)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self._task: asyncio.Task | None = None
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
     def start(self) -> None:
+        self.engine.start()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -52,11 +74,16 @@ class Batcher:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self.engine.stop)
 
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True) -> list:
         """The results for `texts`; raises QueueFull at once when the queue is full."""
         job = Job(texts, settings, mergeable, asyncio.get_running_loop().create_future())
+        if mergeable and self.streams is not None and self.streams.streamable(settings):
+            if self.engine.waiting >= self.queue_size:
+                raise QueueFull
+            self.engine.submit(job)
+            return await job.future
         try:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -102,7 +129,7 @@ class Batcher:
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         texts = [t for job in group for t in job.texts]
         try:
-            results = await loop.run_in_executor(self.executor, self.translate, texts, group[0].settings)
+            results = await asyncio.wrap_future(self.engine.call(self.translate, texts, group[0].settings))
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
             if len(group) > 1:  # one request's text must not fail the others: each alone
                 for job in group:
@@ -118,3 +145,101 @@ class Batcher:
             part, start = results[start: start + len(job.texts)], start + len(job.texts)
             if not job.future.done():
                 job.future.set_result(part)
+
+
+class Engine:
+    """The thread that runs the model: translate calls (`call`) and the continuous batches of streamed jobs
+    (`submit`), one decoder step of each open stream at a time, calls in between."""
+
+    def __init__(self, streams: Streams | None, max_rows: int):
+        self.streams, self.max_rows = streams, max_rows
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
+        self.waiting = 0                # streamed jobs submitted and not yet in a stream
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.inbox.put(None)
+            self.thread.join()
+
+    def call(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self.inbox.put((fn, args, future))
+        return future
+
+    def submit(self, job: Job) -> None:
+        self.waiting += 1
+        self.inbox.put(job)
+
+    def _run(self) -> None:
+        open_: dict[Hashable, Any] = {}        # settings -> stream
+        rows: dict[Any, tuple[Job, int]] = {}  # tag -> (job, index of its text)
+        held: deque[Job] = deque()             # streamed jobs waiting for room
+        while True:
+            busy = bool(held) or any(len(s) for s in open_.values())
+            items = []
+            try:
+                items.append(self.inbox.get(block=not busy))
+                while True:
+                    items.append(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for item in items:
+                if item is None:
+                    return
+                if isinstance(item, Job):
+                    held.append(item)
+                else:
+                    fn, args, future = item
+                    try:
+                        future.set_result(fn(*args))
+                    except Exception as e:  # noqa: BLE001 - the caller's to handle
+                        future.set_exception(e)
+            for tag in [tag for tag, (job, _) in rows.items() if job.future.done()]:  # its client gave up
+                open_[rows.pop(tag)[0].settings].cancel(tag)
+            while held and (not rows or len(rows) + len(held[0].texts) <= self.max_rows):
+                self._admit(held.popleft(), open_, rows)
+            for settings, stream in [(k, s) for k, s in open_.items() if len(s)]:
+                try:
+                    ended = stream.step()
+                except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server
+                    for tag in [tag for tag, (job, _) in rows.items() if job.settings == settings]:
+                        _resolve(rows.pop(tag)[0], e)
+                    del open_[settings]
+                    continue
+                for tag, result in ended:
+                    job, i = rows.pop(tag)
+                    job.results[i] = result
+                    if all(r is not None for r in job.results):
+                        _resolve(job, job.results)
+
+    def _admit(self, job: Job, open_: dict, rows: dict) -> None:
+        self.waiting -= 1
+        if job.future.done():
+            return
+        try:
+            if job.settings not in open_:
+                open_[job.settings] = self.streams.open_stream(job.settings)
+            stream = open_[job.settings]
+            job.results = [None] * len(job.texts)
+            tags = [(id(job), i) for i in range(len(job.texts))]
+            stream.add(job.texts, tags)
+        except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+            _resolve(job, e)
+            return
+        rows.update({tag: (job, i) for i, tag in enumerate(tags)})
+
+
+def _resolve(job: Job, outcome: Any) -> None:
+    """Answer `job` on its event loop's thread (a result list, or an exception to raise)."""
+    def settle() -> None:
+        if job.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+    job.future.get_loop().call_soon_threadsafe(settle)

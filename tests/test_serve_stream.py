@@ -1,0 +1,99 @@
+"""The server's continuous batch (xattn/serve/batcher.py, Engine): greedy requests join and leave between decoder
+steps, get what translate gives each alone, never wait for a longer request, and leave when their client does."""
+import asyncio
+import dataclasses
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import xattn  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.batcher import Batcher  # noqa: E402
+from xattn.serve.limits import Limits  # noqa: E402
+
+
+def ready(c: TestClient) -> TestClient:
+    while c.get("/health").status_code != 200:
+        time.sleep(0.02)
+    return c
+
+
+def test_greedy_requests_share_a_continuous_batch_and_get_what_translate_gives_each(numbers_model):
+    texts = ["eins", "zwei", "drei hundert", "vier", "fünf tausend", "sechs", "sieben", "acht neun", "neun", "zehn"]
+    with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), batch_wait_ms=0))) as c:
+        ready(c)
+        with ThreadPoolExecutor(len(texts)) as pool:
+            replies = list(pool.map(lambda t: c.post("/translate", json={"q": [t, t + " eins"], "beam_size": 1}), texts))
+        calls = c.app.state.xattn["model"].batcher.calls
+    translator = xattn.load(numbers_model)
+    cfg = dataclasses.replace(translator.decode_config, beam_size=1)
+    for text, reply in zip(texts, replies):
+        assert reply.status_code == 200, reply.text
+        for got, source in zip(reply.json()["translatedText"], [text, text + " eins"]):
+            assert got == translator.translate([source], cfg)[0].text
+    assert calls == 0  # streamed, not batched into translate calls
+
+
+def test_a_short_request_is_answered_while_a_long_one_runs(numbers_model):
+    limits = dataclasses.replace(Limits(), batch_wait_ms=0, max_output_tokens=4000)
+    long = {"q": ["drei hundert vier und zwanzig"] * 32, "beam_size": 1, "max_len_a": 0, "max_len_b": 3000, "min_len": 0}
+    with TestClient(create_app(str(numbers_model), limits)) as c:
+        ready(c)
+        finished = {}
+
+        def post(name, body):
+            c.post("/translate", json=body)
+            finished[name] = time.perf_counter()
+        worker = threading.Thread(target=post, args=("long", long))
+        worker.start()
+        time.sleep(0.2)
+        post("short", {"q": "drei", "beam_size": 1})
+        worker.join()
+    assert finished["short"] < finished["long"]
+
+
+def test_a_request_whose_client_gave_up_leaves_the_batch():
+    class Streams:
+        def __init__(self):
+            self.cancelled, self.added = [], []
+
+        def streamable(self, settings):
+            return True
+
+        def open_stream(self, settings):
+            return self
+
+        def add(self, texts, tags):
+            self.added += tags
+
+        def __len__(self):
+            return len(self.added) - len(self.cancelled)
+
+        def step(self):  # nothing ever ends
+            time.sleep(0.001)
+            return []
+
+        def cancel(self, tag):
+            self.cancelled.append(tag)
+            return True
+
+    streams = Streams()
+
+    async def main():
+        batcher = Batcher(lambda texts, settings: texts, streams=streams)
+        batcher.start()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(batcher.submit(["a", "b"], "greedy"), 0.1)
+        for _ in range(100):
+            if len(streams.cancelled) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert sorted(streams.cancelled) == sorted(streams.added) and len(streams.added) == 2
