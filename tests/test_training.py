@@ -106,12 +106,13 @@ WORKER = textwrap.dedent("""
     import sys, hashlib, torch.distributed as dist
     from xattn.config import load_config
     from xattn.training import Trainer
-    out = sys.argv[1]
-    trainer = Trainer(load_config(None, sys.argv[2:]), out, quiet=True)
-    trainer.fit()
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters())).hexdigest()
-    open(f"{out}/rank{trainer.ctx.rank}.sha", "w").write(f"{digest} {trainer.progress.step}")
-    dist.destroy_process_group()
+    if __name__ == "__main__":  # preparing the corpus starts processes that import this file again (spawn)
+        out = sys.argv[1]
+        trainer = Trainer(load_config(None, sys.argv[2:]), out, quiet=True)
+        trainer.fit()
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters())).hexdigest()
+        open(f"{out}/rank{trainer.ctx.rank}.sha", "w").write(f"{digest} {trainer.progress.step}")
+        dist.destroy_process_group()
 """)
 
 
