@@ -11,8 +11,8 @@ usage: python benchmarks/decode_ablation.py --model DIR [--repeats 5] [--out dec
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
-import sys
 import time
 
 from common import data_dir, model_fingerprint, write_result
@@ -21,7 +21,7 @@ import xattn
 import xattn.attention as attention
 from xattn.datasets import multi30k
 
-ancestral = sys.modules["xattn.decoding.ancestral"]
+ancestral = importlib.import_module("xattn.decoding.ancestral")
 DEFAULTS = {"FEW_QUERIES": attention.FEW_QUERIES, "COMPACT": ancestral.COMPACT}
 SETTINGS = {"all_on": {}, "attention_off": {"FEW_QUERIES": 0}, "compaction_off": {"COMPACT": 10 ** 9}}
 

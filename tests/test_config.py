@@ -52,3 +52,14 @@ def test_a_retired_key_in_a_model_directory_is_dropped_and_refused_as_an_overrid
     assert cfg.decode.beam_size == 4 and cfg.decode.stopping == "exact"
     with pytest.raises(XattnError, match=r"decode.early_stopping is no longer a setting; use decode.stopping"):
         load_config(path, ["decode.early_stopping=false"])
+
+
+def test_keys_added_later_are_written_only_when_set_so_older_versions_read_the_file(tmp_path):
+    from xattn.config import DecodeConfig, RunConfig, load_config, save_config
+
+    save_config(RunConfig(), tmp_path / "plain.yaml")
+    assert "shortlist" not in (tmp_path / "plain.yaml").read_text()  # a default the older versions do not know
+    cfg = RunConfig(decode=DecodeConfig(shortlist=True))
+    save_config(cfg, tmp_path / "set.yaml")
+    assert load_config(tmp_path / "set.yaml").decode.shortlist is True
+    assert load_config(tmp_path / "plain.yaml") == RunConfig()

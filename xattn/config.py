@@ -20,8 +20,14 @@ from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, b
     sha256_hex, validate, within
 from xattn.errors import XattnError
 from xattn.io import read_yaml
-from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, place_problem
+from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
 
+
+
+def _as_dict(self) -> dict[str, Any]:
+    """The fields as plain data, without the LATER keys at their defaults (so configs and fingerprints written
+    before those keys existed still compare equal, and older versions read the newer files)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.LATER or v != self.LATER[k]}
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,9 @@ class ModelConfig:
         dropout=FRACTION, attention_dropout=FRACTION, activation_dropout=FRACTION,
         activation=one_of(*ACTIVATIONS), norm=one_of(*NORMS),
         positions=one_of(*POSITIONS), score=one_of(*SCORES),
-        attention=lambda v: _per_place(v, lambda x: one_of(*VARIANTS)(x) if isinstance(x, str) else
+        attention=lambda v: per_place_problem(v, lambda x: one_of(*VARIANTS)(x) if isinstance(x, str) else
                                        f"expected a variant name, got {x!r}"),
-        heads=lambda v: _per_place(v, lambda x: None if isinstance(x, int) and not isinstance(x, bool) and x >= 0
+        heads=lambda v: per_place_problem(v, lambda x: None if isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                    else f"expected a number of heads >= 0, got {x!r}"),
         pad_id=NON_NEGATIVE, bos_id=NON_NEGATIVE, eos_id=NON_NEGATIVE, length_ratio=within(0, lo_open=True))
 
@@ -111,40 +117,15 @@ class ModelConfig:
         """How many heads each layer of `place` has: model.n_heads, or fewer once pruned (0: none left)."""
         return [self.heads_of(place, i) for i in range(self.layers_of(place))]
 
-    def layout_problem(self, place: str, layers: list) -> str | None:
-        """What keeps `layers` (per layer of `place`: None, or one value per head) from fitting this model; a
-        head mask in memory or in a file is checked by it."""
-        if problem := place_problem(place):
-            return problem
-        if len(layers) != self.layers_of(place):
-            return f"{place}: expected a list of {self.layers_of(place)} layers (a list of factors or null each), got {len(layers)}"
-        for i, factors in enumerate(layers):
-            if factors is not None and len(factors) != self.heads_of(place, i):
-                return f"{place} layer {i}: expected {self.heads_of(place, i)} factors (one per head), got {len(factors)}"
-        return None
-
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as plain data, without the LATER keys at their defaults (so configs and fingerprints
-        written before those keys existed still compare equal)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.LATER or v != self.LATER[k]}
+    as_dict = _as_dict
 
     LATER: ClassVar[dict[str, Any]] = {"attention": {}, "heads": {}, "length_ratio": None}
     """Keys added after models were first saved, with their defaults (`as_dict` leaves them out at those)."""
 
-
-def _per_place(value: dict, check: Check) -> str | None:
-    """A mapping from places (enc_self, dec_self, cross) to a value or a list of values, each passing `check`."""
-    for place, item in value.items():
-        if problem := place_problem(place):
-            return problem
-        for x in item if isinstance(item, list) else [item]:
-            if problem := check(x):
-                return f"{place}: {problem}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -274,6 +255,10 @@ class DecodeConfig:
         """Rows decoded per input: samples when sampling, else the beam."""
         return self.num_samples if self.sampling else self.beam_size
 
+    as_dict = _as_dict
+    LATER: ClassVar[dict[str, Any]] = {"shortlist": False}
+    """Keys added after models were first saved, with their defaults (`as_dict` leaves them out at those)."""
+
     SAMPLING_ONLY: ClassVar[frozenset[str]] = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed"})
     BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"beam_size", "n_best", "coverage_penalty", "stopping"})
     WIDE_BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"coverage_penalty", "stopping"})
@@ -331,9 +316,10 @@ class RunConfig:
                               f"training sentences of data.max_len={self.data.max_len} tokens plus EOS")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every section as plain data; `parent` only when the config names one."""
-        return {f.name: _plain(self.model.as_dict() if f.name == "model" else dataclasses.asdict(getattr(self, f.name)))
-                for f in dataclasses.fields(self) if f.name != "parent" or self.parent.named}
+        """Every section as plain data (the model's and decoding's without their LATER keys at their defaults,
+        so older versions read it); `parent` only when the config names one."""
+        return {f.name: _plain(section.as_dict() if hasattr(section := getattr(self, f.name), "LATER") else
+                               dataclasses.asdict(section)) for f in dataclasses.fields(self) if f.name != "parent" or self.parent.named}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_m
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
+from xattn.registry import place_problem
 
 
 @dataclass
@@ -96,6 +97,19 @@ POSITIONS: dict[str, Callable[[ModelConfig], nn.Module]] = {
 HeadMask = dict[str, list[Tensor | None]]
 """Per place (enc_self, dec_self, cross), per layer: a (H_l,) tensor of factors in [0, 1] on each head's
 output (None: that layer unmasked); an argument of encode, decode and forward (Transformer.check_head_mask)."""
+
+
+def layout_problem(cfg: ModelConfig, place: str, layers: list) -> str | None:
+    """What keeps `layers` (per layer of `place`: None, or one value per head) from fitting a model of `cfg`;
+    a head mask in memory (Transformer.check_head_mask) or in a file (analysis/pruning.py) is checked by it."""
+    if problem := place_problem(place):
+        return problem
+    if len(layers) != cfg.layers_of(place):
+        return f"{place}: expected a list of {cfg.layers_of(place)} layers (a list of factors or null each), got {len(layers)}"
+    for i, factors in enumerate(layers):
+        if factors is not None and len(factors) != cfg.heads_of(place, i):
+            return f"{place} layer {i}: expected {cfg.heads_of(place, i)} factors (one per head), got {len(factors)}"
+    return None
 
 
 def context(place: str, layer: int, need_weights: bool, positions: Tensor, head_mask: HeadMask | None) -> AttentionContext:
@@ -229,7 +243,7 @@ class Transformer(nn.Module):
         """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
         tensor; places left out are unmasked. A ValueError names what does not fit."""
         for place, layers in (mask or {}).items():
-            if problem := self.cfg.layout_problem(place, list(layers)):
+            if problem := layout_problem(self.cfg, place, list(layers)):
                 raise ValueError(f"head_mask: {problem}")
             if bad := [i for i, f in enumerate(layers) if f is not None and f.dim() != 1]:
                 raise ValueError(f"head_mask: {place} layer {bad[0]}: expected a 1-D tensor of factors")

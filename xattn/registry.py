@@ -2,6 +2,8 @@
 (a test checks that each builder builds exactly these)."""
 from __future__ import annotations
 
+from typing import Callable
+
 PLACES = ("enc_self", "dec_self", "cross")
 """Where attention sits: encoder self-attention, decoder (masked) self-attention, cross-attention."""
 
@@ -9,6 +11,17 @@ PLACES = ("enc_self", "dec_self", "cross")
 def place_problem(name: object) -> str | None:
     """What is wrong with `name` as a place (None: nothing). Every check of a place name says it so."""
     return None if name in PLACES else f"{name!r} is not a place; one of {', '.join(PLACES)}"
+
+
+def per_place_problem(value: dict, check: Callable[[object], str | None]) -> str | None:
+    """What is wrong with a mapping from places to a value or a list of values, each judged by `check`."""
+    for place, item in value.items():
+        if problem := place_problem(place):
+            return problem
+        for x in item if isinstance(item, list) else [item]:
+            if problem := check(x):
+                return f"{place}: {problem}"
+    return None
 
 
 SCORES = ("dot", "scaled_dot", "general", "additive")

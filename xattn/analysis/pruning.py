@@ -24,7 +24,7 @@ import torch
 from xattn.checks import Check, read_record, validate, within
 from xattn.config import ModelConfig
 from xattn.errors import ParameterError, XattnError
-from xattn.model import HeadMask, Transformer
+from xattn.model import HeadMask, Transformer, layout_problem
 from xattn.registry import PLACES
 
 Removal = dict[str, list[list[int]]]
@@ -61,7 +61,7 @@ def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
         layers = getattr(record, place)
         if layers is None:
             continue
-        if problem := cfg.layout_problem(place, layers):
+        if problem := layout_problem(cfg, place, layers):
             raise XattnError(f"{path}: {problem}")
         mask[place] = [None if factors is None else torch.tensor(factors, dtype=torch.float32) for factors in layers]
     return mask
