@@ -139,7 +139,7 @@ def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
-                               str(threads), "--queue-size", "1024"], env=env, stdout=subprocess.DEVNULL,
+                               str(threads), "--queue-size", "1024", "--no-access-log"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

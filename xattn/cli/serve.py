@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import socket
+import sys
 from urllib.parse import urlsplit
 
 from xattn.cli.common import add_verb, path_arg
@@ -18,6 +20,8 @@ LIMIT_FLAGS = {
     "--max-n-best": ("max_n_best", int, "n-best hypotheses (and alternatives + 1)"),
     "--max-samples": ("max_samples", int, "samples per text"),
     "--max-output-tokens": ("max_output_tokens", int, "max_len_a * source tokens + max_len_b"),
+    "--max-work": ("max_work", int, "a request's decoding work: over its texts, beam (or samples) x maximum output "
+                   "tokens; bounds how long one request can hold the model"),
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
@@ -47,6 +51,27 @@ def register(sub) -> None:
                    "for any (default: none)")
     for flag, (name, kind, help) in LIMIT_FLAGS.items():
         p.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"{help} (default {getattr(defaults, name)})")
+    for flag, (_, kind, default, help) in CONNECTION_FLAGS.items():
+        p.add_argument(flag, type=kind, default=default, help=f"{help} (default {default})")
+    p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr (each line is JSON: "
+                   "id, route, status, ms, texts, characters, output tokens, and whether it joined the continuous "
+                   "batch or a translate call)")
+
+
+CONNECTION_FLAGS = {
+    "--max-connections": ("limit_concurrency", int, 512, "open connections (and requests in progress); one more is "
+                          "answered 503 at once"),
+    "--max-header-bytes": ("h11_max_incomplete_event_size", int, 65536, "bytes of a request's head (request line "
+                           "and headers); more closes the connection"),
+    "--keep-alive": ("timeout_keep_alive", float, 5.0, "seconds an idle connection stays open between requests"),
+}
+"""How the HTTP server treats connections: uvicorn's own settings, with the plain asyncio event loop (under a
+flood of open connections uvloop accepted new ones, /health included, only about 10 a second) and h11, whose
+head-size limit httptools lacks (as fast here: benchmarks/README.md, Serving under load)."""
+SWITCH_INTERVAL = 0.0005
+"""Seconds a Python thread may hold the GIL while another waits (Python's default: 0.005). The translating thread
+gives the GIL up at every PyTorch operation, and with the default it waited up to 5 ms for the event loop to hand
+it back (what this gains: benchmarks/README.md, Serving under load)."""
 
 
 def run(args) -> int:
@@ -83,10 +108,23 @@ def run(args) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = str(resolve_device(args.device, "--device"))
     sock = listening_socket(args.host, args.port)
+    log = logging.getLogger("xattn.serve")  # short lines on stderr: the access log, a client gone mid-body
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     servers: list = []  # the uvicorn server, stopped if the model fails to load
     app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
                      on_load_error=lambda reason: setattr(servers[0], "should_exit", True))
-    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")))
+    connections = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _, _) in CONNECTION_FLAGS.items()}
+    for flag, (name, _, _, _) in CONNECTION_FLAGS.items():
+        if not math.isfinite(connections[name]) or connections[name] <= 0:
+            raise XattnError(f"{flag}: must be above 0, got {connections[name]}")
+    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                                 loop="asyncio", http="h11", **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {args.model} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops",
           flush=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from xattn.analysis.maps import head_mean
 from xattn.checks import hints
@@ -36,6 +36,17 @@ class RequestFields(BaseModel):
         "none", description="cross-attention per result: mean (per layer, over the heads it has: L x T x S) or full "
         "(L x H x T x S); null where a pruned layer has no heads (mean) or fewer heads than H (full)")
     alignment: bool = Field(False, description="word alignment links [source word, target word], 0-based")
+    secret: str | None = Field(None, description="LibreTranslate's page secret: accepted and not used")
+
+    @field_validator("alternatives", mode="before")
+    @classmethod
+    def _count_as_text(cls, value):  # LibreTranslate reads int(alternatives): "3" is 3
+        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _empty_format(cls, value):  # LibreTranslate treats an empty format as text
+        return "text" if value == "" else value
 
 
 TranslateRequest = create_model(
@@ -105,6 +116,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
                        f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
                        f"{limits.max_output_tokens}", "limit_exceeded")
+    check_work(counts, wider or decode, limits)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
@@ -155,6 +167,23 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
     limit = limits.max_samples if sampling else min(limits.max_n_best, limits.max_beam)
     if req.alternatives + 1 > limit:
         raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
+
+
+def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> None:
+    """A request's work bounded up front: over its texts, hypotheses x maximum output tokens (what one request
+    can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
+    shortest = min(counts)
+    most = int(cfg.max_len_a * (shortest + 1) + cfg.max_len_b)  # source tokens counted with EOS, as the search does
+    if cfg.min_len > most:
+        raise ApiError(422, f"min_len: {cfg.min_len} is above the {most} output tokens that max_len_a * "
+                       f"{shortest + 1} source tokens (q[{counts.index(shortest)}] and </s>) + max_len_b allow; lower "
+                       "it or raise max_len_b", "invalid_request")
+    work = sum(int(cfg.max_len_a * (n + 1) + cfg.max_len_b) for n in counts) * cfg.hypotheses
+    if work > limits.max_work:
+        raise ApiError(413, f"the request asks for up to {work} decoding steps ({len(counts)} texts x "
+                       f"{cfg.hypotheses} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
+                       f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
+                       "too_much_work")
 
 
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:

@@ -10,25 +10,29 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import logging
 import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Callable
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.batcher import Batcher, QueueFull
+from xattn.serve.metrics import Metrics, Observed
 
 STATIC = Path(__file__).parent / "static"
+LOG = logging.getLogger("xattn.serve")
 PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 CSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'"
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "es": "Spanish", "it": "Italian",
@@ -39,7 +43,7 @@ LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech"
 class Model:
     """The translator and what the routes need of it, once loaded."""
 
-    def __init__(self, model_dir: str, device: str, limits: Limits):
+    def __init__(self, model_dir: str, device: str, limits: Limits, metrics: Metrics | None = None):
         from xattn.analysis.choice import settings_for
         from xattn.translator import Translator
 
@@ -50,7 +54,8 @@ class Model:
         self.maps = sum(cfg.heads_per_layer("cross"))
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
-        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self)
+        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
+                               metrics or Metrics())
 
     def streamable(self, settings) -> bool:
         """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
@@ -84,13 +89,13 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
                device: str = "cpu", on_load_error: Callable[[str], None] | None = None) -> FastAPI:
     """The app; it loads the model in the background once started (app.state.xattn: {"model", "error"}). When
     loading fails, /health says why with 503, and `on_load_error(reason)` is called (xattn serve stops then)."""
-    state: dict = {"model": None, "error": None}
+    state: dict = {"model": None, "error": None, "metrics": None}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async def load() -> None:
             try:
-                model = await asyncio.to_thread(Model, model_dir, device, limits)
+                model = await asyncio.to_thread(Model, model_dir, device, limits, state["metrics"])
             except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
                 state["error"] = " ".join(str(e).split()) or type(e).__name__
                 if on_load_error is not None:
@@ -107,6 +112,8 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
     app = FastAPI(title="xattn", description="Translation with the cross-attention to see. LibreTranslate-compatible "
                   "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.xattn = state
+    metrics = state["metrics"] = Metrics()
+    app.add_middleware(Observed, metrics=metrics)
     if cors_origin:
         app.add_middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
@@ -164,6 +171,12 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         ready()
         return {"status": "ok"}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        model = app.state.xattn["model"]
+        return Response(app.state.xattn["metrics"].exposition(model.batcher.depth if model else 0),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @app.get("/languages")
     async def languages():
         src, tgt = ready().languages
@@ -187,13 +200,16 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}})
     async def translate(request: Request):
         model = ready()
-        req = parse_request(*await read_body(request, limits))
+        req = parse_request(*await read_request(request, limits))
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
         try:
             texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
                                    model.maps, model.max_positions)
         except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
             raise ApiError(422, f"q: {e}", "invalid_request") from None
+        record = request.scope.setdefault("xattn", {})
+        record.update(texts=len(texts), characters=sum(map(len, texts)),
+                      batch="stream" if model.streamable(settings) else "call")
         try:
             done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
                                           limits.timeout_s)
@@ -206,6 +222,7 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
             raise ApiError(422, str(e), "invalid_request") from None
         except XattnError as e:  # what the model cannot take (checked before where it can be)
             raise ApiError(422, f"q: {e}", "invalid_request") from None
+        record["output_tokens"] = sum(len(t.tgt_tokens) - 1 for t in done)  # without </s>
         try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
             heavy = req.alignment or req.attention != "none"
             args = (req, texts, done, model.links, model.languages[0])
@@ -228,6 +245,27 @@ def check_key(expected: str | None, in_body: str | None, authorization: str) -> 
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
+async def read_request(request: Request, limits: Limits) -> tuple[dict, bool]:
+    """The request's fields, and whether they came as text (a form or the query string): the body's, and the
+    query string's, as LibreTranslate reads both (deep-translator sends every field in the query string of a
+    POST with no body; other clients put `api_key` there). A field in both is an error: one would silently win.
+    A client that hangs up mid-body gets one short log line, not a traceback."""
+    try:
+        body, form = await read_body(request, limits)
+    except ClientDisconnect:
+        LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
+        raise ApiError(400, "the client went away before its body arrived", "client_gone") from None
+    query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"))
+    if not query:
+        return body, form
+    if body is None:
+        return query, True
+    if isinstance(body, dict) and (both := sorted(set(body) & set(query))):
+        raise ApiError(422, f"{both[0]}: given in both the query string and the body (only one would count)",
+                       "invalid_request")
+    return ({**query, **body} if isinstance(body, dict) else body), form
+
+
 async def read_body(request: Request, limits: Limits) -> tuple[dict, bool]:
     """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap, and
     whether it was a form."""
@@ -248,15 +286,52 @@ async def read_body(request: Request, limits: Limits) -> tuple[dict, bool]:
         if len(raw) > cap:
             raise ApiError(413, f"the body is over {cap} bytes", "too_large")
     if kind == "application/x-www-form-urlencoded":
-        try:
-            fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True)
-        except UnicodeDecodeError:
-            raise ApiError(422, "body: the form is not UTF-8", "invalid_request") from None
-        return form_fields(fields), True
+        return form_fields(query_fields(raw, "body")), True
     try:
-        return json.loads(bytes(raw) or b"null"), False
+        return json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json), False
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
+    except RecursionError:
+        raise ApiError(422, "body: nested too deeply; a request is one object of fields", "invalid_request") from None
+    except TwiceError as e:
+        raise ApiError(422, f"{e}: given twice in the body (only one would count)", "invalid_request") from None
+    except ValueError as e:
+        raise ApiError(422, f"body: {e}", "invalid_request") from None
+
+
+class TwiceError(ValueError):
+    """A JSON object with a key given twice (the key)."""
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise TwiceError(key)
+        out[key] = value
+    return out
+
+
+def not_json(name: str):
+    raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def query_fields(raw: bytes, where: str) -> dict[str, list[str]]:
+    """The fields of a query string or form body, each value strictly UTF-8 once percent-decoded (a `%FF` is
+    a 422 naming the field, not a replacement character)."""
+    fields: dict[str, list[str]] = {}
+    for key, value in parse_qsl(bytes(raw).decode("latin-1"), keep_blank_values=True, encoding="latin-1"):
+        name = fix_utf8(key, where, "a field name")
+        fields.setdefault(name, []).append(fix_utf8(value, where, name))
+    return fields
+
+
+def fix_utf8(text: str, where: str, field: str) -> str:
+    """A percent-decoded form value (decoded as latin-1, one character per byte) read as UTF-8 strictly."""
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(422, f"{field}: not UTF-8 once percent-decoded ({where})", "invalid_request") from None
 
 
 def form_fields(fields: dict[str, list]) -> dict:

@@ -27,6 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
 
+from xattn.serve.metrics import Metrics
+
 
 class QueueFull(Exception):
     """The queue holds `queue_size` requests already."""
@@ -54,14 +56,19 @@ class Batcher:
     the requests it can stream in continuous batches."""
 
     def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.005,
-                 queue_size: int = 256, streams: Streams | None = None):
+                 queue_size: int = 256, streams: Streams | None = None, metrics: Metrics | None = None):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
-        self.streams = streams
-        self.engine = Engine(streams, max_batch)
+        self.streams, self.metrics = streams, metrics or Metrics()
+        self.engine = Engine(streams, max_batch, self.metrics)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self._task: asyncio.Task | None = None
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting: in the queue, and streamed ones not yet in their batch."""
+        return self.queue.qsize() + self.engine.waiting
 
     def start(self) -> None:
         self.engine.start()
@@ -128,6 +135,7 @@ class Batcher:
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         texts = [t for job in group for t in job.texts]
+        self.metrics.call(len(texts))
         try:
             results = await asyncio.wrap_future(self.engine.call(self.translate, texts, group[0].settings))
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
@@ -151,8 +159,8 @@ class Engine:
     """The thread that runs the model: translate calls (`call`) and the continuous batches of streamed jobs
     (`submit`), one decoder step of each open stream at a time, calls in between."""
 
-    def __init__(self, streams: Streams | None, max_rows: int):
-        self.streams, self.max_rows = streams, max_rows
+    def __init__(self, streams: Streams | None, max_rows: int, metrics: Metrics):
+        self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
         self.waiting = 0                # streamed jobs submitted and not yet in a stream
@@ -203,6 +211,7 @@ class Engine:
             while held and (not rows or len(rows) + len(held[0].texts) <= self.max_rows):
                 self._admit(held.popleft(), open_, rows)
             for settings, stream in [(k, s) for k, s in open_.items() if len(s)]:
+                self.metrics.step(len(stream))
                 try:
                     ended = stream.step()
                 except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server

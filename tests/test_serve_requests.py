@@ -1,0 +1,112 @@
+"""`xattn serve`: the request edge cases (nesting, repeated keys, invalid bytes in a form, settings that cannot
+hold together, work over its bound), what LibreTranslate accepts and clients send (fields in the query string,
+`alternatives` as text, an empty format, `secret`, `?api_key=`), the access log and /metrics."""
+import asyncio
+import json
+import logging
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from starlette.requests import ClientDisconnect  # noqa: E402
+
+from xattn.serve.app import create_app, read_request  # noqa: E402
+from xattn.serve.limits import ApiError, Limits  # noqa: E402
+
+from test_serve import error, started  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client(numbers_model):
+    c = started(create_app(str(numbers_model)))
+    yield c
+    c.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def keyed(numbers_model):
+    c = started(create_app(str(numbers_model), api_key="s3cret"))
+    yield c
+    c.__exit__(None, None, None)
+
+
+def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/translate"):
+    return client.post(url, content=body, headers={"Content-Type": kind})
+
+
+@pytest.mark.parametrize("body, kind, status, fragment", [
+    (b"[" * 20_000 + b"]" * 20_000, "application/json", 422, "body: nested too deeply"),
+    (b'{"q": "drei", "q": "vier"}', "application/json", 422, "q: given twice in the body"),
+    (b'{"q": "drei", "beam_size": NaN}', "application/json", 422, "NaN is not JSON"),
+    (b"q=vier%FFzig", "application/x-www-form-urlencoded", 422, "q: not UTF-8 once percent-decoded"),
+    (b'{"q": "drei", "min_len": 40}', "application/json", 422, "min_len: 40 is above the 14 output tokens"),
+    (json.dumps({"q": ["drei"] * 32, "beam_size": 16, "max_len_b": 500}).encode(), "application/json", 413,
+     "over the limit of 100000"),
+])
+def test_bodies_that_cannot_be_taken_as_sent_are_a_4xx_naming_the_field(client, body, kind, status, fragment):
+    error(post_raw(client, body, kind), status, fragment)
+
+
+def test_a_request_within_every_other_limit_is_bounded_by_its_work(client):
+    reply = client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 16, "max_len_b": 500})
+    error(reply, 413, "32 texts x 16 hypotheses", "too_much_work")
+    assert client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 5}).status_code == 200
+
+
+def test_fields_in_the_query_string_as_deep_translator_sends_them(client):
+    reply = client.post("/translate?q=drei&source=de&target=en&format=text")  # no body at all
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translatedText"] == client.post("/translate", json={"q": "drei"}).json()["translatedText"]
+    error(client.post("/translate?q=drei", json={"q": "vier"}), 422, "q: given in both the query string and the body")
+    error(client.post("/translate?q=vier%FFzig"), 422, "q: not UTF-8 once percent-decoded (query string)")
+
+
+def test_what_libretranslate_accepts_is_accepted(client):
+    reply = client.post("/translate", json={"q": "drei", "alternatives": "2", "format": "", "secret": "x"})
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["alternatives"]) == 2
+    error(client.post("/translate", json={"q": "drei", "alternatives": "zwei"}), 422, "alternatives")
+
+
+def test_the_key_may_come_in_the_query_string(keyed):
+    assert keyed.post("/translate?api_key=s3cret", json={"q": "drei"}).status_code == 200
+    error(keyed.post("/translate?api_key=wrong", json={"q": "drei"}), 403, "invalid API key")
+    assert keyed.post("/translate?api_key=s3cret&q=drei").status_code == 200
+
+
+def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
+    with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
+        assert client.post("/translate", json={"q": ["drei", "vier"], "beam_size": 1}).status_code == 200
+        assert client.post("/translate", json={"q": "drei", "beam_size": 0}).status_code == 422
+        assert client.get("/no/such/page").status_code == 404
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+    ok = next(x for x in lines if x["status"] == 200)
+    assert ok["route"] == "/translate" and ok["texts"] == 2 and ok["characters"] == 8 and ok["batch"] == "stream"
+    assert ok["output_tokens"] > 0 and ok["ms"] > 0 and isinstance(ok["id"], int)
+    assert {"/translate", "other"} <= {x["route"] for x in lines}
+    text = client.get("/metrics").text
+    assert 'xattn_requests_total{route="/translate",status="200"}' in text
+    assert 'xattn_requests_total{route="/translate",status="422"}' in text
+    assert 'xattn_requests_total{route="other",status="404"}' in text
+    assert 'xattn_request_seconds_bucket{route="/translate",le="+Inf"}' in text
+    assert "xattn_stream_sentences_count" in text and "xattn_queue_depth 0" in text
+    assert int(next(line for line in text.splitlines() if line.startswith("xattn_output_tokens_total")).split()[1]) > 0
+
+
+def test_a_client_gone_mid_body_is_one_short_line(caplog):
+    class Gone:
+        method, scope = "POST", {"query_string": b""}
+        headers = {"content-type": "application/json"}
+
+        class url:
+            path = "/translate"
+
+        async def stream(self):
+            yield b'{"q": "dr'
+            raise ClientDisconnect()
+
+    with caplog.at_level(logging.INFO, logger="xattn.serve"):
+        with pytest.raises(ApiError) as e:
+            asyncio.run(read_request(Gone(), Limits()))
+    assert e.value.error_type == "client_gone"
+    assert [r.getMessage() for r in caplog.records] == ["POST /translate: the client went away before its body arrived"]

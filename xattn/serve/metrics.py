@@ -1,0 +1,121 @@
+"""What `xattn serve` reports about itself: one structured log line per request, and Prometheus metrics at
+GET /metrics (the text exposition format, written here: no client library needed).
+
+Metrics: requests by route and status, request latency (a histogram per route), sentences per translate call
+and in the continuous batch, the queue depth, and output tokens (their rate is tokens per second).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+
+ACCESS = logging.getLogger("xattn.serve.access")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple):
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        out = [f'{name}_bucket{{{labels}{sep}le="{b:g}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        return out + [f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}',
+                      f"{name}_sum{{{labels}}} {self.sum:.6f}" if labels else f"{name}_sum {self.sum:.6f}",
+                      f"{name}_count{{{labels}}} {self.count}" if labels else f"{name}_count {self.count}"]
+
+
+class Metrics:
+    """Counters and histograms, updated from the event loop and the engine thread (one lock)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.latency: dict[str, Histogram] = {}
+        self.batch = Histogram(BATCH_BUCKETS)      # sentences per translate call
+        self.stream_rows = Histogram(BATCH_BUCKETS)  # sentences in the continuous batch, per step
+        self.tokens = 0                             # output tokens translated
+        self.next_id = 0
+
+    def request_id(self) -> int:
+        with self.lock:
+            self.next_id += 1
+            return self.next_id
+
+    def finished(self, route: str, status: int, seconds: float, record: dict) -> None:
+        with self.lock:
+            self.requests[(route, status)] += 1
+            self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+            self.tokens += record.get("output_tokens", 0)
+        if ACCESS.isEnabledFor(logging.INFO):
+            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            ACCESS.info(json.dumps({"at": at, "route": route, "status": status, "ms": round(1000 * seconds, 1),
+                                    **record}, ensure_ascii=False))
+
+    def call(self, sentences: int) -> None:
+        with self.lock:
+            self.batch.observe(sentences)
+
+    def step(self, rows: int) -> None:
+        with self.lock:
+            self.stream_rows.observe(rows)
+
+    def exposition(self, queue_depth: int) -> str:
+        with self.lock:
+            lines = ["# HELP xattn_requests_total Requests answered, by route and status.",
+                     "# TYPE xattn_requests_total counter"]
+            lines += [f'xattn_requests_total{{route="{r}",status="{s}"}} {n}' for (r, s), n in sorted(self.requests.items())]
+            lines += ["# HELP xattn_request_seconds Time from a request's arrival to its answer.",
+                      "# TYPE xattn_request_seconds histogram"]
+            for route, hist in sorted(self.latency.items()):
+                lines += hist.lines("xattn_request_seconds", f'route="{route}"')
+            lines += ["# HELP xattn_batch_sentences Sentences per translate call.", "# TYPE xattn_batch_sentences histogram",
+                      *self.batch.lines("xattn_batch_sentences"),
+                      "# HELP xattn_stream_sentences Sentences in the continuous batch, per decoder step.",
+                      "# TYPE xattn_stream_sentences histogram", *self.stream_rows.lines("xattn_stream_sentences"),
+                      "# HELP xattn_queue_depth Requests waiting for the model.", "# TYPE xattn_queue_depth gauge",
+                      f"xattn_queue_depth {queue_depth}",
+                      "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
+                      "# TYPE xattn_output_tokens_total counter", f"xattn_output_tokens_total {self.tokens}",
+                      "# HELP xattn_uptime_seconds Seconds since the server started.", "# TYPE xattn_uptime_seconds gauge",
+                      f"xattn_uptime_seconds {time.monotonic() - START:.1f}"]
+        return "\n".join(lines) + "\n"
+
+
+START = time.monotonic()
+
+
+class Observed:
+    """ASGI middleware: times every HTTP request, and on its answer logs one line and counts it (route: the
+    matched route's path, `other` for none, so unknown paths add no labels); a handler adds fields to
+    `scope["xattn"]` (texts, characters, output tokens, how it was batched)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+        scope["xattn"] = {"id": self.metrics.request_id()}
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            self.metrics.finished(route, status[0], time.perf_counter() - start, scope["xattn"])
