@@ -110,15 +110,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Modul
     q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
     Returns the output (B, H, T, Dh) and, if `need_weights`, the weights (B, H, T, S) before dropout.
     Without weights and with a dot-product score this runs through `F.scaled_dot_product_attention`,
-    except where that fused kernel is the slower one (see `_fused_is_slower`), and for a decoding step's few
-    queries on the CPU (`_few_queries`), where two matrix products are faster than the fused kernel.
+    except where that fused kernel is the slower one (see `_fused_is_slower`).
     """
     if not need_weights and score.sdpa_scale is not None and not _fused_is_slower(q):
-        if _few_queries(q, dropout):
-            scores = torch.matmul(q * score.sdpa_scale, k.transpose(-1, -2))  # (B, H, T, S)
-            if mask is not None:
-                scores = scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-            return torch.matmul(scores.softmax(dim=-1), v), None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=score.sdpa_scale)
         return out, None
     weights = masked_softmax(score(q, k), mask).to(v.dtype)  # (B, H, T, S)
@@ -134,17 +128,6 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     return weights * mask if mask is not None else weights  # rows with no allowed key: uniform -> exactly 0
-
-
-FEW_QUERIES = 16
-"""Queries per sequence up to which a decoding step on the CPU attends with two matrix products: PyTorch's fused
-CPU kernel (flash attention) costs 1.3 to 1.8 times as much for one query and a cached, time-major key memory, as
-a decoder step has (the figures: benchmarks/README.md, Translation speed)."""
-
-
-def _few_queries(q: Tensor, dropout: float) -> bool:
-    return q.device.type == "cpu" and q.shape[2] <= FEW_QUERIES and dropout == 0.0 and \
-        not (q.requires_grad and torch.is_grad_enabled())
 
 
 def _fused_is_slower(q: Tensor) -> bool:

@@ -13,8 +13,6 @@ from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, Processor, StepState, apply_all, constraints
 
 Pick = Callable[[Tensor, StepState], Tensor]
-COMPACT = 8
-"""Finished rows leave the batch once they are at least 1 / COMPACT of it."""
 """(constrained log-probs (N, V), state) -> chosen token (N,)."""
 
 
@@ -38,8 +36,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
-    leave the batch once they are a `1 / COMPACT` part of it (leaving copies every row's cache, so a few
-    finished rows ride along, their steps discarded, until then). `vocab`: as in `search`.
+    leave the batch, so each step costs only the rows still decoding. `vocab`: as in `search`.
     """
     cfg, device = model.cfg, src.device
     step = make_step(model, need_attention, head_mask, vocab)
@@ -52,8 +49,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     log_prob = torch.zeros(R, device=device)
     relaxed = torch.zeros(R, dtype=torch.bool, device=device)  # (R,) ended by the constraints' last resort
     attention: Tensor | None = None
-    alive = torch.arange(R, device=device)  # (N,) row of each hypothesis in the batch
-    live = torch.ones(R, dtype=torch.bool, device=device)  # (N,) not finished (a finished row waits to leave)
+    alive = torch.arange(R, device=device)  # (N,) row of each live hypothesis
     last = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)  # (N, 1)
     columns = Columns.of(vocab, cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
@@ -61,22 +57,20 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
         state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N, V), (N,) or None
         if exhausted is not None:
-            relaxed[alive] |= exhausted & live
+            relaxed[alive] |= exhausted
         column = pick(lp, state)  # (N,)
-        log_prob[alive] += lp.gather(1, column.unsqueeze(1)).squeeze(1).masked_fill_(~live, 0.0)
+        log_prob[alive] += lp.gather(1, column.unsqueeze(1)).squeeze(1)
         token = state.token(column)
-        out[alive, t] = token  # a finished row's are past its EOS: cut off by `hypothesis`
+        out[alive, t] = token
         if attn is not None:
             attention = attention if attention is not None else attn.new_zeros(R, T, *attn.shape[1:])
             attention[alive, t] = attn  # (R, T, L, H, S)
-        live &= token.ne(cfg.eos_id)
-        kept = int(live.sum())
-        if kept == 0:
+        keep = token.ne(cfg.eos_id).nonzero().squeeze(1)  # (N',)
+        if keep.numel() == 0:
             break
-        if (live.numel() - kept) * COMPACT >= live.numel():
-            keep = live.nonzero().squeeze(1)  # (N',)
+        if keep.numel() < alive.numel():
             cache.select(keep)
-            alive, token, live = alive[keep], token[keep], live[keep]
+            alive, token = alive[keep], token[keep]
         last = token.unsqueeze(1)
     stop = {cfg.eos_id, cfg.pad_id}
     hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None, cut)
