@@ -77,14 +77,18 @@ class FastOutput(torch.nn.Module):
         return self.fast(x)
 
     def restrict(self, vocab: Tensor) -> torch.nn.Module:
-        linear = self.plain[0]
-        with torch.inference_mode(False), torch.no_grad():
-            rows = torch.nn.Linear(linear.in_features, len(vocab), bias=linear.bias is not None,
-                                   device=linear.weight.device, dtype=linear.weight.dtype)
-            rows.weight.copy_(linear.weight.index_select(0, vocab.clone()))
-            if linear.bias is not None:
-                rows.bias.copy_(linear.bias.index_select(0, vocab.clone()))
-            return rewrite(torch.nn.Sequential(rows), self.speedups)[0]
+        return rewrite(torch.nn.Sequential(linear_rows(self.plain[0], vocab)), self.speedups)[0]
+
+
+def linear_rows(linear: torch.nn.Linear, rows: Tensor) -> torch.nn.Linear:
+    """A new linear layer with the output rows `rows` of `linear` (a shortlist's ids of the output projection)."""
+    with torch.inference_mode(False), torch.no_grad():
+        out = torch.nn.Linear(linear.in_features, len(rows), bias=linear.bias is not None,
+                              device=linear.weight.device, dtype=linear.weight.dtype)
+        out.weight.copy_(linear.weight.index_select(0, rows))
+        if linear.bias is not None:
+            out.bias.copy_(linear.bias.index_select(0, rows))
+    return out
 
 
 Stamp = list[tuple[Tensor, int, int]]

@@ -79,20 +79,14 @@ class Shortlist:
         return cls(frequent, table, pairs)
 
 
-def build(src: list[np.ndarray] | None, tgt: list[np.ndarray] | None, vocab: tuple[int, int], specials: list[int],
-          per_source: int = 50, frequent: int = 100, corpus=None, limit: int | None = None) -> Shortlist:
-    """Count a shortlist over sentence pairs: id arrays `src`/`tgt`, or a prepared `corpus`
-    (data/prepared.MappedCorpus), the first `limit` pairs of it. `vocab`: (source, target) sizes;
-    `specials`: target ids on every list besides the `frequent` most frequent (EOS, UNK)."""
+def build(src: list[np.ndarray], tgt: list[np.ndarray], vocab: tuple[int, int], specials: list[int],
+          per_source: int = 50, frequent: int = 100) -> Shortlist:
+    """Count a shortlist over sentence pairs of id arrays `src`/`tgt`. `vocab`: (source, target) sizes;
+    `specials`: target ids on every list besides the `frequent` most frequent (EOS, UNK). `xattn shortlist`
+    feeds `Counts` chunk by chunk instead, to count corpora of any size."""
     counts = Counts(*vocab)
-    if corpus is not None:
-        n = len(corpus) if limit is None else min(limit, len(corpus))
-        for start in range(0, n, CHUNK):
-            sl = range(start, min(start + CHUNK, n))
-            counts.add([corpus.sentence("src", i) for i in sl], [corpus.sentence("tgt", i) for i in sl])
-    else:
-        for start in range(0, len(src), CHUNK):
-            counts.add(src[start:start + CHUNK], tgt[start:start + CHUNK])
+    for start in range(0, len(src), CHUNK):
+        counts.add(src[start:start + CHUNK], tgt[start:start + CHUNK])
     return counts.shortlist(per_source, frequent, specials)
 
 

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from xattn.attention import stack_layers
-from xattn import shortlist
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.decoding import Hypothesis, search
@@ -21,7 +20,7 @@ from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer
-from xattn.shortlist import Shortlist
+from xattn.shortlist import FILE as SHORTLIST, Shortlist
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -122,7 +121,7 @@ class Translator:
         device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
         translator = cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
-        if (Path(path) / shortlist.FILE).is_file():
+        if (Path(path) / SHORTLIST).is_file():
             cfg = loaded.config.model
             translator.shortlist = Shortlist.load(path, cfg.src_vocab_size, cfg.tgt_vocab_size)
         return translator

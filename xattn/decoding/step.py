@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from xattn.attention import DecoderCache, stack_layers
 from xattn.config import DecodeConfig
+from xattn.inference import linear_rows
 from xattn.model import EncoderOutput, HeadMask, Transformer
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
@@ -53,14 +53,10 @@ def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMas
     return step
 
 
-def restricted(generator: torch.nn.Module, vocab: Tensor) -> Callable[[Tensor], Tensor]:
+def restricted(generator: torch.nn.Module, vocab: Tensor) -> torch.nn.Module:
     """The output projection `generator` for the target ids `vocab` only: its rows `vocab` (an inference
     copy's projection, xattn.inference.FastOutput, makes its own rewritten form of them)."""
-    if hasattr(generator, "restrict"):
-        return generator.restrict(vocab)
-    weight = generator.weight.index_select(0, vocab)
-    bias = generator.bias.index_select(0, vocab) if generator.bias is not None else None
-    return lambda x: F.linear(x, weight, bias)
+    return generator.restrict(vocab) if hasattr(generator, "restrict") else linear_rows(generator, vocab)
 
 
 def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, enc: EncoderOutput | None = None,
