@@ -11,13 +11,13 @@ import xattn
 from tests.conftest import tiny_config
 from xattn.decoding import beam
 from xattn.config import DecodeConfig
-from xattn.decoding import Hypothesis, gnmt_penalty, greedy, max_lengths, search
+from xattn.decoding import Hypothesis, finish, gnmt_penalty, greedy, max_lengths, search
 from xattn.decoding.processors import constraints
 
 
 def beam_search(model, src, beam_size, length_penalty, n_best, max_len, **options):
     cfg = DecodeConfig(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best, **options)
-    return beam.beam_search(model, src, cfg, max_len, constraints(cfg, model.cfg))
+    return finish(beam.beam_search(model, src, cfg, max_len, constraints(cfg, model.cfg)))
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -382,13 +382,14 @@ def test_an_address_or_origin_that_cannot_be_used_is_one_line(numbers_model, cap
 def test_a_batch_never_goes_over_the_batch_size_except_one_larger_request():
     import asyncio
 
+    from xattn.decoding import done
     from xattn.serve.batcher import Batcher
 
     calls = []
 
     def translate(texts, settings):
         calls.append(list(texts))
-        return [t.upper() for t in texts]
+        return done([t.upper() for t in texts])
 
     async def main():
         batcher = Batcher(translate, max_batch=4, max_wait=0.0)

@@ -60,13 +60,13 @@ def test_input_order_restored_across_batches(translator, beam_size):
 
 def test_batches_fit_token_budget(translator, monkeypatch):
     shapes = []
-    search = xattn.translator.search
+    search = xattn.translator.search_steps
 
     def recording_search(model, src, cfg, *args, **kwargs):
         shapes.append(tuple(src.shape))
         return search(model, src, cfg, *args, **kwargs)
 
-    monkeypatch.setattr(xattn.translator, "search", recording_search)
+    monkeypatch.setattr(xattn.translator, "search_steps", recording_search)
     cfg = xattn.DecodeConfig(beam_size=3, max_tokens=40)
     translator.translate(TEXTS * 3, cfg)
     assert sum(b for b, _ in shapes) == 15 and len(shapes) > 3

@@ -15,7 +15,7 @@ from torch import Tensor
 from xattn.attention import stack_layers
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
-from xattn.decoding import Hypothesis, search
+from xattn.decoding import Hypothesis, Steps, finish, search_steps
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -138,6 +138,14 @@ class Translator:
         tracked along the search (`attention_from="search"`) or recomputed by one teacher-forced
         pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree.
         """
+        return finish(self.translate_steps(texts, cfg, return_attention, attention_from, return_self_attention,
+                                           prefixes))
+
+    def translate_steps(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
+                        attention_from: str = "search", return_self_attention: bool = False,
+                        prefixes: list[str] | None = None) -> Steps[list[Translation]]:
+        """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
+        (the server); the arguments are checked and the texts tokenized at the call."""
         if isinstance(texts, str):
             raise XattnError("translate() takes a list of sentences, got one string; pass [text]")
         if attention_from not in ("search", "rescore"):
@@ -147,12 +155,15 @@ class Translator:
         eos = self.model.cfg.eos_id
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
-        options = Options(return_attention, attention_from, return_self_attention)
+        return self._steps(ids, forced, cfg, Options(return_attention, attention_from, return_self_attention))
+
+    def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig,
+               options: Options) -> Steps[list[Translation]]:
         model = self.inference.current()
-        results: list[Translation | None] = [None] * len(texts)
+        results: list[Translation | None] = [None] * len(ids)
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
-            translations = self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix)
+            translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix)
             for i, translation in zip(batch, translations):
                 results[i] = translation
         return results  # type: ignore[return-value]
@@ -191,7 +202,7 @@ class Translator:
                                unpadded(enc.self_attn, S, S) if "encoder-self" in kinds else None)
 
     def _translate_batch(self, model: Transformer, ids: list[list[int]], cfg: DecodeConfig, options: Options,
-                         prefix: list[list[int]] | None) -> list[Translation]:
+                         prefix: list[list[int]] | None) -> Steps[list[Translation]]:
         pad = self.model.cfg.pad_id
         src = pad_batch(ids, pad, self.device)  # (B, S)
         forced = pad_batch([p or [pad] for p in prefix], pad, self.device) if prefix is not None else None  # (B, P)
@@ -199,8 +210,8 @@ class Translator:
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
             enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
-        nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc, head_mask=self.head_mask,
-                       vocab=self._vocab(src, forced) if cfg.shortlist else None)
+        nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
+                                        head_mask=self.head_mask, vocab=self._vocab(src, forced) if cfg.shortlist else None)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)

@@ -21,19 +21,26 @@ from torch import Tensor
 from xattn.config import DecodeConfig
 from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
-from xattn.decoding.step import Hypothesis, Step, gnmt_penalty, hypothesis, make_step, max_lengths, prepare_cache
+from xattn.decoding.step import (Hypothesis, Step, Steps, done, finish, gnmt_penalty, hypothesis, make_step, max_lengths,
+                                 prepare_cache)
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import constraints, warpers
 
-__all__ = ["Hypothesis", "Step", "ancestral", "argmax", "beam_search", "gnmt_penalty", "greedy", "hypothesis",
-           "make_step", "max_lengths", "prepare_cache", "sampler", "search"]
+__all__ = ["Hypothesis", "Step", "Steps", "ancestral", "argmax", "beam_search", "done", "finish", "gnmt_penalty", "greedy",
+           "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search", "search_steps"]
 
 
-@torch.inference_mode()
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
            need_attention: bool = False, enc: EncoderOutput | None = None,
            head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
-    """src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
+    """search_steps run to its end."""
+    return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab))
+
+
+def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
+                 need_attention: bool = False, enc: EncoderOutput | None = None,
+                 head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
+    """The search as Steps (one decoder step per `next()`). src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
     enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
     heads' outputs (Transformer.encode), applied at every step; vocab: sorted target ids, the only ones the
     search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary.
@@ -43,7 +50,7 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
     hypothesis carries the cross-attention that produced it, tracked along the search.
     """
     if src.shape[0] == 0:
-        return []
+        return done([])
     max_len = max_lengths(src, cfg, model.cfg.pad_id, prefix)
     if model.cfg.positions == "learned":  # BOS + max_len tokens must fit the position table
         max_len = max_len.clamp(max=model.cfg.max_positions - 1)

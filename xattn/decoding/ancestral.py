@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, Steps, finish, hypothesis, make_step, prepare_cache
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, Processor, StepState, apply_all, constraints
 
@@ -32,11 +32,12 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None,
-              head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
+              head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
-    src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses. Finished rows
-    leave the batch, so each step costs only the rows still decoding. `vocab`: as in `search`.
+    src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses, one step per `next()`
+    (step.Steps). Finished rows leave the batch, so each step costs only the rows still decoding. `vocab`:
+    as in `search`.
     """
     cfg, device = model.cfg, src.device
     step = make_step(model, need_attention, head_mask, vocab)
@@ -72,6 +73,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
             cache.select(keep)
             alive, token = alive[keep], token[keep]
         last = token.unsqueeze(1)
+        yield
     stop = {cfg.eos_id, cfg.pad_id}
     hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None, cut)
             for r, (ids, lp, cut) in enumerate(zip(out.cpu().tolist(), log_prob.cpu().tolist(), relaxed.tolist()))]
@@ -80,4 +82,4 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
 
 def greedy(model: Transformer, src: Tensor, max_len: Tensor, length_penalty: float = 1.0) -> list[list[Hypothesis]]:
     """Plain greedy search under the default constraints: src (B, S), max_len (B,) -> B lists of one."""
-    return ancestral(model, src, max_len, constraints(DecodeConfig(), model.cfg), argmax, alpha=length_penalty)
+    return finish(ancestral(model, src, max_len, constraints(DecodeConfig(), model.cfg), argmax, alpha=length_penalty))

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, Steps, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, StepState
@@ -182,8 +182,9 @@ def candidates(lp: Tensor, beam: Beam, K: int, state: StepState) -> Candidates:
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
                 prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
-                head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
-    """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first.
+                head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
+    """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first, one step per `next()`
+    (step.Steps).
 
     Each step ranks the K * V extensions of a sentence by summed log-probability. An EOS extension
     among the K best finishes a hypothesis; the K best others stay active. The greedy path keeps
@@ -238,6 +239,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         cache.select((torch.arange(N, device=device).unsqueeze(1) * K + c.parent.gather(1, pick))[keep].view(-1))
         beam = beam.keep(keep)
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
+        yield
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
 
 

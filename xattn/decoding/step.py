@@ -5,7 +5,7 @@ shapes, lengths and scores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator, TypeVar
 
 import torch
 from torch import Tensor
@@ -16,6 +16,26 @@ from xattn.inference import linear_rows
 from xattn.model import EncoderOutput, HeadMask, Transformer
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
+R = TypeVar("R")
+Steps = Generator[None, None, R]
+"""A computation run one decoder step per `next()`: it yields between two steps and returns its result.
+Searches are written this way (search_steps) so that a server can run several in turns on one thread and
+drop one between steps (serve/batcher.py); `finish` runs one to its end."""
+
+
+def finish(steps: Steps[R]) -> R:
+    """Run `steps` to its end and return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def done(value: R) -> Steps[R]:
+    """Steps that take none: `value` at once."""
+    return value
+    yield  # a generator function: the first next() returns `value`
 
 
 @dataclass

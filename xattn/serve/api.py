@@ -75,6 +75,7 @@ class Settings:
     attention: bool                    # carry the cross-attention (for attention or alignment)
     wider: DecodeConfig | None = None  # a search wide enough for the alternatives asked, when `decode`'s beam is not:
     #   the first translation still comes from `decode`, so asking for alternatives never changes it
+    work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: tuple[str, str],
@@ -116,7 +117,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
                        f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
                        f"{limits.max_output_tokens}", "limit_exceeded")
-    check_work(counts, wider or decode, limits)
+    work = check_work(counts, wider or decode, limits)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
@@ -126,7 +127,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: t
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
-    return texts, Settings(decode, req.attention != "none" or req.alignment, wider)
+    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work)
 
 
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:
@@ -169,8 +170,8 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
         raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
 
 
-def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> None:
-    """A request's work bounded up front: over its texts, hypotheses x maximum output tokens (what one request
+def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
+    """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
     can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
     shortest = min(counts)
     most = int(cfg.max_len_a * (shortest + 1) + cfg.max_len_b)  # source tokens counted with EOS, as the search does
@@ -184,6 +185,7 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> None:
                        f"{cfg.hypotheses} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
                        f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
                        "too_much_work")
+    return work
 
 
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:

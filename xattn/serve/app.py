@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from xattn.decoding import Steps
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
@@ -55,7 +56,7 @@ class Model:
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
-                               metrics or Metrics())
+                               metrics or Metrics(), limits.long_work)
 
     def streamable(self, settings) -> bool:
         """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
@@ -66,12 +67,12 @@ class Model:
     def open_stream(self, settings):
         return self.translator.stream(settings.decode)
 
-    def translate(self, texts, settings):
-        first = self.translator.translate(texts, settings.decode, return_attention=settings.attention,
-                                          attention_from="rescore")
+    def translate(self, texts, settings) -> Steps[list]:
+        first = yield from self.translator.translate_steps(texts, settings.decode, return_attention=settings.attention,
+                                                           attention_from="rescore")
         if settings.wider is None:
             return first
-        wider = self.translator.translate(texts, settings.wider)
+        wider = yield from self.translator.translate_steps(texts, settings.wider)
         return with_alternatives(first, wider, settings.wider.n_best - 1)
 
     def token_counts(self, texts: list[str]) -> list[int]:
@@ -211,8 +212,8 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         record.update(texts=len(texts), characters=sum(map(len, texts)),
                       batch="stream" if model.streamable(settings) else "call")
         try:
-            done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
-                                          limits.timeout_s)
+            done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling,
+                                                               settings.work), limits.timeout_s)
         except QueueFull:
             raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
                            "busy", {"Retry-After": "1"}) from None

@@ -1,21 +1,25 @@
-"""Cross-request batching: requests with the same decoding settings share one `Translator.translate` call,
-and plain greedy requests share a continuous batch.
+"""Cross-request batching: requests with the same decoding settings share one translate call, and plain
+greedy requests share a continuous batch.
 
 Requests wait in a bounded queue. One collector task takes the first, then whatever else is queued, up to
 `max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch`
 runs alone), groups them by settings and runs one translate call per group on the engine thread, so the
-event loop never blocks and concurrent clients share batches. Under load (the last batch
+event loop never blocks and concurrent clients share batches. A call runs there one decoder step at a time
+(decoding.Steps), in turns with the other calls and continuous batches, and is dropped between two steps
+once every client of it has gone. The collector waits for a call to end before it collects the next batch,
+so that the requests arriving meanwhile share it; but not for a long call (its requests' work, api.check_work,
+over `long_work`): the next batches then run beside it, taking turns step by step, so that one large request
+never holds up the small ones. Under load (the last batch
 merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
 clients of a batch send their next requests just after its answers go out, and would otherwise be split
 over several small batches; a lone client never waits. A
 sampling request is never merged with another: its random draws would then depend on its neighbours.
-A request whose client gave up (timeout, disconnect) before its batch started is dropped.
 
 Requests that `Streams.streamable` accepts (plain greedy search) skip the collector: their sentences join a
 continuous batch (Translator.stream) between two decoder steps, up to `max_batch` sentences at a time, and
 each request is answered as soon as its last sentence ends, so a long sentence never holds up the others'
 answers, and nobody waits for a batch to fill. A request whose client gave up leaves the batch at the next step.
-The engine thread runs the model: the steps of the continuous batches and, between two of them, translate calls.
+The engine thread runs the model: in turns, one step of each continuous batch and of each call.
 """
 from __future__ import annotations
 
@@ -27,11 +31,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
 
+from xattn.decoding import Steps
 from xattn.serve.metrics import Metrics
 
 
 class QueueFull(Exception):
     """The queue holds `queue_size` requests already."""
+
+
+class Dropped(Exception):
+    """A call stopped between two steps: every request in it had gone."""
 
 
 @dataclass
@@ -40,6 +49,7 @@ class Job:
     settings: Hashable                # requests with equal settings may share a call
     mergeable: bool
     future: asyncio.Future = field(repr=False)
+    work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -52,17 +62,21 @@ class Streams(Protocol):
 
 
 class Batcher:
-    """Runs `translate(texts, settings) -> results` (one per text) for queued requests, batched; with `streams`,
-    the requests it can stream in continuous batches."""
+    """Runs `translate(texts, settings) -> Steps of results` (one per text) for queued requests, batched; with
+    `streams`, the requests it can stream in continuous batches."""
 
-    def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.005,
-                 queue_size: int = 256, streams: Streams | None = None, metrics: Metrics | None = None):
+    def __init__(self, translate: Callable[[list[str], Any], Steps[list]], max_batch: int = 64,
+                 max_wait: float = 0.005, queue_size: int = 256, streams: Streams | None = None,
+                 metrics: Metrics | None = None, long_work: int = 4096):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
+        self.long_work = long_work
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
         self.streams, self.metrics = streams, metrics or Metrics()
         self.engine = Engine(streams, max_batch, self.metrics)
         self.calls = 0                  # translate calls made (tests compare it with requests)
+        self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
+        self._long: set[asyncio.Task] = set()  # calls the collector does not wait for
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
     @property
@@ -75,17 +89,19 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._long]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         await asyncio.to_thread(self.engine.stop)
 
-    async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True) -> list:
-        """The results for `texts`; raises QueueFull at once when the queue is full."""
-        job = Job(texts, settings, mergeable, asyncio.get_running_loop().create_future())
+    async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0) -> list:
+        """The results for `texts`; raises QueueFull at once when the queue is full. `work`: the request's
+        decoding work (api.check_work), which tells a long request from the others."""
+        job = Job(texts, settings, mergeable, asyncio.get_running_loop().create_future(), work=work)
         if mergeable and self.streams is not None and self.streams.streamable(settings):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
@@ -134,14 +150,27 @@ class Batcher:
         return list(groups.values()) + alone
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
-        texts = [t for job in group for t in job.texts]
+        """Start one call for `group`; wait for it to end unless it is long."""
+        settled = loop.create_task(self._settle(loop, group))
+        if sum(job.work for job in group) <= self.long_work:
+            await settled
+        else:
+            self._long.add(settled)
+            settled.add_done_callback(self._long.discard)
+
+    async def _settle(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
+        """Run one call for `group` on the engine and answer its requests."""
+        texts, settings = [t for job in group for t in job.texts], group[0].settings
         self.metrics.call(len(texts))
         try:
-            results = await asyncio.wrap_future(self.engine.call(self.translate, texts, group[0].settings))
+            results = await asyncio.wrap_future(self.engine.run(lambda: self.translate(texts, settings), group))
+        except Dropped:
+            self.dropped += 1
+            return
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
             if len(group) > 1:  # one request's text must not fail the others: each alone
                 for job in group:
-                    await self._call(loop, [job])
+                    await self._settle(loop, [job])
                 return
             if not group[0].future.done():
                 group[0].future.set_exception(e)
@@ -155,9 +184,36 @@ class Batcher:
                 job.future.set_result(part)
 
 
+@dataclass
+class Call:
+    """A translate call on the engine: `start()` makes its Steps there; dropped once all `jobs` are done."""
+    start: Callable[[], Steps[list]]
+    jobs: list[Job]
+    future: Future
+    steps: Steps[list] | None = None
+
+    def advance(self) -> bool:
+        """One step (the first makes the Steps); whether the call is over (its future then set)."""
+        if all(job.future.done() for job in self.jobs):  # every client gave up: stop here
+            if self.steps is not None:
+                self.steps.close()
+            self.future.set_exception(Dropped())
+            return True
+        try:
+            if self.steps is None:
+                self.steps = self.start()
+            next(self.steps)
+            return False
+        except StopIteration as end:
+            self.future.set_result(end.value)
+        except Exception as e:  # noqa: BLE001 - the caller's to handle
+            self.future.set_exception(e)
+        return True
+
+
 class Engine:
-    """The thread that runs the model: translate calls (`call`) and the continuous batches of streamed jobs
-    (`submit`), one decoder step of each open stream at a time, calls in between."""
+    """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
+    (`submit`), in turns one decoder step of each."""
 
     def __init__(self, streams: Streams | None, max_rows: int, metrics: Metrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
@@ -173,9 +229,11 @@ class Engine:
             self.inbox.put(None)
             self.thread.join()
 
-    def call(self, fn: Callable, *args) -> Future:
+    def run(self, start: Callable[[], Steps[list]], jobs: list[Job]) -> Future:
+        """The result of the Steps that `start()` makes, run here in turns with the rest; Dropped once every
+        one of `jobs` is done (its clients gave up)."""
         future: Future = Future()
-        self.inbox.put((fn, args, future))
+        self.inbox.put(Call(start, jobs, future))
         return future
 
     def submit(self, job: Job) -> None:
@@ -186,8 +244,9 @@ class Engine:
         open_: dict[Hashable, Any] = {}        # settings -> stream
         rows: dict[Any, tuple[Job, int]] = {}  # tag -> (job, index of its text)
         held: deque[Job] = deque()             # streamed jobs waiting for room
+        calls: list[Call] = []                 # running translate calls
         while True:
-            busy = bool(held) or any(len(s) for s in open_.values())
+            busy = bool(held) or bool(calls) or any(len(s) for s in open_.values())
             items = []
             try:
                 items.append(self.inbox.get(block=not busy))
@@ -197,15 +256,10 @@ class Engine:
                 pass
             for item in items:
                 if item is None:
+                    for call in calls:
+                        call.future.cancel()
                     return
-                if isinstance(item, Job):
-                    held.append(item)
-                else:
-                    fn, args, future = item
-                    try:
-                        future.set_result(fn(*args))
-                    except Exception as e:  # noqa: BLE001 - the caller's to handle
-                        future.set_exception(e)
+                (held if isinstance(item, Job) else calls).append(item)
             for tag in [tag for tag, (job, _) in rows.items() if job.future.done()]:  # its client gave up
                 open_[rows.pop(tag)[0].settings].cancel(tag)
             while held and (not rows or len(rows) + len(held[0].texts) <= self.max_rows):
@@ -224,6 +278,7 @@ class Engine:
                     job.results[i] = result
                     if all(r is not None for r in job.results):
                         _resolve(job, job.results)
+            calls[:] = [call for call in calls if not call.advance()]
 
     def _admit(self, job: Job, open_: dict, rows: dict) -> None:
         self.waiting -= 1

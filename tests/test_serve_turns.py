@@ -1,0 +1,157 @@
+"""Translate calls in turns (xattn/serve/batcher.py): a call runs one decoder step at a time on the engine, a long
+one (work over long_work) beside the next batches, and a call whose clients all gave up stops between two steps."""
+import asyncio
+import dataclasses
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import xattn  # noqa: E402
+from xattn.decoding import done  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.batcher import Batcher  # noqa: E402
+from xattn.serve.limits import Limits  # noqa: E402
+
+
+class Fake:
+    """translate(texts, settings) for a Batcher: "long" calls step until released (counting their steps and
+    noting when they were closed), the others end at once; every text comes back upper-cased."""
+
+    def __init__(self):
+        self.release, self.steps, self.closed = threading.Event(), 0, []
+
+    def __call__(self, texts, settings):
+        return self.long(texts) if settings == "long" else done([t.upper() for t in texts])
+
+    def long(self, texts):
+        try:
+            while not self.release.is_set():
+                self.steps += 1
+                yield
+            return [t.upper() for t in texts]
+        finally:
+            self.closed.append(self.release.is_set())
+
+
+async def until(condition, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the condition never held")
+
+
+def run(test):
+    fake = Fake()
+
+    async def main():
+        batcher = Batcher(fake, max_wait=0.0, long_work=100)
+        batcher.start()
+        try:
+            await test(batcher, fake)
+        finally:
+            fake.release.set()
+            await batcher.stop()
+    asyncio.run(main())
+
+
+def test_a_long_call_runs_beside_the_next_calls_which_end_first():
+    async def test(batcher, fake):
+        long = asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
+        await until(lambda: fake.steps > 0)
+        assert await asyncio.wait_for(batcher.submit(["b", "c"], "short", work=100), 5) == ["B", "C"]
+        assert not long.done() and fake.steps > 1
+        fake.release.set()
+        assert await asyncio.wait_for(long, 5) == ["A"]
+        assert fake.closed == [True] and batcher.dropped == 0
+    run(test)
+
+
+def test_a_call_within_long_work_holds_the_next_batch_so_that_it_fills():
+    async def test(batcher, fake):
+        first = asyncio.ensure_future(batcher.submit(["a"], "long", work=100))
+        await until(lambda: fake.steps > 0)
+        later = [asyncio.ensure_future(batcher.submit([t], "short", work=1)) for t in "bcd"]
+        await asyncio.sleep(0.2)
+        assert not any(task.done() for task in later)  # waiting for the first call, not run one by one
+        calls = batcher.calls
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(first, *later), 5) == [["A"], ["B"], ["C"], ["D"]]
+        assert batcher.calls == calls + 2  # the first, then b, c and d in one call
+    run(test)
+
+
+def test_a_call_whose_clients_all_gave_up_stops_between_two_steps():
+    async def test(batcher, fake):
+        gone = asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
+        await until(lambda: fake.steps > 0)
+        gone.cancel()
+        await until(lambda: fake.closed == [False])  # closed before its end
+        steps = fake.steps
+        assert await asyncio.wait_for(batcher.submit(["b"], "short"), 5) == ["B"]
+        assert fake.steps == steps and batcher.dropped == 1
+    run(test)
+
+
+def test_a_call_goes_on_while_one_of_its_clients_remains():
+    async def test(batcher, fake):
+        batcher.max_wait = 0.5  # so that the two requests share a call
+        jobs = [asyncio.ensure_future(batcher.submit([t], "long", work=60)) for t in "ab"]
+        await until(lambda: fake.steps > 0)
+        jobs[0].cancel()
+        await asyncio.sleep(0.1)
+        assert fake.closed == []
+        fake.release.set()
+        assert await asyncio.wait_for(jobs[1], 5) == ["B"]
+        assert batcher.calls == 1 and batcher.dropped == 0
+    run(test)
+
+
+# ------------------------------------------------------------------------------ the server, a real model
+
+LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,
+         "min_len": 140}  # 32 x 16 x 150 = 76,800 steps of work, within the default max_work (100,000)
+
+
+def ready(c: TestClient) -> None:
+    while c.get("/health").status_code != 200:
+        time.sleep(0.02)
+
+
+def test_a_small_beam_request_is_answered_while_the_largest_allowed_one_runs(numbers_model):
+    small = {"q": "drei hundert", "beam_size": 4}
+    with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), batch_wait_ms=0))) as c:
+        ready(c)
+        finished = {}
+
+        def post(name, body):
+            finished[name] = (c.post("/translate", json=body), time.perf_counter())
+        worker = threading.Thread(target=post, args=("large", LARGE))
+        worker.start()
+        time.sleep(0.3)
+        post("small", small)
+        worker.join()
+    assert finished["small"][0].status_code == finished["large"][0].status_code == 200
+    assert finished["small"][1] < finished["large"][1]
+    translator = xattn.load(numbers_model)
+    alone = translator.translate([small["q"]], dataclasses.replace(translator.decode_config, beam_size=4))[0]
+    assert finished["small"][0].json()["translatedText"] == alone.text
+
+
+def test_a_request_past_its_timeout_stops_decoding(numbers_model):
+    limits = dataclasses.replace(Limits(), batch_wait_ms=0, timeout_s=0.3)
+    with TestClient(create_app(str(numbers_model), limits)) as c:
+        ready(c)
+        batcher = c.app.state.xattn["model"].batcher
+        reply = c.post("/translate", json=LARGE)
+        assert reply.status_code == 504, reply.text
+        for _ in range(200):
+            if batcher.dropped:
+                break
+            time.sleep(0.01)
+        assert batcher.dropped == 1
+        assert c.post("/translate", json={"q": "drei", "beam_size": 2}).status_code == 200
