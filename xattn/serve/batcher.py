@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
 
-from xattn.serve.metrics import Metrics
+from xattn.serve.metrics import BatchMetrics
 
 
 class QueueFull(Exception):
@@ -56,10 +56,10 @@ class Batcher:
     the requests it can stream in continuous batches."""
 
     def __init__(self, translate: Callable[[list[str], Any], list], max_batch: int = 64, max_wait: float = 0.005,
-                 queue_size: int = 256, streams: Streams | None = None, metrics: Metrics | None = None):
+                 queue_size: int = 256, streams: Streams | None = None, metrics: BatchMetrics | None = None):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
-        self.streams, self.metrics = streams, metrics or Metrics()
+        self.streams, self.metrics = streams, metrics or BatchMetrics()
         self.engine = Engine(streams, max_batch, self.metrics)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self._task: asyncio.Task | None = None
@@ -159,7 +159,7 @@ class Engine:
     """The thread that runs the model: translate calls (`call`) and the continuous batches of streamed jobs
     (`submit`), one decoder step of each open stream at a time, calls in between."""
 
-    def __init__(self, streams: Streams | None, max_rows: int, metrics: Metrics):
+    def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
