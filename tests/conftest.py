@@ -47,16 +47,27 @@ NUMBERS_TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1
 """Overrides of the numbers-de-en preset for a model that trains in seconds."""
 
 
-@pytest.fixture(scope="session")
-def numbers_model(tmp_path_factory) -> Path:
-    """A model directory trained for 3 steps on the numbers task (do not change it; copy it)."""
+def trained_numbers(out: Path, *overrides: str) -> Path:
+    """A numbers-task model directory at `out`, trained for 3 steps with NUMBERS_TINY and `overrides`."""
     from xattn.config import load_config
     from xattn.presets import resolve_config
     from xattn.training import train
 
-    out = tmp_path_factory.mktemp("numbers") / "model"
-    train(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["train.max_steps=3"]), out, quiet=True)
+    train(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["train.max_steps=3", *overrides]), out,
+          quiet=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def numbers_model(tmp_path_factory) -> Path:
+    """A model directory trained for 3 steps on the numbers task (do not change it; copy it)."""
+    return trained_numbers(tmp_path_factory.mktemp("numbers") / "model")
+
+
+@pytest.fixture(scope="session")
+def numbers_model_en_de(tmp_path_factory) -> Path:
+    """numbers_model's task the other way round (English number words -> German; do not change it; copy it)."""
+    return trained_numbers(tmp_path_factory.mktemp("numbers-en-de") / "model", "data.src_lang=en", "data.tgt_lang=de")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]
 from fastapi.testclient import TestClient  # noqa: E402
 
 import xattn  # noqa: E402
-from xattn.serve import app as app_module  # noqa: E402
+from xattn.serve import models as models_module  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
@@ -98,7 +98,9 @@ def test_languages_info_health_openapi_and_the_page(client):
                                                 {"code": "en", "name": "English", "targets": []}]
     info = client.get("/info").json()
     assert info["source"] == "de" and info["target"] == "en" and info["limits"]["max_items"] == 32
-    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health").json() == {"status": "ok", "models": [{"model": "model", "source": "de",
+                                                                         "target": "en", "status": "ready"}]}
+    assert info["models"] == [{k: v for k, v in info.items() if k not in ("models", "limits", "api_key_required")}]
     schema = client.get("/openapi.json").json()
     assert "q" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "properties"]
@@ -112,8 +114,13 @@ def test_languages_info_health_openapi_and_the_page(client):
 
 
 @pytest.mark.parametrize("body, status, fragment, error_type", [
-    ({"q": "drei", "target": "fr"}, 400, "target: 'fr' is not this model's target language (en)", "unsupported_language"),
-    ({"q": "drei", "source": "cs"}, 400, "source: 'cs' is not this model's source language", "unsupported_language"),
+    ({"q": "drei", "target": "fr"}, 400, "target: French (fr) is not supported; this server translates de→en",
+     "unsupported_language"),
+    ({"q": "drei", "source": "de", "target": "fr"}, 400, "target: French (fr) is not available as a target language "
+     "from German (de); this server translates de→en", "unsupported_language"),
+    ({"q": "drei", "source": "cs"}, 400, "source: Czech (cs) is not supported; this server translates de→en (or give "
+     "source auto)", "unsupported_language"),
+    ({"q": "drei", "source": "xx"}, 400, "source: 'xx' is not supported", "unsupported_language"),
     ({"q": "drei", "format": "html"}, 400, "format: 'html' is not supported", "unsupported_format"),
     ({"q": ["eins"] * 33}, 413, "q: 33 texts, over the limit of 32", "too_many_items"),
     ({"q": "drei " * 1001}, 413, "characters, over the limit of 5000", "too_many_characters"),
@@ -199,7 +206,7 @@ class Gate:
 @pytest.fixture
 def gated(numbers_model, monkeypatch):
     gate = Gate()
-    real = app_module.Model
+    real = models_module.Model
 
     class Slow(real):
         def __init__(self, *args):
@@ -210,7 +217,7 @@ def gated(numbers_model, monkeypatch):
             gate.translate.wait(10)
             return super().translate(texts, settings)
 
-    monkeypatch.setattr(app_module, "Model", Slow)
+    monkeypatch.setattr(models_module, "Model", Slow)
     return gate
 
 
@@ -218,9 +225,12 @@ def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_time
     limits = dataclasses.replace(Limits(), queue_size=1, timeout_s=0.5, batch_wait_ms=0)
     with TestClient(create_app(str(numbers_model), limits)) as c:
         response = c.get("/health")
-        error(response, 503, "the model is loading", "unavailable")
-        assert response.headers["retry-after"] == "1"
-        error(c.post("/translate", json={"q": "drei"}), 503, "the model is loading")
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.json() == {"error": "the de→en model is loading", "error_type": "unavailable", "models": [
+            {"model": "model", "source": "de", "target": "en", "status": "loading"}]}
+        error(c.post("/translate", json={"q": "drei"}), 503, "the de→en model is loading", "unavailable")
+        error(c.get("/info"), 503, "the de→en model is loading", "unavailable")
+        assert c.get("/languages").status_code == 200  # from config.yaml, before the model has loaded
         gated.load.set()
         for _ in range(200):
             if c.get("/health").status_code == 200:
@@ -267,11 +277,11 @@ def test_concurrent_requests_share_batches_and_get_what_translate_gives_each(num
 
 def app_state_calls(client) -> int:
     """Translate calls the app's batcher has made so far."""
-    return client.app.state.xattn["model"].batcher.calls
+    return client.app.state.xattn.served[0].model.batcher.calls
 
 
 def test_a_request_the_model_refuses_does_not_fail_the_requests_batched_with_it(numbers_model, monkeypatch):
-    real = app_module.Model
+    real = models_module.Model
 
     class Picky(real):
         def translate(self, texts, settings):
@@ -279,7 +289,7 @@ def test_a_request_the_model_refuses_does_not_fail_the_requests_batched_with_it(
                 raise xattn.XattnError("boom: this text cannot be translated")
             return super().translate(texts, settings)
 
-    monkeypatch.setattr(app_module, "Model", Picky)
+    monkeypatch.setattr(models_module, "Model", Picky)
     with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), batch_wait_ms=100))) as c:
         while c.get("/health").status_code != 200:
             time.sleep(0.02)
@@ -299,7 +309,7 @@ def test_a_text_longer_than_learned_positions_is_413():
     from xattn.serve.limits import ApiError
 
     with pytest.raises(ApiError) as e:
-        plan(parse_request({"q": "a b c"}), xattn.DecodeConfig(), Limits(), ("de", "en"), lambda t: [3], 4, 3)
+        plan(parse_request({"q": "a b c"}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 3)
     assert e.value.status == 413 and "do not fit the model's 3 positions" in e.value.message
 
 
@@ -344,7 +354,8 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
             if "failed" in body["error"]:
                 break
             time.sleep(0.02)
-        assert "the model failed to load" in body["error"] and "model.safetensors" in body["error"]
+        assert "the de→en model failed to load" in body["error"] and "model.safetensors" in body["error"]
+        assert body["models"][0]["status"] == "failed"
     import socket
 
     with socket.socket() as s:

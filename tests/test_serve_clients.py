@@ -37,3 +37,16 @@ def test_deep_translator_translates_through_the_query_string(server, numbers_mod
     translator = LibreTranslator(source="de", target="en", api_key=KEY, custom_url=server)
     assert translator.translate("vier") == expected
     assert translator.translate_batch(["vier", "vier"]) == [expected, expected]
+
+
+def test_libretranslatepy_on_a_server_of_two_models(numbers_model, numbers_model_en_de, tmp_path):
+    with serving([numbers_model, numbers_model_en_de], tmp_path / "server.log", "--no-access-log") as url:
+        api = libretranslatepy.LibreTranslateAPI(url)
+        assert api.languages() == [{"code": "de", "name": "German", "targets": ["en"]},
+                                   {"code": "en", "name": "English", "targets": ["de"]}]
+        for model, text, source, target in ((numbers_model, "drei", "de", "en"),
+                                            (numbers_model_en_de, "three", "en", "de")):
+            translator = xattn.load(model)
+            assert api.translate(text, source, target) == translator.translate([text], translator.decode_config)[0].text
+        with pytest.raises(Exception, match="400"):
+            api.translate("drei", "de", "fr")

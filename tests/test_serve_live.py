@@ -36,11 +36,13 @@ def post(url: str, body, timeout: float = 30) -> tuple[int, dict]:
 
 @contextmanager
 def serving(model, log: Path, *flags: str):
-    """`xattn serve MODEL` on a free port until the block ends; yields its URL once /health says ok."""
+    """`xattn serve MODEL` (or a list of models) on a free port until the block ends; yields its URL once /health
+    says ok."""
     port = free_port()
+    models = [str(m) for m in model] if isinstance(model, (list, tuple)) else [str(model)]
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads", "1", *flags],
+            [sys.executable, "-m", "xattn", "serve", *models, "--port", str(port), "--threads", "1", *flags],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:

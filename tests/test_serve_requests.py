@@ -82,6 +82,7 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
     ok = next(x for x in lines if x["status"] == 200)
     assert ok["route"] == "/translate" and ok["texts"] == 2 and ok["characters"] == 8 and ok["batch"] == "stream"
+    assert ok["model"] == "de-en"
     assert ok["output_tokens"] > 0 and ok["ms"] > 0 and isinstance(ok["id"], int)
     assert {"/translate", "other"} <= {x["route"] for x in lines}
     text = client.get("/metrics").text
@@ -89,8 +90,10 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
     assert 'xattn_requests_total{route="/translate",status="422"}' in text
     assert 'xattn_requests_total{route="other",status="404"}' in text
     assert 'xattn_request_seconds_bucket{route="/translate",le="+Inf"}' in text
-    assert "xattn_stream_sentences_count" in text and "xattn_queue_depth 0" in text
-    assert int(next(line for line in text.splitlines() if line.startswith("xattn_output_tokens_total")).split()[1]) > 0
+    assert 'xattn_stream_sentences_count{model="de-en"}' in text and 'xattn_queue_depth{model="de-en"} 0' in text
+    assert 'xattn_model_ready{model="de-en"} 1' in text
+    assert int(next(line for line in text.splitlines()
+                    if line.startswith('xattn_output_tokens_total{model="de-en"}')).split()[1]) > 0
 
 
 def test_a_client_gone_mid_body_is_one_short_line(caplog):

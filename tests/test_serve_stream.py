@@ -29,7 +29,7 @@ def test_greedy_requests_share_a_continuous_batch_and_get_what_translate_gives_e
         ready(c)
         with ThreadPoolExecutor(len(texts)) as pool:
             replies = list(pool.map(lambda t: c.post("/translate", json={"q": [t, t + " eins"], "beam_size": 1}), texts))
-        calls = c.app.state.xattn["model"].batcher.calls
+        calls = c.app.state.xattn.served[0].model.batcher.calls
     translator = xattn.load(numbers_model)
     cfg = dataclasses.replace(translator.decode_config, beam_size=1)
     for text, reply in zip(texts, replies):

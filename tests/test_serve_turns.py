@@ -146,7 +146,7 @@ def test_a_request_past_its_timeout_stops_decoding(numbers_model):
     limits = dataclasses.replace(Limits(), batch_wait_ms=0, timeout_s=0.3)
     with TestClient(create_app(str(numbers_model), limits)) as c:
         ready(c)
-        batcher = c.app.state.xattn["model"].batcher
+        batcher = c.app.state.xattn.served[0].model.batcher
         reply = c.post("/translate", json=LARGE)
         assert reply.status_code == 504, reply.text
         for _ in range(200):

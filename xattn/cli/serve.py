@@ -1,4 +1,4 @@
-"""`xattn serve MODEL`: the HTTP API and the live attention page (needs the `serve` extra)."""
+"""`xattn serve MODEL [MODEL ...]`: the HTTP API and the live attention page (needs the `serve` extra)."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,14 +36,16 @@ def register(sub) -> None:
     from xattn.serve.limits import Limits
 
     defaults = Limits()
-    p = add_verb(sub, "serve", "Serve a model over HTTP: POST /translate (LibreTranslate-compatible, plus decoding "
-                 "settings, cross-attention and word alignment), GET /languages, /health, /info, /openapi.json, "
-                 "and at / a page that shows the cross-attention of each translation. Concurrent requests share "
-                 "batches. Needs: pip install 'xattn[serve]'.",
-                 "xattn serve runs/multi30k-de-en --port 8000\n"
+    p = add_verb(sub, "serve", "Serve models over HTTP: POST /translate (LibreTranslate-compatible, plus decoding "
+                 "settings, cross-attention and word alignment), GET /languages, /health, /info, /metrics, "
+                 "/openapi.json, and at / a page that shows the cross-attention of each translation. Several models "
+                 "(one per language pair) are routed to by source and target. Concurrent requests share batches. "
+                 "Needs: pip install 'xattn[serve]'.",
+                 "xattn serve runs/multi30k-de-en runs/multi30k-en-de --port 8000\n"
                  "  curl -s localhost:8000/translate -H 'Content-Type: application/json' "
                  "-d '{\"q\": \"Ein Hund rennt.\", \"source\": \"de\", \"target\": \"en\"}'", run)
-    p.add_argument("model", type=path_arg, help="model directory")
+    p.add_argument("models", nargs="+", metavar="MODEL", type=path_arg,
+                   help="model directories, each its own language pair (from its config.yaml), loaded once")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
@@ -86,11 +88,9 @@ def run(args) -> int:
             from None
     import torch
 
-    from xattn.checkpoint import check_model_dir
     from xattn.devices import resolve_device
     from xattn.serve.limits import Limits
 
-    check_model_dir(args.model)
     values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in LIMIT_FLAGS.items()}
     for flag, (name, _, _) in LIMIT_FLAGS.items():
         value = values[name]
@@ -109,6 +109,9 @@ def run(args) -> int:
         check_origin(args.cors_origin)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = str(resolve_device(args.device, "--device"))
+    servers: list = []  # the uvicorn server, stopped if a model fails to load
+    app = create_app(args.models, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
+                     on_load_error=lambda message: setattr(servers[0], "should_exit", True))
     sock = listening_socket(args.host, args.port)
     log = logging.getLogger("xattn.serve")  # short lines on stderr: the access log, a client gone mid-body
     handler = logging.StreamHandler(sys.stderr)
@@ -118,9 +121,6 @@ def run(args) -> int:
     log.setLevel(logging.INFO)
     logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
     sys.setswitchinterval(SWITCH_INTERVAL)
-    servers: list = []  # the uvicorn server, stopped if the model fails to load
-    app = create_app(args.model, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
-                     on_load_error=lambda reason: setattr(servers[0], "should_exit", True))
     connections = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _, _) in CONNECTION_FLAGS.items()}
     for flag, (name, _, _, _) in CONNECTION_FLAGS.items():
         if not math.isfinite(connections[name]) or connections[name] <= 0:
@@ -128,14 +128,14 @@ def run(args) -> int:
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                                  loop="asyncio", http="h11", **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"serving {args.model} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops",
-          flush=True)
+    models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
+    print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)
     try:
         servers[0].run(sockets=[sock])
     finally:
         sock.close()
-    if app.state.xattn["error"]:
-        raise XattnError(f"{args.model}: the model failed to load: {app.state.xattn['error']}")
+    if (failed := app.state.xattn.failed) is not None:  # the server stops at the first model that cannot load
+        raise XattnError(f"{failed.path}: the model failed to load: {failed.error}")
     return 0
 
 

@@ -27,8 +27,8 @@ class RequestFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     q: str | list[str] = Field(description="the text, or a list of texts")
-    source: str = Field("auto", description="the model's source language, or auto")
-    target: str | None = Field(None, description="the model's target language (default: it)")
+    source: str = Field("auto", description="the source language, or auto (the one model that can take the texts)")
+    target: str | None = Field(None, description="the target language (default: the only one the source has here)")
     format: str = Field("text", description="text; html is refused")
     alternatives: int = Field(0, ge=0, description="alternative translations per text (LibreTranslate)")
     api_key: str | None = Field(None, description="the API key, when the server has one (or a Bearer header)")
@@ -78,24 +78,24 @@ class Settings:
     work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
 
 
-def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, languages: tuple[str, str],
-         token_counts, maps: int, max_positions: int | None = None) -> tuple[list[str], Settings]:
-    """The texts and settings of a request, checked against the model's languages and the limits.
-    `token_counts(texts)`: source tokens of each text; `maps`: attention maps per sentence (layers x heads);
-    `max_positions`: the positions a model with learned positions has (None: any length)."""
+def texts_of(req: TranslateRequest) -> list[str]:
+    """The request's texts (`q`: one text or a list), at least one."""
     texts = [req.q] if isinstance(req.q, str) else list(req.q)
-    src, tgt = languages
-    if req.source not in ("auto", src):
-        raise ApiError(400, f"source: {req.source!r} is not this model's source language ({src}; or auto)",
-                       "unsupported_language")
-    if req.target not in (None, tgt):
-        raise ApiError(400, f"target: {req.target!r} is not this model's target language ({tgt})",
-                       "unsupported_language")
+    if not texts:
+        raise ApiError(422, "q: an empty list; send at least one text", "invalid_request")
+    return texts
+
+
+def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
+         max_positions: int | None = None) -> tuple[list[str], Settings]:
+    """The texts and settings of a request for the model it was routed to (models.Models.route), checked against
+    the limits. `base`: the model's decoding settings; `token_counts(texts)`: source tokens of each text; `maps`:
+    attention maps per sentence (layers x heads); `max_positions`: the positions a model with learned positions has
+    (None: any length)."""
+    texts = texts_of(req)
     if req.format != "text":
         raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
                        "unsupported_format")
-    if not texts:
-        raise ApiError(422, "q: an empty list; send at least one text", "invalid_request")
     if len(texts) > limits.max_items:
         raise ApiError(413, f"q: {len(texts)} texts, over the limit of {limits.max_items}", "too_many_items")
     chars = sum(len(t) for t in texts)
@@ -226,16 +226,18 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
     return out
 
 
-def response(req: TranslateRequest, texts: list[str], translations: list, links, source_lang: str) -> dict:
-    """LibreTranslate's fields (translatedText, alternatives, detectedLanguage), then xattn's `results`."""
+def response(req: TranslateRequest, texts: list[str], translations: list, links,
+             detected: list[tuple[str, float]] | None = None) -> dict:
+    """LibreTranslate's fields (translatedText, alternatives, detectedLanguage: `detected`, each text's language
+    and confidence when the source was auto), then xattn's `results`."""
     results = [result_of(t, text, req, links) for t, text in zip(translations, texts)]
     single = isinstance(req.q, str)
     body: dict = {"translatedText": results[0]["translatedText"] if single else [r["translatedText"] for r in results]}
     if req.alternatives:
         alts = [[a["translatedText"] for a in r.get("alternatives", [])][: req.alternatives] for r in results]
         body["alternatives"] = alts[0] if single else alts
-    if req.source == "auto":  # one model, one source language: nothing is detected, it is the model's
-        detected = {"language": source_lang, "confidence": 100.0}
-        body["detectedLanguage"] = detected if single else [detected] * len(results)
+    if detected is not None:
+        found = [{"language": language, "confidence": confidence} for language, confidence in detected]
+        body["detectedLanguage"] = found[0] if single else found
     body["results"] = results
     return body

@@ -1,7 +1,9 @@
 """The FastAPI app of `xattn serve`: POST /translate (LibreTranslate-compatible, plus xattn's settings and the
-cross-attention), GET /languages, /health, /info, /openapi.json, and the page at / (static/, no network).
+cross-attention), GET /languages, /health, /info, /metrics, /openapi.json, and the page at / (static/, no network).
 
-The model loads in the background: /health answers 503 until it is ready, so do the other model routes.
+The models (models.py: one per language pair, each request routed by its source and target) load in the
+background: /health and /info answer 503 until every one is ready, /translate until its model is; /languages
+answers at once.
 Every error is a JSON body {"error", "error_type"} with its status (api.ApiError); a client mistake is never
 a 500 and never an error with status 200.
 """
@@ -24,110 +26,47 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from xattn.decoding import Steps
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
-from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
+from xattn.serve.api import TranslateRequest, parse_request, plan, response, texts_of
 from xattn.serve.limits import ApiError, Limits
-from xattn.serve.batcher import Batcher, QueueFull
+from xattn.serve.batcher import QueueFull
 from xattn.serve.metrics import Metrics, Observed
+from xattn.serve.models import Detect, Models
 
 STATIC = Path(__file__).parent / "static"
 LOG = logging.getLogger("xattn.serve")
 PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 CSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'"
-LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "es": "Spanish", "it": "Italian",
-                  "pt": "Portuguese", "nl": "Dutch", "ro": "Romanian", "ru": "Russian", "zh": "Chinese",
-                  "ja": "Japanese", "digits": "Digits"}
 
 
-class Model:
-    """The translator and what the routes need of it, once loaded."""
-
-    def __init__(self, model_dir: str, device: str, limits: Limits, metrics: Metrics | None = None):
-        from xattn.analysis.choice import settings_for
-        from xattn.translator import Translator
-
-        self.translator = Translator.from_dir(model_dir, device=device)
-        cfg = self.translator.model.cfg
-        self.name, self.data = Path(model_dir).name, self.translator.config.data
-        self.languages = (self.data.src_lang, self.data.tgt_lang)
-        self.maps = sum(cfg.heads_per_layer("cross"))
-        self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
-        self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
-        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
-                               metrics or Metrics(), limits.long_work)
-
-    def streamable(self, settings) -> bool:
-        """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
-        from xattn.decoding.stream import streamable
-
-        return not settings.attention and settings.wider is None and streamable(settings.decode, self.translator.model)
-
-    def open_stream(self, settings):
-        return self.translator.stream(settings.decode)
-
-    def translate(self, texts, settings) -> Steps[list]:
-        first = yield from self.translator.translate_steps(texts, settings.decode, return_attention=settings.attention,
-                                                           attention_from="rescore")
-        if settings.wider is None:
-            return first
-        wider = yield from self.translator.translate_steps(texts, settings.wider)
-        return with_alternatives(first, wider, settings.wider.n_best - 1)
-
-    def token_counts(self, texts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
-
-    def links(self, translation, text: str):
-        from xattn.analysis.alignment import attention_links
-        from xattn.analysis.maps import PairAttention
-
-        pair = PairAttention.from_translation(translation, text, None, self.translator.tokenizers.src)
-        return attention_links(pair, self.alignment)
-
-
-def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = None, cors_origin: str | None = None,
-               device: str = "cpu", on_load_error: Callable[[str], None] | None = None) -> FastAPI:
-    """The app; it loads the model in the background once started (app.state.xattn: {"model", "error"}). When
-    loading fails, /health says why with 503, and `on_load_error(reason)` is called (xattn serve stops then)."""
-    state: dict = {"model": None, "error": None, "metrics": None}
+def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key: str | None = None,
+               cors_origin: str | None = None, device: str = "cpu", on_load_error: Callable[[str], None] | None = None,
+               detect: Detect | None = None) -> FastAPI:
+    """The app of one model directory or several (one per language pair; two with one pair are an XattnError).
+    Once started it loads them in the background (app.state.xattn: the Models). When one fails to load,
+    /health says why with 503, and `on_load_error(message)` is called (xattn serve stops then). `detect`:
+    language detection, for `source: auto` when several models could take a request (Models.source_of)."""
+    models = Models.read([model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs), detect)
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        async def load() -> None:
-            try:
-                model = await asyncio.to_thread(Model, model_dir, device, limits, state["metrics"])
-            except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
-                state["error"] = " ".join(str(e).split()) or type(e).__name__
-                if on_load_error is not None:
-                    on_load_error(state["error"])
-                return
-            model.batcher.start()
-            state["model"] = model
-        loader = asyncio.get_running_loop().create_task(load())
+        loader = asyncio.get_running_loop().create_task(models.load(device, limits, metrics, on_load_error))
         yield
         loader.cancel()
-        if state["model"] is not None:
-            await state["model"].batcher.stop()
+        await models.stop()
 
     app = FastAPI(title="xattn", description="Translation with the cross-attention to see. LibreTranslate-compatible "
                   "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.xattn = state
-    metrics = state["metrics"] = Metrics()
+    app.state.xattn, app.state.metrics = models, metrics
     app.add_middleware(Observed, metrics=metrics)
     if cors_origin:
         app.add_middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-
-    def ready() -> Model:
-        if state["model"] is None:
-            message = f"the model failed to load: {state['error']}" if state["error"] else "the model is loading"
-            raise ApiError(503, message, "unavailable", {"Retry-After": "1"})
-        return state["model"]
-
     add_error_handlers(app)
     add_page(app)
-    add_model_routes(app, ready, limits, api_key)
+    add_model_routes(app, models, limits, api_key)
     return app
 
 
@@ -166,49 +105,49 @@ def add_page(app: FastAPI) -> None:
         return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers={"Content-Security-Policy": CSP})
 
 
-def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -> None:
+def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
     @app.get("/health")
     async def health():
-        ready()
-        return {"status": "ok"}
+        """200 once every model has loaded; 503 with Retry-After while one loads (or failed to), naming it."""
+        body = {"models": [one.describe() for one in models.served]}
+        if waiting := [one.problem() for one in models.served if one.model is None]:
+            return JSONResponse({"error": "; ".join(waiting), "error_type": "unavailable", **body}, 503,
+                                headers={"Retry-After": "1"})
+        return {"status": "ok", **body}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
-        model = app.state.xattn["model"]
-        return Response(app.state.xattn["metrics"].exposition(model.batcher.depth if model else 0),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+        state = {one.pair: (one.model is not None, one.model.batcher.depth if one.model else 0)
+                 for one in models.served}
+        return Response(app.state.metrics.exposition(state), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/languages")
     async def languages():
-        src, tgt = ready().languages
-        return [{"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
-                {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []}]
+        return models.languages()
 
     @app.get("/info")
     async def info():
-        model = ready()
-        cfg = model.translator.model.cfg
-        return {"model": model.name, "source": model.languages[0], "target": model.languages[1],
-                "layers": cfg.n_decoder_layers, "heads": cfg.heads_per_layer("cross"),
-                "alignment": model.alignment and {"layer": model.alignment.choice.layer,
-                                                  "method": model.alignment.method},
-                "decode": dataclasses.asdict(model.translator.decode_config), "limits": dataclasses.asdict(limits),
-                "api_key_required": api_key is not None}
+        """Every model (with one model, its fields at the top level too), the limits, whether a key is needed."""
+        each = [one.describe() | one.ready().details() for one in models.served]  # 503 while one loads, as /health
+        alone = each[0] if len(each) == 1 else {}
+        return alone | {"models": each, "limits": dataclasses.asdict(limits), "api_key_required": api_key is not None}
 
     schema = TranslateRequest.model_json_schema()
 
     @app.post("/translate", openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}})
     async def translate(request: Request):
-        model = ready()
         req = parse_request(*await read_request(request, limits))
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        route = models.route(req.source, req.target, texts_of(req))
+        record = request.scope.setdefault("xattn", {})
+        record["model"] = route.served.pair
+        model = route.served.ready()
         try:
-            texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
-                                   model.maps, model.max_positions)
+            texts, settings = plan(req, model.translator.decode_config, limits, model.token_counts, model.maps,
+                                   model.max_positions)
         except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
             raise ApiError(422, f"q: {e}", "invalid_request") from None
-        record = request.scope.setdefault("xattn", {})
         record.update(texts=len(texts), characters=sum(map(len, texts)),
                       batch="stream" if model.streamable(settings) else "call")
         try:
@@ -226,7 +165,7 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
         record["output_tokens"] = sum(len(t.tgt_tokens) - 1 for t in done)  # without </s>
         try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
             heavy = req.alignment or req.attention != "none"
-            args = (req, texts, done, model.links, model.languages[0])
+            args = (req, texts, done, model.links, route.detected)
             body = await asyncio.to_thread(response, *args) if heavy else response(*args)
         except XattnError as e:  # words the alignment cannot place
             raise ApiError(422, f"q: {e}", "invalid_request") from None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
 
 from xattn.decoding import Steps
-from xattn.serve.metrics import Metrics
+from xattn.serve.metrics import BatchMetrics
 
 
 class QueueFull(Exception):
@@ -67,11 +67,11 @@ class Batcher:
 
     def __init__(self, translate: Callable[[list[str], Any], Steps[list]], max_batch: int = 64,
                  max_wait: float = 0.005, queue_size: int = 256, streams: Streams | None = None,
-                 metrics: Metrics | None = None, long_work: int = 4096):
+                 metrics: BatchMetrics | None = None, long_work: int = 4096):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
         self.long_work = long_work
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
-        self.streams, self.metrics = streams, metrics or Metrics()
+        self.streams, self.metrics = streams, metrics or BatchMetrics()
         self.engine = Engine(streams, max_batch, self.metrics)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
@@ -215,7 +215,7 @@ class Engine:
     """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
     (`submit`), in turns one decoder step of each."""
 
-    def __init__(self, streams: Streams | None, max_rows: int, metrics: Metrics):
+    def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)

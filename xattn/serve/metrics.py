@@ -1,8 +1,9 @@
 """What `xattn serve` reports about itself: one structured log line per request, and Prometheus metrics at
 GET /metrics (the text exposition format, written here: no client library needed).
 
-Metrics: requests by route and status, request latency (a histogram per route), sentences per translate call
-and in the continuous batch, the queue depth, and output tokens (their rate is tokens per second).
+Metrics: requests by route and status, request latency (a histogram per route); per model (a `model` label, the
+model's pair such as de-en): sentences per translate call and in the continuous batch, the queue depth, whether it
+has loaded, and output tokens (their rate is tokens per second).
 """
 from __future__ import annotations
 
@@ -36,17 +37,39 @@ class Histogram:
                       f"{name}_count{{{labels}}} {self.count}" if labels else f"{name}_count {self.count}"]
 
 
+class BatchMetrics:
+    """One model's batches, reported by its batcher and engine thread: sentences per translate call and in the
+    continuous batch per decoder step."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.batch = Histogram(BATCH_BUCKETS)
+        self.stream_rows = Histogram(BATCH_BUCKETS)
+
+    def call(self, sentences: int) -> None:
+        with self.lock:
+            self.batch.observe(sentences)
+
+    def step(self, rows: int) -> None:
+        with self.lock:
+            self.stream_rows.observe(rows)
+
+
 class Metrics:
-    """Counters and histograms, updated from the event loop and the engine thread (one lock)."""
+    """Counters and histograms of the server, updated from the event loop; each model's batches in its
+    BatchMetrics (`model(label)`), updated from its engine thread too."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.latency: dict[str, Histogram] = {}
-        self.batch = Histogram(BATCH_BUCKETS)      # sentences per translate call
-        self.stream_rows = Histogram(BATCH_BUCKETS)  # sentences in the continuous batch, per step
-        self.tokens = 0                             # output tokens translated
+        self.models: dict[str, BatchMetrics] = {}
+        self.tokens: dict[str, int] = defaultdict(int)  # output tokens translated, by model
         self.next_id = 0
+
+    def model(self, label: str) -> BatchMetrics:
+        with self.lock:
+            return self.models.setdefault(label, BatchMetrics())
 
     def request_id(self) -> int:
         with self.lock:
@@ -57,21 +80,15 @@ class Metrics:
         with self.lock:
             self.requests[(route, status)] += 1
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
-            self.tokens += record.get("output_tokens", 0)
+            if "model" in record:
+                self.tokens[record["model"]] += record.get("output_tokens", 0)
         if ACCESS.isEnabledFor(logging.INFO):
             at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
             ACCESS.info(json.dumps({"at": at, "route": route, "status": status, "ms": round(1000 * seconds, 1),
                                     **record}, ensure_ascii=False))
 
-    def call(self, sentences: int) -> None:
-        with self.lock:
-            self.batch.observe(sentences)
-
-    def step(self, rows: int) -> None:
-        with self.lock:
-            self.stream_rows.observe(rows)
-
-    def exposition(self, queue_depth: int) -> str:
+    def exposition(self, models: dict[str, tuple[bool, int]]) -> str:
+        """The text format; `models`: for each model's label, whether it has loaded and its queue depth."""
         with self.lock:
             lines = ["# HELP xattn_requests_total Requests answered, by route and status.",
                      "# TYPE xattn_requests_total counter"]
@@ -80,17 +97,31 @@ class Metrics:
                       "# TYPE xattn_request_seconds histogram"]
             for route, hist in sorted(self.latency.items()):
                 lines += hist.lines("xattn_request_seconds", f'route="{route}"')
-            lines += ["# HELP xattn_batch_sentences Sentences per translate call.", "# TYPE xattn_batch_sentences histogram",
-                      *self.batch.lines("xattn_batch_sentences"),
-                      "# HELP xattn_stream_sentences Sentences in the continuous batch, per decoder step.",
-                      "# TYPE xattn_stream_sentences histogram", *self.stream_rows.lines("xattn_stream_sentences"),
-                      "# HELP xattn_queue_depth Requests waiting for the model.", "# TYPE xattn_queue_depth gauge",
-                      f"xattn_queue_depth {queue_depth}",
+            labels = {name: f'model="{escaped(name)}"' for name in models}
+            batches = {name: self.models.get(name) or BatchMetrics() for name in models}
+            for metric, help, field in (("xattn_batch_sentences", "Sentences per translate call.", "batch"),
+                                        ("xattn_stream_sentences", "Sentences in the continuous batch, per decoder "
+                                         "step.", "stream_rows")):
+                lines += [f"# HELP {metric} {help}", f"# TYPE {metric} histogram"]
+                for name, batch in batches.items():
+                    with batch.lock:
+                        lines += getattr(batch, field).lines(metric, labels[name])
+            lines += ["# HELP xattn_queue_depth Requests waiting for the model.", "# TYPE xattn_queue_depth gauge",
+                      *[f"xattn_queue_depth{{{labels[name]}}} {depth}" for name, (_, depth) in models.items()],
+                      "# HELP xattn_model_ready 1 once the model has loaded, else 0 (loading, or failed to).",
+                      "# TYPE xattn_model_ready gauge",
+                      *[f"xattn_model_ready{{{labels[name]}}} {int(ready)}" for name, (ready, _) in models.items()],
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
-                      "# TYPE xattn_output_tokens_total counter", f"xattn_output_tokens_total {self.tokens}",
+                      "# TYPE xattn_output_tokens_total counter",
+                      *[f"xattn_output_tokens_total{{{labels[name]}}} {self.tokens[name]}" for name in models],
                       "# HELP xattn_uptime_seconds Seconds since the server started.", "# TYPE xattn_uptime_seconds gauge",
                       f"xattn_uptime_seconds {time.monotonic() - START:.1f}"]
         return "\n".join(lines) + "\n"
+
+
+def escaped(value: str) -> str:
+    """A label value as the text format writes it (a language code is the operator's to choose)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 START = time.monotonic()
@@ -99,7 +130,7 @@ START = time.monotonic()
 class Observed:
     """ASGI middleware: times every HTTP request, and on its answer logs one line and counts it (route: the
     matched route's path, `other` for none, so unknown paths add no labels); a handler adds fields to
-    `scope["xattn"]` (texts, characters, output tokens, how it was batched)."""
+    `scope["xattn"]` (the model that answered, texts, characters, output tokens, how it was batched)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics

@@ -1,0 +1,200 @@
+"""`xattn serve` with several models (xattn/serve/models.py): each request routed by source and target to its
+model, which answers what its own Translator gives; pairs no model serves, and choices a request leaves open, are
+a 400 naming the field; /languages, /health, /info and /metrics cover every model; one model loading while the
+other serves; two models with one pair, or one that cannot load, stop the command with one line."""
+import json
+import logging
+import shutil
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import xattn  # noqa: E402
+from xattn.serve import models as models_module  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.limits import ApiError  # noqa: E402
+from xattn.serve.models import Models, Served  # noqa: E402
+
+from test_serve import error, started  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client(numbers_model, numbers_model_en_de):
+    c = started(create_app([str(numbers_model), str(numbers_model_en_de)]))
+    yield c
+    c.__exit__(None, None, None)
+
+
+def alone(model_dir, text: str) -> str:
+    translator = xattn.load(model_dir)
+    return translator.translate([text], translator.decode_config)[0].text
+
+
+def test_each_request_is_answered_by_the_model_of_its_pair(client, numbers_model, numbers_model_en_de, caplog):
+    with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
+        de_en = client.post("/translate", json={"q": "drei", "source": "de", "target": "en"}).json()
+        en_de = client.post("/translate", json={"q": "three", "source": "en"}).json()  # en has one target here
+        auto = client.post("/translate", json={"q": ["three", "four"], "source": "auto", "target": "de"}).json()
+    assert de_en["translatedText"] == alone(numbers_model, "drei") and "detectedLanguage" not in de_en
+    assert en_de["translatedText"] == alone(numbers_model_en_de, "three")
+    assert auto["translatedText"] == [en_de["translatedText"], alone(numbers_model_en_de, "four")]
+    assert auto["detectedLanguage"] == [{"language": "en", "confidence": 100.0}] * 2  # the only model into de
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+    assert [line["model"] for line in lines] == ["de-en", "en-de", "en-de"]
+
+
+@pytest.mark.parametrize("body, fragment, error_type", [
+    ({"source": "de", "target": "fr"}, "target: French (fr) is not available as a target language from German (de); "
+     "this server translates de→en, en→de", "unsupported_language"),
+    ({"source": "fr", "target": "en"}, "source: French (fr) is not supported; this server translates de→en, en→de "
+     "(or give source auto)", "unsupported_language"),
+    ({"source": "de", "target": "de"}, "target: German (de) is not available as a target language from German (de)",
+     "unsupported_language"),
+    ({"source": "auto", "target": "cs"}, "target: Czech (cs) is not supported; this server translates de→en, en→de",
+     "unsupported_language"),
+    ({"source": "auto"}, "source: auto cannot choose between de, en on this server (no language detection); give "
+     "source", "language_required"),
+    ({}, "source: auto cannot choose between de, en", "language_required"),  # source is auto when left out
+])
+def test_a_pair_no_model_serves_or_a_choice_left_open_is_400_naming_the_field(client, body, fragment, error_type):
+    error(client.post("/translate", json={"q": "drei", **body}), 400, fragment, error_type)
+
+
+def test_languages_health_info_and_metrics_cover_every_model(client):
+    assert client.get("/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]},
+                                                {"code": "en", "name": "English", "targets": ["de"]}]
+    assert client.get("/health").json() == {"status": "ok", "models": [
+        {"model": "model", "source": "de", "target": "en", "status": "ready"},
+        {"model": "model", "source": "en", "target": "de", "status": "ready"}]}
+    info = client.get("/info").json()
+    assert "source" not in info and info["api_key_required"] is False and info["limits"]["max_items"] == 32
+    assert [(m["source"], m["target"], m["status"]) for m in info["models"]] == [("de", "en", "ready"),
+                                                                                ("en", "de", "ready")]
+    assert all(m["layers"] == 1 and m["heads"] == [2] and m["decode"]["beam_size"] == 2 for m in info["models"])
+    before = client.get("/metrics").text
+    assert client.post("/translate", json={"q": "three", "source": "en", "beam_size": 3}).status_code == 200
+    text = client.get("/metrics").text
+    for model in ("de-en", "en-de"):
+        assert f'xattn_queue_depth{{model="{model}"}} 0' in text and f'xattn_model_ready{{model="{model}"}} 1' in text
+    assert count(text, 'xattn_batch_sentences_count{model="en-de"}') == count(before, 'xattn_batch_sentences_count'
+                                                                                      '{model="en-de"}') + 1
+    assert count(text, 'xattn_batch_sentences_count{model="de-en"}') == count(before, 'xattn_batch_sentences_count'
+                                                                                      '{model="de-en"}')
+    assert count(text, 'xattn_output_tokens_total{model="en-de"}') > count(before, 'xattn_output_tokens_total'
+                                                                                   '{model="en-de"}')
+
+
+def count(exposition: str, series: str) -> float:
+    return float(next(line for line in exposition.splitlines() if line.startswith(series + " ")).split()[1])
+
+
+def test_a_model_serves_while_the_other_loads_and_health_names_the_one_loading(numbers_model, numbers_model_en_de,
+                                                                              monkeypatch):
+    release, real = threading.Event(), models_module.Model
+
+    class SlowEnDe(real):
+        def __init__(self, model_dir, *args):
+            if model_dir == str(numbers_model_en_de):
+                release.wait(30)
+            super().__init__(model_dir, *args)
+
+    monkeypatch.setattr(models_module, "Model", SlowEnDe)
+    with TestClient(create_app([str(numbers_model), str(numbers_model_en_de)])) as c:
+        for _ in range(500):
+            if c.get("/health").json()["models"][0]["status"] == "ready":
+                break
+            time.sleep(0.02)
+        health = c.get("/health")
+        assert health.status_code == 503 and health.headers["retry-after"] == "1"
+        assert health.json() == {"error": "the en→de model is loading", "error_type": "unavailable", "models": [
+            {"model": "model", "source": "de", "target": "en", "status": "ready"},
+            {"model": "model", "source": "en", "target": "de", "status": "loading"}]}
+        ok = c.post("/translate", json={"q": "drei", "source": "de"})
+        assert ok.status_code == 200 and ok.json()["translatedText"] == alone(numbers_model, "drei")
+        error(c.post("/translate", json={"q": "three", "source": "en"}), 503, "the en→de model is loading",
+              "unavailable")
+        error(c.get("/info"), 503, "the en→de model is loading", "unavailable")
+        assert 'xattn_model_ready{model="en-de"} 0' in c.get("/metrics").text
+        release.set()
+        for _ in range(500):
+            if c.get("/health").status_code == 200:
+                break
+            time.sleep(0.02)
+        assert c.post("/translate", json={"q": "three", "source": "en"}).json()["translatedText"] == \
+            alone(numbers_model_en_de, "three")
+
+
+def test_two_models_of_one_pair_stop_the_command_with_one_line_naming_both(numbers_model, tmp_path, capsys):
+    from xattn.cli.main import main
+
+    twin = tmp_path / "twin"
+    shutil.copytree(numbers_model, twin)
+    assert main(["serve", str(numbers_model), str(twin), "--port", "1"]) == 2  # refused before the port is tried
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{numbers_model} and {twin}: both translate de→en; serve one model per language pair" in err
+
+
+def test_a_model_that_cannot_load_stops_a_server_of_several(numbers_model, numbers_model_en_de, tmp_path):
+    import subprocess
+    import sys
+
+    from test_serve_live import free_port
+
+    broken = tmp_path / "broken"
+    shutil.copytree(numbers_model_en_de, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    out = subprocess.run([sys.executable, "-m", "xattn", "serve", str(numbers_model), str(broken), "--port",
+                          str(free_port()), "--threads", "1", "--no-access-log"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"{broken}: the model failed to load: " in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------ routing alone
+
+def detecting(language_of):
+    """A language detector (texts, candidates) -> [(language, confidence)] from a table of texts."""
+    return lambda texts, candidates: [(language_of[t], 90.0) for t in texts]
+
+
+@pytest.fixture
+def three():
+    return [Served("a", "de", "en"), Served("b", "en", "de"), Served("c", "de", "fr")]
+
+
+def test_routing_by_source_and_target(three):
+    models = Models(three)
+    assert models.route("de", "fr", ["x"]).served.path == "c"
+    assert models.route("en", None, ["x"]).served.path == "b"  # the only target en has here
+    route = models.route("auto", "en", ["x", "y"])  # only de->en goes into en
+    assert route.served.path == "a" and route.detected == [("de", 100.0)] * 2
+    with pytest.raises(ApiError, match=r"target: German \(de\) translates to en, fr on this server; give target"):
+        models.route("de", None, ["x"])
+    assert [row["code"] for row in models.languages()] == ["de", "en", "fr"]
+    assert models.languages()[0]["targets"] == ["en", "fr"] and models.languages()[2]["targets"] == []
+
+
+def test_auto_asks_the_language_detection_when_several_models_could_take_the_texts(three):
+    models = Models(three, detecting({"three": "en", "drei": "de", "vier": "de"}))
+    route = models.route("auto", None, ["three"])
+    assert route.served.path == "b" and route.detected == [("en", 90.0)]
+    assert models.route("auto", "fr", ["drei"]).served.path == "c"  # one model into fr: nothing to detect
+    with pytest.raises(ApiError, match="target: German .de. translates to en, fr on this server; give target"):
+        models.route("auto", None, ["drei", "vier"])
+    with pytest.raises(ApiError, match="source: the texts were detected as de, en; one request is translated by one "
+                       "model") as e:
+        models.route("auto", None, ["drei", "three"])
+    assert e.value.status == 400
+    elsewhere = Models(three[:2], detecting({"qapla": "tlh"}))
+    with pytest.raises(ApiError, match=r"source: the texts were detected as 'tlh', which no model here translates"):
+        elsewhere.route("auto", None, ["qapla"])
+
+
+def test_two_models_of_one_pair_are_refused_naming_both():
+    with pytest.raises(xattn.XattnError, match="a and c: both translate de→en"):
+        Models([Served("a", "de", "en"), Served("b", "en", "de"), Served("c", "de", "en")])

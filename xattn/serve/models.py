@@ -1,0 +1,233 @@
+"""The models of `xattn serve`: each model directory is one language pair, loaded once in the background with its
+own batcher (and engine thread); `Models.route` picks the model for a request by its source and target.
+
+The pairs come from each directory's config.yaml, read at startup: two models with one pair are an error then,
+and /languages answers before any model has loaded. A request whose source is `auto` goes to the only model that
+could take it; when several could, `Models.source_of` asks which language the texts are in (language detection,
+when the server has it; without it the request must name its source).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xattn.checkpoint import CONFIG, check_model_dir
+from xattn.config import load_config
+from xattn.decoding import Steps
+from xattn.errors import XattnError
+from xattn.serve.api import with_alternatives
+from xattn.serve.batcher import Batcher
+from xattn.serve.limits import ApiError, Limits
+from xattn.serve.metrics import BatchMetrics, Metrics
+
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "es": "Spanish", "it": "Italian",
+                  "pt": "Portuguese", "nl": "Dutch", "ro": "Romanian", "ru": "Russian", "zh": "Chinese",
+                  "ja": "Japanese", "digits": "Digits"}
+
+Detect = Callable[[list[str], list[str]], list[tuple[str, float]]]
+"""Language detection: texts and the candidate languages -> (language, confidence in percent) per text."""
+
+
+class Model:
+    """The translator and what the routes need of it, once loaded."""
+
+    def __init__(self, model_dir: str, device: str, limits: Limits, metrics: BatchMetrics | None = None):
+        from xattn.analysis.choice import settings_for
+        from xattn.translator import Translator
+
+        self.translator = Translator.from_dir(model_dir, device=device)
+        cfg = self.translator.model.cfg
+        self.name, self.data = Path(model_dir).name, self.translator.config.data
+        self.languages = (self.data.src_lang, self.data.tgt_lang)
+        self.maps = sum(cfg.heads_per_layer("cross"))
+        self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
+        self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
+        self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
+                               metrics, limits.long_work)
+
+    def streamable(self, settings) -> bool:
+        """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
+        from xattn.decoding.stream import streamable
+
+        return not settings.attention and settings.wider is None and streamable(settings.decode, self.translator.model)
+
+    def open_stream(self, settings):
+        return self.translator.stream(settings.decode)
+
+    def translate(self, texts, settings) -> Steps[list]:
+        first = yield from self.translator.translate_steps(texts, settings.decode, return_attention=settings.attention,
+                                                           attention_from="rescore")
+        if settings.wider is None:
+            return first
+        wider = yield from self.translator.translate_steps(texts, settings.wider)
+        return with_alternatives(first, wider, settings.wider.n_best - 1)
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
+
+    def links(self, translation, text: str):
+        from xattn.analysis.alignment import attention_links
+        from xattn.analysis.maps import PairAttention
+
+        pair = PairAttention.from_translation(translation, text, None, self.translator.tokenizers.src)
+        return attention_links(pair, self.alignment)
+
+    def details(self) -> dict:
+        """What /info says of the loaded model besides its languages."""
+        cfg = self.translator.model.cfg
+        return {"layers": cfg.n_decoder_layers, "heads": cfg.heads_per_layer("cross"),
+                "alignment": self.alignment and {"layer": self.alignment.choice.layer, "method": self.alignment.method},
+                "decode": dataclasses.asdict(self.translator.decode_config)}
+
+
+@dataclass
+class Served:
+    """One model directory of the server: its language pair, and once loaded its Model, or why it failed to load."""
+    path: str
+    source: str
+    target: str
+    model: Model | None = None
+    error: str | None = None
+
+    @property
+    def pair(self) -> str:
+        """The model's name in metrics and the access log (unique on a server; directory names need not be)."""
+        return f"{self.source}-{self.target}"
+
+    @property
+    def status(self) -> str:
+        return "ready" if self.model is not None else "failed" if self.error is not None else "loading"
+
+    def problem(self) -> str:
+        """Why it cannot translate yet."""
+        what = f"failed to load: {self.error}" if self.error is not None else "is loading"
+        return f"the {self.source}→{self.target} model {what}"
+
+    def ready(self) -> Model:
+        if self.model is None:
+            raise ApiError(503, self.problem(), "unavailable", {"Retry-After": "1"})
+        return self.model
+
+    def describe(self) -> dict:
+        """The model in /health (and /info, with Model.details): directory name, languages, status."""
+        return {"model": Path(self.path).name, "source": self.source, "target": self.target, "status": self.status}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: the model, and when its source was `auto`, the language of each text with its
+    confidence (LibreTranslate's detectedLanguage)."""
+    served: Served
+    detected: list[tuple[str, float]] | None
+
+
+class Models:
+    """The models of a server, at most one per language pair, in the order given."""
+
+    def __init__(self, served: list[Served], detect: Detect | None = None):
+        pairs: dict[tuple[str, str], Served] = {}
+        for one in served:
+            if (twin := pairs.setdefault((one.source, one.target), one)) is not one:
+                raise XattnError(f"{twin.path} and {one.path}: both translate {one.source}→{one.target}; serve one "
+                                 "model per language pair (requests are routed by source and target)")
+        self.served, self.detect = served, detect
+
+    @classmethod
+    def read(cls, model_dirs: list[str], detect: Detect | None = None) -> Models:
+        """The models of `model_dirs`, their pairs read from each config.yaml (nothing loaded yet)."""
+        served = []
+        for path in model_dirs:
+            data = load_config(check_model_dir(path) / CONFIG).data
+            served.append(Served(str(path), data.src_lang, data.tgt_lang))
+        return cls(served, detect)
+
+    @property
+    def failed(self) -> Served | None:
+        return next((one for one in self.served if one.error is not None), None)
+
+    def route(self, source: str, target: str | None, texts: list[str]) -> Route:
+        """The model for `texts` from `source` (or `auto`) to `target` (None: the one target `source` has here);
+        a pair no model serves, or a choice the request leaves open, is a 400 naming the field."""
+        detected = None
+        if source == "auto":
+            options = [one for one in self.served if target in (None, one.target)]
+            if not options:
+                raise ApiError(400, f"target: {language(target)} is not supported; this server translates "
+                               f"{self.pairs()}", "unsupported_language")
+            sources = sorted({one.source for one in options})
+            if len(sources) == 1:
+                source, detected = sources[0], [(sources[0], 100.0)] * len(texts)
+            else:
+                source, detected = self.source_of(texts, sources)
+        return Route(self.pick(source, target), detected)
+
+    def source_of(self, texts: list[str], candidates: list[str]) -> tuple[str, list[tuple[str, float]]]:
+        """Which of `candidates` (two or more source languages) `texts` are in, and each text's detected language:
+        the one place where routing asks for language detection. One request goes to one model, so its texts
+        must all be found in one language."""
+        if self.detect is None:
+            raise ApiError(400, f"source: auto cannot choose between {', '.join(candidates)} on this server (no "
+                           "language detection); give source", "language_required")
+        detected = self.detect(texts, candidates)
+        found = sorted({lang for lang, _ in detected})
+        if len(found) > 1:
+            raise ApiError(400, f"source: the texts were detected as {', '.join(found)}; one request is translated "
+                           "by one model, so send each language apart, or give source", "language_required")
+        if found[0] not in candidates:
+            raise ApiError(400, f"source: the texts were detected as {language(found[0])}, which no model here "
+                           f"translates ({self.pairs()}); give source", "unsupported_language")
+        return found[0], detected
+
+    def pick(self, source: str, target: str | None) -> Served:
+        """The model from `source` to `target` (None: the only target `source` has here)."""
+        options = [one for one in self.served if one.source == source]
+        if not options:
+            raise ApiError(400, f"source: {language(source)} is not supported; this server translates "
+                           f"{self.pairs()} (or give source auto)", "unsupported_language")
+        if target is None:
+            if len(options) > 1:
+                raise ApiError(400, f"target: {language(source)} translates to {', '.join(o.target for o in options)}"
+                               " on this server; give target", "language_required")
+            return options[0]
+        match = next((one for one in options if one.target == target), None)
+        if match is None:
+            raise ApiError(400, f"target: {language(target)} is not available as a target language from "
+                           f"{language(source)}; this server translates {self.pairs()}", "unsupported_language")
+        return match
+
+    def pairs(self) -> str:
+        return ", ".join(f"{one.source}→{one.target}" for one in self.served)
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's /languages: every language that is a source or a target here, once, with its targets."""
+        codes = dict.fromkeys(code for one in self.served for code in (one.source, one.target))
+        return [{"code": code, "name": LANGUAGE_NAMES.get(code, code),
+                 "targets": sorted(one.target for one in self.served if one.source == code)} for code in codes]
+
+    async def load(self, device: str, limits: Limits, metrics: Metrics,
+                   on_error: Callable[[str], None] | None = None) -> None:
+        """Load each model in turn off the event loop; each serves as soon as it has loaded. A model that fails
+        keeps its reason (`error`), and `on_error(message)` is called."""
+        for one in self.served:
+            try:
+                model = await asyncio.to_thread(Model, one.path, device, limits, metrics.model(one.pair))
+            except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
+                one.error = " ".join(str(e).split()) or type(e).__name__
+                if on_error is not None:
+                    on_error(f"{one.path}: the model failed to load: {one.error}")
+                continue
+            model.batcher.start()
+            one.model = model
+
+    async def stop(self) -> None:
+        for one in self.served:
+            if one.model is not None:
+                await one.model.batcher.stop()
+
+
+def language(code: str) -> str:
+    """A language as an error names it: German (de); or the code alone, when this server has no name for it."""
+    return f"{LANGUAGE_NAMES[code]} ({code})" if code in LANGUAGE_NAMES else repr(code)
