@@ -56,22 +56,28 @@ def register(sub) -> None:
     for flag, (name, kind, help) in LIMIT_FLAGS.items():
         p.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"{help} (default {getattr(defaults, name)})")
     for flag, (_, kind, default, help) in CONNECTION_FLAGS.items():
-        p.add_argument(flag, type=kind, default=default, help=f"{help} (default {default})")
+        p.add_argument(flag, type=kind, default=default, help=help if default is None else f"{help} (default {default})")
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr (each line is JSON: "
                    "id, route, status, ms, texts, characters, output tokens, and whether it joined the continuous "
                    "batch or a translate call)")
 
 
 CONNECTION_FLAGS = {
-    "--max-connections": ("limit_concurrency", int, 512, "open connections (and requests in progress); one more is "
-                          "answered 503 at once"),
+    "--max-connections": ("max_connections", int, None, "open connections; one more is answered 503 at once and "
+                          "closed (default: 512, or fewer when the open-file limit leaves less room)"),
     "--max-header-bytes": ("h11_max_incomplete_event_size", int, 65536, "bytes of a request's head (request line "
                            "and headers); more closes the connection"),
+    "--read-timeout": ("read_timeout", float, 10.0, "seconds a request (head and body) may take to arrive from its "
+                       "first byte; a slower client is closed"),
     "--keep-alive": ("timeout_keep_alive", float, 5.0, "seconds an idle connection stays open between requests"),
 }
-"""How the HTTP server treats connections: uvicorn's own settings, with the plain asyncio event loop (under a
-flood of open connections uvloop accepted new ones, /health included, only about 10 a second) and h11, whose
-head-size limit httptools lacks (as fast here: benchmarks/README.md, Serving under load)."""
+"""How the HTTP server treats connections: uvicorn's settings and xattn's guards (xattn/serve/connections.py),
+with the plain asyncio event loop (under a flood of open connections uvloop accepted new ones, /health included,
+only about 10 a second) and h11, whose head-size limit httptools lacks (as fast here: benchmarks/README.md,
+Serving under load)."""
+MAX_CONNECTIONS = 512
+FILES_SPARE = 64
+"""Files the server keeps for itself beyond its connections (model files, logs, the listening socket)."""
 SWITCH_INTERVAL = 0.0005
 """Seconds a Python thread may hold the GIL while another waits (Python's default: 0.005). The translating thread
 gives the GIL up at every PyTorch operation, and with the default it waited up to 5 ms for the event loop to hand
@@ -89,8 +95,42 @@ def run(args) -> int:
     import torch
 
     from xattn.devices import resolve_device
+    from xattn.serve.connections import guarded
     from xattn.serve.limits import Limits
 
+    values, connections = checked_flags(args)
+    read_timeout, limit = connections.pop("read_timeout"), connection_limit(connections.pop("max_connections"))
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    device = str(resolve_device(args.device, "--device"))
+    servers: list = []  # the uvicorn server, stopped if a model fails to load
+    app = create_app(args.models, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
+                     on_load_error=lambda message: setattr(servers[0], "should_exit", True))
+    sock = listening_socket(args.host, args.port)
+    log = logging.getLogger("xattn.serve")  # short lines on stderr: the access log, a client gone mid-body
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                                 loop="asyncio", http=guarded(read_timeout, limit),
+                                                 limit_concurrency=limit, **connections)))
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
+    print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)
+    try:
+        servers[0].run(sockets=[sock])
+    finally:
+        sock.close()
+    if (failed := app.state.xattn.failed) is not None:  # the server stops at the first model that cannot load
+        raise XattnError(f"{failed.path}: the model failed to load: {failed.error}")
+    return 0
+
+
+def checked_flags(args) -> tuple[dict, dict]:
+    """The limits (Limits' fields) and connection settings (CONNECTION_FLAGS' names) the flags give, checked."""
     values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in LIMIT_FLAGS.items()}
     for flag, (name, _, _) in LIMIT_FLAGS.items():
         value = values[name]
@@ -107,36 +147,26 @@ def run(args) -> int:
         raise XattnError("--api-key: an empty key, or one with spaces around it, could never be given back")
     if args.cors_origin is not None:
         check_origin(args.cors_origin)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    device = str(resolve_device(args.device, "--device"))
-    servers: list = []  # the uvicorn server, stopped if a model fails to load
-    app = create_app(args.models, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
-                     on_load_error=lambda message: setattr(servers[0], "should_exit", True))
-    sock = listening_socket(args.host, args.port)
-    log = logging.getLogger("xattn.serve")  # short lines on stderr: the access log, a client gone mid-body
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.propagate = False
-    log.setLevel(logging.INFO)
-    logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
-    sys.setswitchinterval(SWITCH_INTERVAL)
     connections = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _, _) in CONNECTION_FLAGS.items()}
     for flag, (name, _, _, _) in CONNECTION_FLAGS.items():
-        if not math.isfinite(connections[name]) or connections[name] <= 0:
+        if connections[name] is not None and (not math.isfinite(connections[name]) or connections[name] <= 0):
             raise XattnError(f"{flag}: must be above 0, got {connections[name]}")
-    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                                 loop="asyncio", http="h11", **connections)))
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
-    print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)
-    try:
-        servers[0].run(sockets=[sock])
-    finally:
-        sock.close()
-    if (failed := app.state.xattn.failed) is not None:  # the server stops at the first model that cannot load
-        raise XattnError(f"{failed.path}: the model failed to load: {failed.error}")
-    return 0
+    return values, connections
+
+
+def connection_limit(asked: int | None) -> int:
+    """--max-connections within what the open-file limit leaves (a flood beyond the files a process may open
+    would make accept() fail for everyone): the default is lowered to fit; a value given that cannot is an error."""
+    import resource
+
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    room = files - FILES_SPARE if files != resource.RLIM_INFINITY else max(asked or 0, MAX_CONNECTIONS)
+    if asked is None:
+        return max(min(MAX_CONNECTIONS, room), 1)
+    if asked > room:
+        raise XattnError(f"--max-connections: {asked} connections need more files than the open-file limit "
+                         f"({files}) leaves ({room}); lower it, or raise the limit (ulimit -n)")
+    return asked
 
 
 def check_origin(origin: str) -> None:

@@ -1,0 +1,110 @@
+"""The connection guards of `xattn serve` (xattn/serve/connections.py) on a live server: a request that does not
+arrive within --read-timeout is closed, a connection beyond --max-connections is answered 503 at once, and
+/health answers beside a crowd of idle connections."""
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from tests.test_serve_live import serving  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(numbers_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with serving(numbers_model, log, "--read-timeout", "0.5", "--max-connections", "8") as url:
+        yield int(url.rsplit(":", 1)[1]), log
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return sock
+
+
+def closed_after(sock: socket.socket) -> float:
+    """Seconds until the server closes `sock` (reading whatever it sends first)."""
+    start = time.perf_counter()
+    while sock.recv(4096):
+        pass
+    return time.perf_counter() - start
+
+
+def ask(port: int, request: bytes, pieces: int = 1, pause: float = 0.0) -> bytes:
+    with connect(port) as sock:
+        size = -(-len(request) // pieces)
+        for i in range(0, len(request), size):
+            sock.sendall(request[i:i + size])
+            time.sleep(pause)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def translate_request(text: str) -> bytes:
+    body = json.dumps({"q": text}).encode()
+    return (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-", 
+                                  b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"q\": \"dr"],
+                         ids=["nothing", "half a head", "half a body"])
+def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server, sent):
+    port, log = server
+    with connect(port) as sock:
+        sock.sendall(sent)
+        assert 0.3 < closed_after(sock) < 3
+    assert "sent no whole request within 0.5 s; closed" in log.read_text()
+
+
+def test_a_request_that_arrives_in_pieces_within_the_read_timeout_is_answered(server):
+    port, _ = server
+    answer = ask(port, translate_request("drei"), pieces=4, pause=0.05)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_a_connection_over_the_limit_is_refused_at_once_and_health_answers_once_the_idle_ones_are_closed(server):
+    port, _ = server
+    idle = [connect(port) for _ in range(8)]
+    time.sleep(0.1)
+    try:
+        start = time.perf_counter()
+        answer = ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert time.perf_counter() - start < 1
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head
+        assert json.loads(body) == {"error": "the server has 8 connections open; retry later", "error_type": "busy"}
+        time.sleep(1.0)  # the read timeout closes the idle ones
+        assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def run_serve(model, *flags: str, files: int | None = None) -> subprocess.CompletedProcess:
+    def limit_files():
+        if files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return subprocess.run([sys.executable, "-m", "xattn", "serve", str(model), "--port", "1", *flags],
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit_files,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("flags, files, message", [
+    (("--read-timeout", "0"), None, "--read-timeout: must be above 0, got 0.0"),
+    (("--max-connections", "1000"), 256, "--max-connections: 1000 connections need more files than the open-file "
+                                         "limit (256) leaves (192); lower it, or raise the limit (ulimit -n)"),
+])
+def test_connection_flags_that_cannot_work_are_one_line_and_exit_2(numbers_model, flags, files, message):
+    done = run_serve(numbers_model, *flags, files=files)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"xattn serve: error: {message}"], done.stderr

@@ -1,0 +1,80 @@
+"""How `xattn serve` treats connections: uvicorn's h11 protocol with the two guards uvicorn lacks.
+
+- A read deadline: a request, its head and its body, must arrive within `read_timeout` seconds of its first
+  byte (or of the connection's opening, for a client that connects and sends nothing); a client that
+  trickles its headers or body is closed then, instead of holding a connection and a file forever. Between
+  requests, uvicorn's keep-alive timeout closes an idle connection.
+- A connection limit with a fast refusal: a connection beyond `max_connections` open ones is answered 503
+  at once and closed, before anything of it is read, so that a flood of idle or slow connections cannot use
+  up the process's files and lock out everyone else (uvicorn's own `limit_concurrency` answers 503 only once
+  a request's head has arrived).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from functools import partial
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+LOG = logging.getLogger("xattn.serve")
+READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
+
+
+def refusal(max_connections: int) -> bytes:
+    """The whole 503 answer to a connection over the limit."""
+    body = json.dumps({"error": f"the server has {max_connections} connections open; retry later",
+                       "error_type": "busy"}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class Guarded(H11Protocol):
+    """H11Protocol with a read deadline per request and a refusal beyond `max_connections` (module docstring)."""
+
+    def __init__(self, *args, read_timeout: float, max_connections: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_timeout, self.max_connections = read_timeout, max_connections
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.write(refusal(self.max_connections))
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state in READING and not self.transport.is_closing():
+            self._arm()
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self.deadline is None:
+            self.deadline = self.loop.call_later(self.read_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _too_slow(self) -> None:
+        self.deadline = None
+        if not self.transport.is_closing():
+            LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
+            self.transport.close()
+
+
+def guarded(read_timeout: float, max_connections: int) -> partial:
+    """The protocol class for uvicorn.Config(http=...)."""
+    return partial(Guarded, read_timeout=read_timeout, max_connections=max_connections)
