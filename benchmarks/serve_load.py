@@ -7,11 +7,13 @@ sentences, same settings), the direct single-sentence baseline (`translate([s])`
 process) and the client (a single-threaded asyncio process keeping CONCURRENCY requests in flight, whose CPU
 time is reported). Greedy, beam 5, and greedy over the model's lexical shortlist (`shortlist: true` in each
 request, DecodeConfig.shortlist offline; counted with `xattn shortlist` when the model has none); concurrency
-1, 8 and 32; REPEATS interleaved repetitions, medians.
+1, 8, 32 and 128; REPEATS interleaved repetitions, medians. With `--parts guards` (or by default, after the
+throughput), the production cases of serve_guards.py: a flood, slow clients, a small request beside the
+largest (results/serve_guards.json).
 Bars (greedy): at concurrency 32 the server reaches >= 70% of offline throughput; at concurrency 1 its p50
 latency is <= 1.2x the direct single-sentence call's.
 
-usage: python benchmarks/serve_load.py [--repeats 3] [--sentences 1000] [--threads 1]
+usage: python benchmarks/serve_load.py [--repeats 3] [--sentences 1000] [--threads 1] [--parts throughput guards]
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 MODEL: list[str] = []
 MODES = {"greedy": (1, False), "beam5": (5, False), "greedy_shortlist": (1, True)}
 """mode -> (beam size, shortlist)"""
-CONCURRENCY = (1, 8, 32)
+CONCURRENCY = (1, 8, 32, 128)
 
 
 def sentences(n: int) -> list[str]:
@@ -158,6 +160,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1, help="PyTorch threads of the server and of the baselines")
+    ap.add_argument("--parts", nargs="+", choices=("throughput", "guards"), default=("throughput", "guards"))
     ap.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--offline", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -169,6 +172,19 @@ def main() -> int:
                        args.offline[4] == "1")
         return 0
     model = cached_model("multi30k-de-en", MODEL)
+    if "throughput" in args.parts:
+        throughput(args, model)
+    if "guards" in args.parts:
+        from serve_guards import run_guards
+
+        guards = run_guards(model, args.threads)
+        write_result("serve_guards", {"model": model_fingerprint(model) | {"overrides": MODEL}, "threads": args.threads,
+                                      **guards})
+        print(json.dumps(guards, indent=1))
+    return 0
+
+
+def throughput(args, model: Path) -> None:
     if not (model / "shortlist.safetensors").is_file():
         from xattn.cli.main import main as cli_main
         if cli_main(["shortlist", str(model), "--data-dir", data_dir()]) != 0:
@@ -217,7 +233,6 @@ def main() -> int:
                                 "threads": args.threads, "repeats": args.repeats, "summary": summary, "bars_greedy": bars,
                                 "runs": runs})
     print(json.dumps({"summary": summary, "bars_greedy": bars}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

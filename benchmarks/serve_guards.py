@@ -1,0 +1,251 @@
+"""`xattn serve` against what production traffic does (run by serve_load.py --parts guards, or alone):
+
+- flood: FLOOD connections keep sending one-sentence greedy requests for FLOOD_S seconds; meanwhile a fresh
+  client asks /health every 0.25 s. Figures: /health latency (p50, max; a probe without an answer within 5 s
+  counts as failed), the flood's answers by status, and no 5xx.
+- slow: the server under a 256-file limit (as the issue's report); SLOW connections send a request head one
+  byte a second; meanwhile a normal request every second for 18 s. Figures: how the normal requests fare (status,
+  latency) and when the slow connections were closed.
+- beside: a one-sentence request's latency (greedy and beam 5) alone, and while the largest request the default
+  limits allow runs (32 texts x beam 16 x max_len_b 195 = 99,840 of the 100,000 work): the ratio (goal <= 3).
+Every part starts its own server; the server's resident memory is read after each.
+
+usage: python benchmarks/serve_guards.py [--threads 1]  (writes results/serve_guards.json)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
+
+FLOOD, FLOOD_S, SLOW = 500, 10.0, 300
+LARGE = {"beam_size": 16, "max_len_a": 0, "max_len_b": 195, "min_len": 150}
+
+
+def sentences(n: int) -> list[str]:
+    from xattn.datasets import load_pairs
+
+    return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())][:n]
+
+
+def start_server(model: Path, threads: int, *flags: str, files: int | None = None) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def limit_files():
+        if files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
+                               str(threads), "--no-access-log", *flags], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, preexec_fn=limit_files)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return server, port
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the server did not start")
+
+
+def rss_mb(pid: int) -> float:
+    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+    return round(int(line.split()[1]) / 1024, 1)
+
+
+def request(port: int, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, float]:
+    """(status, seconds) of one request on a fresh connection; status 0 when it got no answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, {"Content-Type": "application/json"},
+                                 method=method)
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status, time.perf_counter() - start
+    except urllib.error.HTTPError as e:
+        return e.code, time.perf_counter() - start
+    except OSError:
+        return 0, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------------------ flood
+
+def flood_worker(port: int, text: str, connections: int, seconds: float) -> None:
+    """Keep `connections` connections sending requests for `seconds`; print the answers' statuses as JSON."""
+    body = json.dumps({"q": text}).encode()
+    request_bytes = (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    statuses: dict[str, int] = {}
+    end = time.monotonic() + seconds
+
+    async def one():
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            statuses["refused"] = statuses.get("refused", 0) + 1
+            return
+        try:
+            while time.monotonic() < end:
+                writer.write(request_bytes)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = head.split(b" ", 2)[1].decode()
+                statuses[status] = statuses.get(status, 0) + 1
+                length = next(int(l.split(b":", 1)[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                if b"connection: close" in head.lower():
+                    return
+        except (OSError, asyncio.IncompleteReadError):
+            statuses["closed"] = statuses.get("closed", 0) + 1
+        finally:
+            writer.close()
+
+    async def run():
+        await asyncio.gather(*(one() for _ in range(connections)))
+    asyncio.run(run())
+    print(json.dumps(statuses))
+
+
+def flood(model: Path, threads: int, text: str) -> dict:
+    server, port = start_server(model, threads)
+    try:
+        idle = [request(port, "GET", "/health")[1] for _ in range(10)]
+        worker = subprocess.Popen([sys.executable, __file__, "--flood-worker", str(port), text],
+                                  stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        time.sleep(1.0)  # the connections open
+        probes = []
+        while worker.poll() is None and len(probes) < int((FLOOD_S - 1.5) / 0.25):
+            probes.append(request(port, "GET", "/health"))
+            time.sleep(0.25)
+        statuses = json.loads(worker.communicate(timeout=120)[0].strip().splitlines()[-1])
+        answered = [s for status, s in probes if status == 200]
+        return {"connections": FLOOD, "seconds": FLOOD_S, "flood_statuses": statuses,
+                "health_idle_p50_ms": round(1000 * statistics.median(idle), 2),
+                "health_probes": len(probes), "health_ok": len(answered),
+                "health_p50_ms": round(1000 * statistics.median(answered), 1) if answered else None,
+                "health_max_ms": round(1000 * max(s for _, s in probes), 1),
+                "health_statuses": sorted({status for status, _ in probes}),
+                "server_rss_mb_after": rss_mb(server.pid)}
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ slow clients
+
+def slow(model: Path, threads: int, text: str) -> dict:
+    server, port = start_server(model, threads, files=256)
+    sockets, opened, refused = [], time.monotonic(), 0
+    try:
+        for _ in range(SLOW):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+                sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+                sockets.append(sock)
+            except OSError:
+                refused += 1
+        stop = threading.Event()
+
+        def trickle():  # one byte a second on each still open; note when each was closed
+            while not stop.wait(1.0):
+                for sock in sockets:
+                    if sock.fileno() != -1:
+                        try:
+                            sock.sendall(b"X")
+                        except OSError:
+                            closed.append(time.monotonic() - opened)
+                            sock.close()
+        closed: list[float] = []
+        threading.Thread(target=trickle, daemon=True).start()
+        normal = []
+        for _ in range(18):
+            status, seconds = request(port, "POST", "/translate", {"q": text})
+            normal.append({"at_s": round(time.monotonic() - opened, 1), "status": status, "ms": round(1000 * seconds, 1)})
+            time.sleep(max(0.0, 1.0 - seconds))
+        stop.set()
+        return {"slow_connections": SLOW, "server_files": 256, "normal_requests": normal,
+                "normal_ok": sum(r["status"] == 200 for r in normal),
+                "slow_closed_by_server": len(closed), "slow_closed_median_s": round(statistics.median(closed), 1) if closed else None,
+                "server_rss_mb_after": rss_mb(server.pid)}
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.terminate()
+        server.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ beside the largest
+
+def beside(model: Path, threads: int, texts: list[str]) -> dict:
+    server, port = start_server(model, threads, "--timeout", "600")
+    out = {}
+    try:
+        for name, body in (("greedy", {}), ("beam5", {"beam_size": 5})):
+            small = [dict(body, q=t) for t in texts[:20]]
+            alone = [request(port, "POST", "/translate", b, 60) for b in small]
+            large = {"q": texts[100:132], **LARGE}
+            result: dict = {}
+            runner = threading.Thread(target=lambda: result.update(r=request(port, "POST", "/translate", large, 600)))
+            runner.start()
+            time.sleep(1.0)
+            near = [request(port, "POST", "/translate", b, 60) for b in small]
+            still_running = runner.is_alive()
+            runner.join()
+            p50 = lambda xs: statistics.median(s for _, s in xs)  # noqa: E731
+            out[name] = {"alone_p50_ms": round(1000 * p50(alone), 1), "beside_p50_ms": round(1000 * p50(near), 1),
+                         "beside_max_ms": round(1000 * max(s for _, s in near), 1),
+                         "ratio": round(p50(near) / p50(alone), 2), "large_still_running_after": still_running,
+                         "large_status": result["r"][0], "large_s": round(result["r"][1], 1),
+                         "statuses": sorted({s for s, _ in alone + near})}
+        out["large_request"] = {"texts": 32, **LARGE, "work": 32 * LARGE["beam_size"] * LARGE["max_len_b"]}
+        out["server_rss_mb_after"] = rss_mb(server.pid)
+        return out
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def run_guards(model: Path, threads: int) -> dict:
+    texts = sentences(200)
+    results = {"beside": beside(model, threads, texts), "flood": flood(model, threads, texts[0]),
+               "slow": slow(model, threads, texts[0])}
+    results["goals"] = {"health_within_1s_during_flood": results["flood"]["health_ok"] == results["flood"]["health_probes"]
+                        and results["flood"]["health_max_ms"] <= 1000,
+                        "small_beside_large_within_3x": all(results["beside"][m]["ratio"] <= 3 for m in ("greedy", "beam5")),
+                        "no_5xx": not any(str(s).startswith("5") for s in results["flood"]["flood_statuses"])
+                        and all(s < 500 for m in ("greedy", "beam5") for s in results["beside"][m]["statuses"])}
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--flood-worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.flood_worker:
+        flood_worker(int(args.flood_worker[0]), args.flood_worker[1], FLOOD, FLOOD_S)
+        return 0
+    model = cached_model("multi30k-de-en", [])
+    results = run_guards(model, args.threads)
+    write_result("serve_guards", {"model": model_fingerprint(model), "threads": args.threads, **results})
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
