@@ -108,3 +108,20 @@ def run_serve(model, *flags: str, files: int | None = None) -> subprocess.Comple
 def test_connection_flags_that_cannot_work_are_one_line_and_exit_2(numbers_model, flags, files, message):
     done = run_serve(numbers_model, *flags, files=files)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"xattn serve: error: {message}"], done.stderr
+
+
+def test_a_new_connection_takes_the_place_of_one_quiet_for_a_second_when_the_server_is_full(numbers_model, tmp_path):
+    with serving(numbers_model, tmp_path / "server.log", "--read-timeout", "60", "--max-connections", "4") as url:
+        port = int(url.rsplit(":", 1)[1])
+        idle = [connect(port) for _ in range(4)]
+        try:
+            time.sleep(0.1)
+            assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")  # none quiet 1 s
+            time.sleep(1.2)
+            assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+            idle[0].settimeout(2)
+            assert idle[0].recv(1) == b""  # the one quiet longest was closed
+        finally:
+            for sock in idle:
+                sock.close()
+        assert "4 connections open: closed one quiet for 1." in (tmp_path / "server.log").read_text()

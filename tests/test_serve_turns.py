@@ -111,6 +111,36 @@ def test_a_call_goes_on_while_one_of_its_clients_remains():
     run(test)
 
 
+def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progress():
+    """Fair turns with a credit for new work: the short call's 20 steps all run before the long call's next."""
+    async def test(batcher, fake):
+        def costly(texts, settings):
+            if settings != "long":
+                return fake(texts, settings)
+
+            def steps():
+                while not fake.release.is_set():
+                    time.sleep(0.02)  # a step of a large batch
+                    fake.steps += 1
+                    yield
+                return texts
+            return steps()
+
+        def short(texts):
+            for _ in range(20):
+                yield
+            return texts
+        batcher.translate = lambda texts, settings: costly(texts, settings) if settings == "long" else short(texts)
+        long = asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
+        await until(lambda: fake.steps > 2)
+        before = fake.steps
+        assert await asyncio.wait_for(batcher.submit(["b"], "short", work=1), 5) == ["b"]
+        assert fake.steps - before <= 2  # the step in progress, and at most one more
+        fake.release.set()
+        await asyncio.wait_for(long, 5)
+    run(test)
+
+
 # ------------------------------------------------------------------------------ the server, a real model
 
 LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,

@@ -115,8 +115,7 @@ def run(args) -> int:
     logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
     sys.setswitchinterval(SWITCH_INTERVAL)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                                 loop="asyncio", http=guarded(read_timeout, limit),
-                                                 limit_concurrency=limit, **connections)))
+                                                 loop="asyncio", http=guarded(read_timeout, limit), **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
     print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)

@@ -19,13 +19,14 @@ Requests that `Streams.streamable` accepts (plain greedy search) skip the collec
 continuous batch (Translator.stream) between two decoder steps, up to `max_batch` sentences at a time, and
 each request is answered as soon as its last sentence ends, so a long sentence never holds up the others'
 answers, and nobody waits for a batch to fill. A request whose client gave up leaves the batch at the next step.
-The engine thread runs the model: in turns, one step of each continuous batch and of each call.
+The engine thread runs the model, one step of a continuous batch or of a call at a time, in fair turns (Engine).
 """
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -191,6 +192,7 @@ class Call:
     jobs: list[Job]
     future: Future
     steps: Steps[list] | None = None
+    used: float = 0.0                 # engine seconds spent on it (Engine's fair share)
 
     def advance(self) -> bool:
         """One step (the first makes the Steps); whether the call is over (its future then set)."""
@@ -211,9 +213,58 @@ class Call:
         return True
 
 
+CREDIT = 0.25
+"""Seconds of engine time that newly arrived work may run ahead of the work already running (Engine)."""
+
+
+@dataclass
+class Streaming:
+    """An open continuous batch on the engine: its stream and the rows of the streamed jobs in it."""
+    stream: Any
+    rows: dict = field(default_factory=dict)  # tag -> (job, index of its text)
+    used: float = 0.0                         # engine seconds spent on it (Engine's fair share)
+    broken: bool = False                      # a step failed: its requests were answered with the error
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def admit(self, job: Job) -> None:
+        try:
+            job.results = [None] * len(job.texts)
+            tags = [(id(job), i) for i in range(len(job.texts))]
+            self.stream.add(job.texts, tags)
+        except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+            _resolve(job, e)
+            return
+        self.rows.update({tag: (job, i) for i, tag in enumerate(tags)})
+
+    def drop_gone(self) -> None:
+        for tag in [tag for tag, (job, _) in self.rows.items() if job.future.done()]:  # its client gave up
+            del self.rows[tag]
+            self.stream.cancel(tag)
+
+    def advance(self) -> None:
+        """One decoder step; the requests whose last sentence ended are answered."""
+        try:
+            ended = self.stream.step()
+        except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server
+            for job, _ in self.rows.values():
+                _resolve(job, e)
+            self.rows.clear()
+            self.broken = True
+            return
+        for tag, result in ended:
+            job, i = self.rows.pop(tag)
+            job.results[i] = result
+            if all(r is not None for r in job.results):
+                _resolve(job, job.results)
+
+
 class Engine:
     """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
-    (`submit`), in turns one decoder step of each."""
+    (`submit`), one decoder step at a time, in fair turns: the next step is always one of the work that has
+    had the least engine time so far. Work that arrives gets CREDIT seconds of lead over what is running,
+    so a small request sent beside a large one runs to its end at once, after the step in progress."""
 
     def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
@@ -241,60 +292,77 @@ class Engine:
         self.inbox.put(job)
 
     def _run(self) -> None:
-        open_: dict[Hashable, Any] = {}        # settings -> stream
-        rows: dict[Any, tuple[Job, int]] = {}  # tag -> (job, index of its text)
+        open_: dict[Hashable, Streaming] = {}  # settings -> its continuous batch
         held: deque[Job] = deque()             # streamed jobs waiting for room
         calls: list[Call] = []                 # running translate calls
         while True:
-            busy = bool(held) or bool(calls) or any(len(s) for s in open_.values())
-            items = []
-            try:
-                items.append(self.inbox.get(block=not busy))
-                while True:
-                    items.append(self.inbox.get_nowait())
-            except queue.Empty:
-                pass
+            active = [*calls, *(s for s in open_.values() if len(s))]
+            items = self._take(block=not (active or held))
+            if None in items:
+                for call in calls:
+                    call.future.cancel()
+                return
             for item in items:
-                if item is None:
-                    for call in calls:
-                        call.future.cancel()
-                    return
-                (held if isinstance(item, Job) else calls).append(item)
-            for tag in [tag for tag, (job, _) in rows.items() if job.future.done()]:  # its client gave up
-                open_[rows.pop(tag)[0].settings].cancel(tag)
-            while held and (not rows or len(rows) + len(held[0].texts) <= self.max_rows):
-                self._admit(held.popleft(), open_, rows)
-            for settings, stream in [(k, s) for k, s in open_.items() if len(s)]:
-                self.metrics.step(len(stream))
-                try:
-                    ended = stream.step()
-                except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server
-                    for tag in [tag for tag, (job, _) in rows.items() if job.settings == settings]:
-                        _resolve(rows.pop(tag)[0], e)
-                    del open_[settings]
-                    continue
-                for tag, result in ended:
-                    job, i = rows.pop(tag)
-                    job.results[i] = result
-                    if all(r is not None for r in job.results):
-                        _resolve(job, job.results)
-            calls[:] = [call for call in calls if not call.advance()]
+                if isinstance(item, Job):
+                    held.append(item)
+                else:
+                    item.used = fresh(active, item.used)
+                    calls.append(item)
+            for streaming in open_.values():
+                streaming.drop_gone()
+            self._admit(held, open_, active)
+            active = [*calls, *(s for s in open_.values() if len(s))]
+            if not active:
+                continue
+            pick = min(active, key=lambda work: work.used)
+            began = time.perf_counter()
+            if isinstance(pick, Call):
+                if pick.advance():
+                    calls.remove(pick)
+            else:
+                self.metrics.step(len(pick))
+                pick.advance()
+            pick.used += time.perf_counter() - began
+            for settings in [k for k, s in open_.items() if s.broken]:
+                del open_[settings]
 
-    def _admit(self, job: Job, open_: dict, rows: dict) -> None:
-        self.waiting -= 1
-        if job.future.done():
-            return
+    def _take(self, block: bool) -> list:
+        """What the inbox holds (waiting for something when `block`)."""
+        items = []
         try:
+            items.append(self.inbox.get(block=block))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming], active: list) -> None:
+        """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
+        larger alone); a batch that was empty starts with a fresh credit."""
+        rows = sum(len(s.rows) for s in open_.values())
+        while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
+            job = held.popleft()
+            self.waiting -= 1
+            if job.future.done():
+                continue
             if job.settings not in open_:
-                open_[job.settings] = self.streams.open_stream(job.settings)
-            stream = open_[job.settings]
-            job.results = [None] * len(job.texts)
-            tags = [(id(job), i) for i in range(len(job.texts))]
-            stream.add(job.texts, tags)
-        except Exception as e:  # noqa: BLE001 - handed to the request that caused it
-            _resolve(job, e)
-            return
-        rows.update({tag: (job, i) for i, tag in enumerate(tags)})
+                try:
+                    open_[job.settings] = Streaming(self.streams.open_stream(job.settings))
+                except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+                    _resolve(job, e)
+                    continue
+            streaming = open_[job.settings]
+            if not len(streaming):
+                streaming.used = fresh(active, streaming.used)
+            streaming.admit(job)
+            rows += len(job.texts)
+
+
+def fresh(active: list, used: float) -> float:
+    """The engine time to count for work that becomes active beside `active`: CREDIT less than the least of
+    theirs (never less than it had)."""
+    return max(used, min((work.used for work in active), default=0.0) - CREDIT)
 
 
 def _resolve(job: Job, outcome: Any) -> None:

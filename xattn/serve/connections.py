@@ -4,16 +4,19 @@
   byte (or of the connection's opening, for a client that connects and sends nothing); a client that
   trickles its headers or body is closed then, instead of holding a connection and a file forever. Between
   requests, uvicorn's keep-alive timeout closes an idle connection.
-- A connection limit with a fast refusal: a connection beyond `max_connections` open ones is answered 503
-  at once and closed, before anything of it is read, so that a flood of idle or slow connections cannot use
-  up the process's files and lock out everyone else (uvicorn's own `limit_concurrency` answers 503 only once
-  a request's head has arrived).
+- A connection limit that makes room or refuses fast: a connection beyond `max_connections` open ones
+  takes the place of the one that has been quiet longest (no request of it in progress: still arriving, or
+  idle between two), if that one has been quiet for QUIET_S or more; otherwise it is answered 503 at once and
+  closed, before anything of it is read. A flood of idle or slow connections then neither uses up the
+  process's files nor locks out everyone else (uvicorn's own `limit_concurrency` answers 503 only once a
+  request's head has arrived, and never closes the connections that hold the room).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from functools import partial
 
 import h11
@@ -21,6 +24,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 LOG = logging.getLogger("xattn.serve")
 READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
+QUIET_S = 1.0
+"""Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
 
 
 def refusal(max_connections: int) -> bytes:
@@ -39,21 +44,44 @@ class Guarded(H11Protocol):
         super().__init__(*args, **kwargs)
         self.read_timeout, self.max_connections = read_timeout, max_connections
         self.deadline: asyncio.TimerHandle | None = None
+        self.quiet_since: float | None = None  # since when no request of it is in progress
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
+        if len(self.connections) > self.max_connections and not self._make_room():
             transport.write(refusal(self.max_connections))
             transport.close()
             return
+        self.quiet_since = time.monotonic()
         self._arm()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state in READING and not self.transport.is_closing():
+            self.quiet_since = self.quiet_since or time.monotonic()
             self._arm()
-        else:
+        else:  # a whole request: in progress until its response is complete
+            self.quiet_since = None
             self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state in READING:  # not already reading a pipelined request
+            self.quiet_since = time.monotonic()
+
+    def _make_room(self) -> bool:
+        """Close the connection quiet longest, if one has been quiet for QUIET_S; whether one was."""
+        now = time.monotonic()
+        quiet = [c for c in self.connections if c is not self and getattr(c, "quiet_since", None) is not None
+                 and now - c.quiet_since >= QUIET_S and not c.transport.is_closing()]
+        if not quiet:
+            return False
+        oldest = min(quiet, key=lambda c: c.quiet_since)
+        LOG.info("%d connections open: closed one quiet for %.1f s to make room", len(self.connections) - 1,
+                 now - oldest.quiet_since)
+        oldest._disarm()
+        oldest.transport.close()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
