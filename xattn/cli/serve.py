@@ -35,7 +35,8 @@ def register(sub) -> None:
 
     defaults = Limits()
     p = add_verb(sub, "serve", "Serve a model over HTTP: POST /translate (LibreTranslate-compatible, plus decoding "
-                 "settings, cross-attention and word alignment), GET /languages, /health, /info, /openapi.json, "
+                 "settings, cross-attention and word alignment; source auto checks the text's language), POST /detect, "
+                 "POST /translate_file (a .txt file, line by line), GET /languages, /health, /info, /openapi.json, "
                  "and at / a page that shows the cross-attention of each translation. Concurrent requests share "
                  "batches. Needs: pip install 'xattn[serve]'.",
                  "xattn serve runs/multi30k-de-en --port 8000\n"

@@ -1,5 +1,6 @@
 """The FastAPI app of `xattn serve`: POST /translate (LibreTranslate-compatible, plus xattn's settings and the
-cross-attention), GET /languages, /health, /info, /openapi.json, and the page at / (static/, no network).
+cross-attention), /detect, /translate_file (and GET /download_file/NAME), GET /languages, /health, /info,
+/openapi.json, and the page at / (static/, no network).
 
 The model loads in the background: /health answers 503 until it is ready, so do the other model routes.
 Every error is a JSON body {"error", "error_type"} with its status (api.ApiError); a client mistake is never
@@ -26,7 +27,11 @@ from starlette.requests import ClientDisconnect
 
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
-from xattn.serve.api import TranslateRequest, parse_request, plan, response, with_alternatives
+from xattn.serve import detect
+from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detected_source, detection, openapi_body,
+                             parse_request, plan, request_texts, response, with_alternatives)
+from xattn.serve.files import (KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text,
+                               multipart, translate_lines)
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.batcher import Batcher, QueueFull
 from xattn.serve.metrics import Metrics, Observed
@@ -95,6 +100,7 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
     async def lifespan(app: FastAPI):
         async def load() -> None:
             try:
+                await asyncio.to_thread(detect.load)
                 model = await asyncio.to_thread(Model, model_dir, device, limits, state["metrics"])
             except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
                 state["error"] = " ".join(str(e).split()) or type(e).__name__
@@ -127,6 +133,7 @@ def create_app(model_dir: str, limits: Limits = Limits(), api_key: str | None = 
     add_error_handlers(app)
     add_page(app)
     add_model_routes(app, ready, limits, api_key)
+    add_file_routes(app, ready, limits, api_key)
     return app
 
 
@@ -194,43 +201,88 @@ def add_model_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -
                 "decode": dataclasses.asdict(model.translator.decode_config), "limits": dataclasses.asdict(limits),
                 "api_key_required": api_key is not None}
 
-    schema = TranslateRequest.model_json_schema()
-
-    @app.post("/translate", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}})
+    @app.post("/translate", openapi_extra=openapi_body(TranslateRequest))
     async def translate(request: Request):
         model = ready()
         req = parse_request(*await read_request(request, limits))
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
-        try:
-            texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
-                                   model.maps, model.max_positions)
-        except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
-            raise ApiError(422, f"q: {e}", "invalid_request") from None
-        record = request.scope.setdefault("xattn", {})
-        record.update(texts=len(texts), characters=sum(map(len, texts)),
-                      batch="stream" if model.streamable(settings) else "call")
-        try:
-            done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
-                                          limits.timeout_s)
-        except QueueFull:
-            raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
-                           "busy", {"Retry-After": "1"}) from None
-        except asyncio.TimeoutError:
-            raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
-        except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)
-            raise ApiError(422, str(e), "invalid_request") from None
-        except XattnError as e:  # what the model cannot take (checked before where it can be)
-            raise ApiError(422, f"q: {e}", "invalid_request") from None
-        record["output_tokens"] = sum(len(t.tgt_tokens) - 1 for t in done)  # without </s>
-        try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
-            heavy = req.alignment or req.attention != "none"
-            args = (req, texts, done, model.links, model.languages[0])
-            body = await asyncio.to_thread(response, *args) if heavy else response(*args)
-        except XattnError as e:  # words the alignment cannot place
-            raise ApiError(422, f"q: {e}", "invalid_request") from None
+        body = await translated(model, req, limits, request.scope.setdefault("xattn", {}))
         return Response(json_text(body, ensure_ascii=False, separators=(",", ":")),  # plain JSON types already
                         media_type="application/json")
+
+    @app.post("/detect", openapi_extra=openapi_body(DetectRequest))
+    async def detect_language(request: Request):
+        ready()  # the identifier loads with the model
+        req = parse_request(*await read_request(request, limits), kind=DetectRequest)
+        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        return detection(request_texts(req.q, limits))
+
+
+async def translated(model: Model, req: TranslateRequest, limits: Limits, record: dict) -> dict:
+    """The answer to a /translate request (or to a part of a file); adds its figures to `record` (the access
+    log's fields)."""
+    try:
+        texts, settings = plan(req, model.translator.decode_config, limits, model.languages, model.token_counts,
+                               model.maps, model.max_positions)
+    except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
+        raise ApiError(422, f"q: {e}", "invalid_request") from None
+    detected = detected_source(texts, model.languages[0]) if req.source == "auto" else None
+    for key, count in (("texts", len(texts)), ("characters", sum(map(len, texts)))):
+        record[key] = record.get(key, 0) + count
+    record["batch"] = "stream" if model.streamable(settings) else "call"
+    try:
+        done = await asyncio.wait_for(model.batcher.submit(texts, settings, not settings.decode.sampling),
+                                      limits.timeout_s)
+    except QueueFull:
+        raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
+                       "busy", {"Retry-After": "1"}) from None
+    except asyncio.TimeoutError:
+        raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
+    except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)
+        raise ApiError(422, str(e), "invalid_request") from None
+    except XattnError as e:  # what the model cannot take (checked before where it can be)
+        raise ApiError(422, f"q: {e}", "invalid_request") from None
+    record["output_tokens"] = record.get("output_tokens", 0) + sum(len(t.tgt_tokens) - 1 for t in done)  # no </s>
+    try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
+        heavy = req.alignment or req.attention != "none"
+        args = (req, texts, done, model.links, detected)
+        return await asyncio.to_thread(response, *args) if heavy else response(*args)
+    except XattnError as e:  # words the alignment cannot place
+        raise ApiError(422, f"q: {e}", "invalid_request") from None
+
+
+def add_file_routes(app: FastAPI, ready, limits: Limits, api_key: str | None) -> None:
+    """POST /translate_file (a .txt file, LibreTranslate's multipart form) and GET /download_file/{name}."""
+    store = Store()
+
+    @app.post("/translate_file", openapi_extra=openapi_body(FileRequest))
+    async def translate_file(request: Request):
+        model = ready()
+        fields, _ = await read_request(request, limits, files=1)
+        req = parse_request({k: v for k, v in fields.items() if k != "file"}, True, kind=FileRequest)
+        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        filename, text = file_text(fields.get("file"), limits)
+        source, target = model.languages
+        if req.source == "auto":  # the whole text at once: more to go on than any of its lines
+            detected_source([text], source, names=["file"])
+        record = request.scope.setdefault("xattn", {})
+
+        async def part(lines: list[str]) -> list[str]:
+            asked = TranslateRequest(q=lines, source=source if req.source == "auto" else req.source, target=req.target)
+            return (await translated(model, asked, limits, record))["translatedText"]
+        translation = await translate_lines(Document.parse(text), part, limits.max_items)
+        name = store.put(download_name(filename, target), translation.encode())
+        return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
+
+    @app.get("/download_file/{name}")
+    async def download_file(name: str):
+        kept = store.get(name)
+        if kept is None:
+            raise ApiError(404, f"/download_file/{name}: no such file (files are kept {KEEP_SECONDS / 60:g} minutes "
+                           f"and the last {KEEP_FILES} at most)", "not_found")
+        filename, data = kept
+        return Response(data, media_type="text/plain; charset=utf-8",
+                        headers={"Content-Disposition": attachment(filename)})
 
 
 def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:
@@ -245,13 +297,14 @@ def check_key(expected: str | None, in_body: str | None, authorization: str) -> 
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
-async def read_request(request: Request, limits: Limits) -> tuple[dict, bool]:
+async def read_request(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
     """The request's fields, and whether they came as text (a form or the query string): the body's, and the
     query string's, as LibreTranslate reads both (deep-translator sends every field in the query string of a
     POST with no body; other clients put `api_key` there). A field in both is an error: one would silently win.
-    A client that hangs up mid-body gets one short log line, not a traceback."""
+    A client that hangs up mid-body gets one short log line, not a traceback. `files`: how many file fields a
+    multipart body may have (files.Upload values)."""
     try:
-        body, form = await read_body(request, limits)
+        body, form = await read_body(request, limits, files)
     except ClientDisconnect:
         LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
         raise ApiError(400, "the client went away before its body arrived", "client_gone") from None
@@ -266,25 +319,20 @@ async def read_request(request: Request, limits: Limits) -> tuple[dict, bool]:
     return ({**query, **body} if isinstance(body, dict) else body), form
 
 
-async def read_body(request: Request, limits: Limits) -> tuple[dict, bool]:
+async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
     """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap, and
     whether it was a form."""
     cap = 8 * limits.max_chars + 65536  # UTF-8 and JSON escapes of max_chars characters, and the other fields
     if int(request.headers.get("content-length") or 0) > cap:
         raise ApiError(413, f"the body is over {cap} bytes", "too_large")
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if kind == "multipart/form-data":  # fields only, each within the cap
-        try:
-            form = await request.form(max_files=0, max_fields=64, max_part_size=cap)
-        except HTTPException as e:
-            raise ApiError(413 if "size" in str(e.detail).lower() else 422, f"body: {e.detail}", "invalid_request") \
-                from None
-        return form_fields({k: form.getlist(k) for k in form.keys()}), True
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > cap:
             raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+    if kind == "multipart/form-data":
+        return form_fields(await multipart(request.headers, bytes(raw), files, cap)), True
     if kind == "application/x-www-form-urlencoded":
         return form_fields(query_fields(raw, "body")), True
     try:
