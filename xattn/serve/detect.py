@@ -25,7 +25,7 @@ UNDETERMINED = "und"
 
 
 class Guess(NamedTuple):
-    language: str      # an ISO 639-1 code (py3langid's), or UNDETERMINED
+    language: str      # an ISO 639 code (py3langid's: ISO 639-1 where there is one), or UNDETERMINED
     confidence: float  # the identifier's probability of that language, 0..1
 
 
@@ -55,7 +55,7 @@ def load() -> None:
 
 
 def languages() -> list[str]:
-    """The languages the identifier knows (ISO 639-1 codes)."""
+    """The languages the identifier knows (ISO 639 codes)."""
     return list(_everything().labels)
 
 
@@ -66,24 +66,24 @@ def _identifier(candidates: Iterable[str] | None) -> LanguageIdentifier | None:
     return _among(known) if known else None
 
 
-def _ranked(identifier: LanguageIdentifier | None, text: str) -> list[Guess]:
+def _rank(identifier: LanguageIdentifier | None, text: str) -> list[tuple[str, float]]:
     if identifier is None or not any(ch.isalpha() for ch in text):
         return []
-    return [Guess(lang, p) for lang, p in identifier.rank(text)]
+    return identifier.rank(text)
 
 
 def ranking(text: str, candidates: Iterable[str] | None = None) -> list[Guess]:
     """Every candidate language (default: all the identifier knows) with its probability for `text`, the most
     likely first; [] when the text has no letters or the identifier knows none of the candidates."""
-    return _ranked(_identifier(candidates), text)
+    return [Guess(lang, p) for lang, p in _rank(_identifier(candidates), text)]
 
 
 def identify(texts: Sequence[str], candidates: Iterable[str] | None = None) -> list[Guess]:
-    """The most likely language of each text and its probability, among `candidates` (ISO 639-1 codes; the
+    """The most likely language of each text and its probability, among `candidates` (ISO 639 codes; the
     ones the identifier does not know are left out) or, by default, every language it knows. A text with no
     letters, or candidates it knows none of, give Guess(UNDETERMINED, 0.0)."""
     identifier = _identifier(candidates)
-    return [next(iter(_ranked(identifier, text)), Guess(UNDETERMINED, 0.0)) for text in texts]
+    return [Guess(*next(iter(_rank(identifier, text)), (UNDETERMINED, 0.0))) for text in texts]
 
 
 def as_source(texts: Sequence[str], source: str) -> list[Guess]:
@@ -92,11 +92,11 @@ def as_source(texts: Sequence[str], source: str) -> list[Guess]:
     language, that is, it has at least MIN_LETTERS letters and the identifier gives `source` at most
     SOURCE_AT_MOST; then the most likely language and its probability. A source language the identifier does not
     know is never refused (its probability is 0)."""
-    identifier = _everything() if source in languages() else None
+    identifier = _everything() if source in _everything().labels else None
     out = []
     for text in texts:
-        ranked = _ranked(identifier, text)
-        mine = next((g.confidence for g in ranked if g.language == source), 0.0)
+        ranked = _rank(identifier, text)
+        mine = next((p for lang, p in ranked if lang == source), 0.0)
         clearly_other = bool(ranked) and mine <= SOURCE_AT_MOST and sum(ch.isalpha() for ch in text) >= MIN_LETTERS
-        out.append(ranked[0] if clearly_other else Guess(source, mine))
+        out.append(Guess(*ranked[0]) if clearly_other else Guess(source, mine))
     return out
