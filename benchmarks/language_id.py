@@ -370,6 +370,14 @@ def winner_rule(texts: dict[str, list[str]], at_least: float = 0.9) -> dict:
                        for src in LANGS}}
 
 
+def words(length: str) -> str:
+    """A row label of the rule's table: "3 words" -> "first 3 words"."""
+    if length == "sentences":
+        return "whole captions"
+    n = int(length.split()[0])
+    return f"first {n} word{'s' if n > 1 else ''}"
+
+
 def tables(record: dict) -> list[str]:
     """The README tables of a result."""
     rows = []
@@ -388,7 +396,7 @@ def tables(record: dict) -> list[str]:
     lines += ["", *markdown_table(
         ["text", "letters (mean)", "source-language texts refused, en / de / fr / cs",
          "other languages' texts refused, en / de / fr / cs"],
-        [[length, f["letters_mean"], " / ".join(f"{f['false_refusals'][s]} of {f['texts_per_language']}"
+        [[words(length), f["letters_mean"], " / ".join(f"{f['false_refusals'][s]} of {f['texts_per_language']}"
                                                 for s in LANGS),
           " / ".join(f"{100 * f['caught'][s]:.1f}%" for s in LANGS)] for length, f in rule["by_length"].items()])]
     return lines
