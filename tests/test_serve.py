@@ -53,7 +53,8 @@ def test_translate_answers_like_libretranslate_and_like_translate(client, number
     assert result["source_words"] == ["drei"] and "attention" not in result and "alignment" not in result
     form = client.post("/translate", data={"q": "drei", "source": "auto", "target": "en"}).json()
     assert form["translatedText"] == expected.text
-    assert form["detectedLanguage"] == {"language": "de", "confidence": 100.0}
+    assert form["detectedLanguage"]["language"] == "de"  # the model's, with the identifier's confidence in it
+    assert 0 <= form["detectedLanguage"]["confidence"] <= 100
     many = client.post("/translate", json={"q": ["drei", "vier"], "source": "auto", "target": "en",
                                            "alternatives": 2}).json()
     assert isinstance(many["translatedText"], list) and len(many["alternatives"]) == 2

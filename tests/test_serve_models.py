@@ -42,7 +42,8 @@ def test_each_request_is_answered_by_the_model_of_its_pair(client, numbers_model
     assert de_en["translatedText"] == alone(numbers_model, "drei") and "detectedLanguage" not in de_en
     assert en_de["translatedText"] == alone(numbers_model_en_de, "three")
     assert auto["translatedText"] == [en_de["translatedText"], alone(numbers_model_en_de, "four")]
-    assert auto["detectedLanguage"] == [{"language": "en", "confidence": 100.0}] * 2  # the only model into de
+    assert [d["language"] for d in auto["detectedLanguage"]] == ["en", "en"]  # the only model into de
+    assert all(0 <= d["confidence"] <= 100 for d in auto["detectedLanguage"])
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
     assert [line["model"] for line in lines] == ["de-en", "en-de", "en-de"]
 
@@ -56,12 +57,21 @@ def test_each_request_is_answered_by_the_model_of_its_pair(client, numbers_model
      "unsupported_language"),
     ({"source": "auto", "target": "cs"}, "target: Czech (cs) is not supported; this server translates de→en, en→de",
      "unsupported_language"),
-    ({"source": "auto"}, "source: auto cannot choose between de, en on this server (no language detection); give "
-     "source", "language_required"),
-    ({}, "source: auto cannot choose between de, en", "language_required"),  # source is auto when left out
 ])
 def test_a_pair_no_model_serves_or_a_choice_left_open_is_400_naming_the_field(client, body, fragment, error_type):
     error(client.post("/translate", json={"q": "drei", **body}), 400, fragment, error_type)
+
+
+def test_auto_between_two_models_goes_by_the_language_identifier(client, numbers_model, numbers_model_en_de):
+    german = "Ein Mann in einem blauen Hemd steht auf einer Leiter."
+    english = "A man in a blue shirt is standing on a ladder."
+    for body in ({"source": "auto"}, {}):  # source is auto when left out
+        de = client.post("/translate", json={"q": german, **body}).json()
+        assert de["translatedText"] == alone(numbers_model, german) and de["detectedLanguage"]["language"] == "de"
+    en = client.post("/translate", json={"q": english}).json()
+    assert en["translatedText"] == alone(numbers_model_en_de, english) and en["detectedLanguage"]["language"] == "en"
+    error(client.post("/translate", json={"q": [german, english]}), 400,
+          "source: the texts were detected as de, en; one request is translated by one model", "language_required")
 
 
 def test_languages_health_info_and_metrics_cover_every_model(client):
@@ -172,7 +182,7 @@ def test_routing_by_source_and_target(three):
     assert models.route("de", "fr", ["x"]).served.path == "c"
     assert models.route("en", None, ["x"]).served.path == "b"  # the only target en has here
     route = models.route("auto", "en", ["x", "y"])  # only de->en goes into en
-    assert route.served.path == "a" and route.detected == [("de", 100.0)] * 2
+    assert route.served.path == "a" and [language for language, _ in route.detected] == ["de", "de"]
     with pytest.raises(ApiError, match=r"target: German \(de\) translates to en, fr on this server; give target"):
         models.route("de", None, ["x"])
     assert [row["code"] for row in models.languages()] == ["de", "en", "fr"]

@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
 from starlette.requests import ClientDisconnect  # noqa: E402
 
-from xattn.serve.app import create_app, read_request  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.reading import read_request  # noqa: E402
 from xattn.serve.limits import ApiError, Limits  # noqa: E402
 
 from test_serve import error, started  # noqa: E402

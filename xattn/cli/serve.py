@@ -37,7 +37,8 @@ def register(sub) -> None:
 
     defaults = Limits()
     p = add_verb(sub, "serve", "Serve models over HTTP: POST /translate (LibreTranslate-compatible, plus decoding "
-                 "settings, cross-attention and word alignment), GET /languages, /health, /info, /metrics, "
+                 "settings, cross-attention and word alignment; source auto checks the text's language), POST /detect, "
+                 "POST /translate_file (a .txt file, line by line), GET /languages, /health, /info, /metrics, "
                  "/openapi.json, and at / a page that shows the cross-attention of each translation. Several models "
                  "(one per language pair) are routed to by source and target. Concurrent requests share batches. "
                  "Needs: pip install 'xattn[serve]'.",

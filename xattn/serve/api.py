@@ -1,11 +1,12 @@
-"""What `POST /translate` accepts and answers: the request (LibreTranslate's fields plus xattn's decoding
-settings), the limits, the errors (a JSON body {"error", "error_type"} with the right status) and the response.
+"""What `POST /translate`, `/detect` and `/translate_file` accept and answer: the requests (LibreTranslate's fields
+plus xattn's decoding settings), the limits, the errors (a JSON body {"error", "error_type"} with the right status)
+and the responses.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
@@ -15,28 +16,46 @@ from xattn.checks import hints
 from xattn.config import DecodeConfig
 from xattn.errors import XattnError
 from xattn.words import split_words
+from xattn.serve import detect
+from xattn.serve.detect import Guess
 from xattn.serve.limits import ApiError, Limits
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
 """The decoding settings a request may give (all of DecodeConfig but the server's batch budget)."""
+DETECT_TOP = 5
+"""/detect answers the best language and the next ones of at least DETECT_FLOOR, at most DETECT_TOP in all."""
+DETECT_FLOOR = 0.01
 
 
-class RequestFields(BaseModel):
-    """LibreTranslate's fields and xattn's own; TranslateRequest adds every decoding setting (DECODE_FIELDS)."""
+class KeyFields(BaseModel):
+    """What every route that translates or detects takes besides its own fields."""
     model_config = ConfigDict(extra="forbid")
 
-    q: str | list[str] = Field(description="the text, or a list of texts")
+    api_key: str | None = Field(None, description="the API key, when the server has one (or a Bearer header)")
+    secret: str | None = Field(None, description="LibreTranslate's page secret: accepted and not used")
+
+
+class DetectRequest(KeyFields):
+    """The body of POST /detect (JSON or form-encoded)."""
+    q: str | list[str] = Field(description="the text, or a list of texts (detected together, as LibreTranslate does)")
+
+
+class FileRequest(KeyFields):
+    """The fields of POST /translate_file besides `file` (a multipart form)."""
     source: str = Field("auto", description="the source language, or auto (the one model that can take the texts)")
     target: str | None = Field(None, description="the target language (default: the only one the source has here)")
+
+
+class RequestFields(FileRequest):
+    """LibreTranslate's fields and xattn's own; TranslateRequest adds every decoding setting (DECODE_FIELDS)."""
+    q: str | list[str] = Field(description="the text, or a list of texts")
     format: str = Field("text", description="text; html is refused")
     alternatives: int = Field(0, ge=0, description="alternative translations per text (LibreTranslate)")
-    api_key: str | None = Field(None, description="the API key, when the server has one (or a Bearer header)")
     attention: Literal["none", "mean", "full"] = Field(
         "none", description="cross-attention per result: mean (per layer, over the heads it has: L x T x S) or full "
         "(L x H x T x S); null where a pruned layer has no heads (mean) or fewer heads than H (full)")
     alignment: bool = Field(False, description="word alignment links [source word, target word], 0-based")
-    secret: str | None = Field(None, description="LibreTranslate's page secret: accepted and not used")
 
     @field_validator("alternatives", mode="before")
     @classmethod
@@ -55,17 +74,71 @@ TranslateRequest = create_model(
        for name, hint in hints(DecodeConfig).items() if name in DECODE_FIELDS})
 
 
-def parse_request(data: dict, form: bool = False) -> TranslateRequest:
-    """A TranslateRequest from a parsed body; a malformed one is 422 naming the field. JSON is read strictly
-    (`"beam_size": "3"` or `true` is an error); a form's fields are text, converted to the fields' types."""
+def openapi_body(kind: type[BaseModel]) -> dict:
+    """A route's request body for /openapi.json: JSON or a form of `kind`'s fields; FileRequest's is a
+    multipart form with the file."""
+    schema = kind.model_json_schema()
+    if kind is not FileRequest:
+        return {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": schema}, "application/x-www-form-urlencoded": {"schema": schema}}}}
+    schema["properties"]["file"] = {"type": "string", "format": "binary", "description": "a .txt file, UTF-8"}
+    schema["required"] = ["file"]
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+def parse_request(data: dict, form: bool = False, kind: type[BaseModel] = TranslateRequest):
+    """A request of `kind` (TranslateRequest, DetectRequest, FileRequest) from a parsed body; a malformed one is
+    422 naming the field. JSON is read strictly (`"beam_size": "3"` or `true` is an error); a form's fields are
+    text, converted to the fields' types."""
     if not isinstance(data, dict):
         raise ApiError(422, "the body must be a JSON object (or a form) with the field q", "invalid_request")
     try:
-        return TranslateRequest.model_validate(data, strict=not form)
+        return kind.model_validate(data, strict=not form)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise ApiError(422, f"{where}: {first['msg']}", "invalid_request") from None
+
+
+def request_texts(q: str | list[str], limits: Limits) -> list[str]:
+    """The texts of a request's `q`, within the limits on items and characters."""
+    texts = [q] if isinstance(q, str) else list(q)
+    if not texts:
+        raise ApiError(422, "q: an empty list; send at least one text", "invalid_request")
+    if len(texts) > limits.max_items:
+        raise ApiError(413, f"q: {len(texts)} texts, over the limit of {limits.max_items}", "too_many_items")
+    chars = sum(len(t) for t in texts)
+    if chars > limits.max_chars:
+        raise ApiError(413, f"q: {chars} characters, over the limit of {limits.max_chars}", "too_many_characters")
+    return texts
+
+
+def percent(guess: Guess) -> dict:
+    """LibreTranslate's {"language", "confidence"}, the confidence from 0 to 100."""
+    return {"language": guess.language, "confidence": round(100 * guess.confidence, 2)}
+
+
+def detection(texts: list[str]) -> list[dict]:
+    """/detect's answer: the languages of the texts taken together, the most likely first (the best one, then
+    those of at least DETECT_FLOOR, at most DETECT_TOP), over every language the identifier knows."""
+    ranked = detect.ranking("\n".join(texts))
+    kept = ranked[:1] + [g for g in ranked[1:DETECT_TOP] if g.confidence >= DETECT_FLOOR]
+    return [percent(g) for g in kept] or [percent(Guess(detect.UNDETERMINED, 0.0))]
+
+
+def detected_source(texts: Sequence[str], source: str, names: Sequence[str] | None = None) -> list[tuple[str, float]]:
+    """detectedLanguage of each text of a `source: auto` request to a model that reads `source`; a text clearly
+    in another language (detect.as_source) is a 400 naming `source` and that language. `names`: how the error
+    names each text (default q[0], q[1], ...)."""
+    guesses = detect.as_source(texts, source)
+    for i, guess in enumerate(guesses):
+        if guess.language != source:
+            where = names[i] if names else f"q[{i}]"
+            raise ApiError(400, f"source: auto, and {where} reads as {guess.language} (confidence "
+                           f"{percent(guess)['confidence']:g}), not as this model's source language {source}; give "
+                           f"the source language explicitly (source={source} translates it as {source} anyway)",
+                           "unsupported_language")
+    return [(g.language, percent(g)["confidence"]) for g in guesses]
 
 
 @dataclass(frozen=True)
@@ -78,29 +151,16 @@ class Settings:
     work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
 
 
-def texts_of(req: TranslateRequest) -> list[str]:
-    """The request's texts (`q`: one text or a list), at least one."""
-    texts = [req.q] if isinstance(req.q, str) else list(req.q)
-    if not texts:
-        raise ApiError(422, "q: an empty list; send at least one text", "invalid_request")
-    return texts
-
-
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
          max_positions: int | None = None) -> tuple[list[str], Settings]:
     """The texts and settings of a request for the model it was routed to (models.Models.route), checked against
     the limits. `base`: the model's decoding settings; `token_counts(texts)`: source tokens of each text; `maps`:
     attention maps per sentence (layers x heads); `max_positions`: the positions a model with learned positions has
     (None: any length)."""
-    texts = texts_of(req)
     if req.format != "text":
         raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
                        "unsupported_format")
-    if len(texts) > limits.max_items:
-        raise ApiError(413, f"q: {len(texts)} texts, over the limit of {limits.max_items}", "too_many_items")
-    chars = sum(len(t) for t in texts)
-    if chars > limits.max_chars:
-        raise ApiError(413, f"q: {chars} characters, over the limit of {limits.max_chars}", "too_many_characters")
+    texts = request_texts(req.q, limits)
     counts = token_counts(texts)
     if (longest := max(counts)) > limits.max_source_tokens:
         item = counts.index(longest)

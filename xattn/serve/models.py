@@ -18,7 +18,8 @@ from xattn.checkpoint import CONFIG, check_model_dir
 from xattn.config import load_config
 from xattn.decoding import Steps
 from xattn.errors import XattnError
-from xattn.serve.api import with_alternatives
+from xattn.serve import detect as identifier
+from xattn.serve.api import detected_source, with_alternatives
 from xattn.serve.batcher import Batcher
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import BatchMetrics, Metrics
@@ -128,12 +129,13 @@ class Models:
     """The models of a server, at most one per language pair, in the order given."""
 
     def __init__(self, served: list[Served], detect: Detect | None = None):
+        """`detect`: which language each text is in among candidates (default: the identifier, detect.py)."""
         pairs: dict[tuple[str, str], Served] = {}
         for one in served:
             if (twin := pairs.setdefault((one.source, one.target), one)) is not one:
                 raise XattnError(f"{twin.path} and {one.path}: both translate {one.source}→{one.target}; serve one "
                                  "model per language pair (requests are routed by source and target)")
-        self.served, self.detect = served, detect
+        self.served, self.detect = served, detect or identified
 
     @classmethod
     def read(cls, model_dirs: list[str], detect: Detect | None = None) -> Models:
@@ -148,9 +150,10 @@ class Models:
     def failed(self) -> Served | None:
         return next((one for one in self.served if one.error is not None), None)
 
-    def route(self, source: str, target: str | None, texts: list[str]) -> Route:
+    def route(self, source: str, target: str | None, texts: list[str], names: list[str] | None = None) -> Route:
         """The model for `texts` from `source` (or `auto`) to `target` (None: the one target `source` has here);
-        a pair no model serves, or a choice the request leaves open, is a 400 naming the field."""
+        a pair no model serves, or a choice the request leaves open, is a 400 naming the field. `names`: how an
+        error names each text (default q[0], q[1], ...)."""
         detected = None
         if source == "auto":
             options = [one for one in self.served if target in (None, one.target)]
@@ -158,8 +161,8 @@ class Models:
                 raise ApiError(400, f"target: {language(target)} is not supported; this server translates "
                                f"{self.pairs()}", "unsupported_language")
             sources = sorted({one.source for one in options})
-            if len(sources) == 1:
-                source, detected = sources[0], [(sources[0], 100.0)] * len(texts)
+            if len(sources) == 1:  # refused when clearly in another language (detect.as_source)
+                source, detected = sources[0], detected_source(texts, sources[0], names)
             else:
                 source, detected = self.source_of(texts, sources)
         return Route(self.pick(source, target), detected)
@@ -168,9 +171,6 @@ class Models:
         """Which of `candidates` (two or more source languages) `texts` are in, and each text's detected language:
         the one place where routing asks for language detection. One request goes to one model, so its texts
         must all be found in one language."""
-        if self.detect is None:
-            raise ApiError(400, f"source: auto cannot choose between {', '.join(candidates)} on this server (no "
-                           "language detection); give source", "language_required")
         detected = self.detect(texts, candidates)
         found = sorted({lang for lang, _ in detected})
         if len(found) > 1:
@@ -226,6 +226,12 @@ class Models:
         for one in self.served:
             if one.model is not None:
                 await one.model.batcher.stop()
+
+
+def identified(texts: list[str], candidates: list[str]) -> list[tuple[str, float]]:
+    """Detect with the identifier of detect.py: each text's most likely language among `candidates`, with its
+    confidence in percent."""
+    return [(g.language, round(100 * g.confidence, 2)) for g in identifier.identify(texts, candidates)]
 
 
 def language(code: str) -> str:

@@ -1,0 +1,205 @@
+"""`xattn serve`: language identification (xattn/serve/detect.py, POST /detect, `source: auto` on /translate)
+and plain-text files (POST /translate_file, GET /download_file/NAME; xattn/serve/files.py)."""
+import dataclasses
+from urllib.parse import urlsplit
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+
+from xattn.serve import detect  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.files import Document, Store  # noqa: E402
+from xattn.serve.limits import Limits  # noqa: E402
+
+from test_serve import client, error, started  # noqa: E402,F401 - client: a server on the numbers model
+
+CLEAR = {  # Multi30k-like captions (written for this test) and a few other languages
+    "en": "A man in a blue shirt is standing on a ladder and cleaning the windows.",
+    "de": "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt die Fenster.",
+    "fr": "Un homme en chemise bleue est debout sur une échelle et nettoie les fenêtres.",
+    "cs": "Muž v modré košili stojí na žebříku a myje okna.",
+    "es": "Un hombre con una camisa azul está de pie en una escalera limpiando las ventanas.",
+    "it": "Un uomo con una camicia blu è in piedi su una scala e pulisce le finestre.",
+}
+ENGLISH = CLEAR["en"]
+
+
+@pytest.fixture(scope="module")
+def small(numbers_model):
+    """A server with small limits: 3 texts, 300 characters, 12 source tokens a request."""
+    limits = dataclasses.replace(Limits(), max_items=3, max_chars=300, max_source_tokens=12)
+    c = started(create_app(str(numbers_model), limits, api_key="k3y"))
+    yield c
+    c.__exit__(None, None, None)
+
+
+def translations(client, texts: list[str]) -> list[str]:
+    reply = client.post("/translate", json={"q": texts, "source": "de"})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["translatedText"]
+
+
+# ------------------------------------------------------------------------------------------ the identifier
+
+def test_clear_sentences_are_identified_open_set_and_among_candidates():
+    guesses = detect.identify(list(CLEAR.values()))
+    assert [g.language for g in guesses] == list(CLEAR)
+    assert all(0.5 < g.confidence <= 1 for g in guesses)
+    among = detect.identify(list(CLEAR.values()), ["de", "en", "fr", "cs", "es", "it", "digits"])  # digits: unknown
+    assert [g.language for g in among] == list(CLEAR)
+    assert detect.identify([CLEAR["es"]], ["de", "en"])[0].language in ("de", "en")  # the candidates only
+    assert detect.identify(["1234 !?", ""], None) == [(detect.UNDETERMINED, 0.0)] * 2
+    assert detect.identify([ENGLISH], ["digits"]) == [(detect.UNDETERMINED, 0.0)]
+    ranked = detect.ranking(CLEAR["fr"])
+    assert ranked[0].language == "fr" and abs(sum(g.confidence for g in ranked) - 1) < 1e-3
+    assert [g.confidence for g in ranked] == sorted((g.confidence for g in ranked), reverse=True)
+
+
+def test_source_auto_refuses_only_long_texts_the_identifier_gives_the_source_almost_no_chance():
+    long_english, short_english = ENGLISH, "A man on a ladder."  # 13 letters: under MIN_LETTERS
+    assert sum(ch.isalpha() for ch in short_english) < detect.MIN_LETTERS
+    refused, short, german = detect.as_source([long_english, short_english, CLEAR["de"]], "de")
+    assert refused.language == "en" and refused.confidence > 0.9
+    assert short.language == "de" and 0 <= short.confidence <= 1  # unsure on so little: taken as the source
+    assert german.language == "de" and german.confidence > 0.9
+    assert detect.as_source(["neunhundertsiebenundachtzigtausendsechshundertvierundfünfzig"], "de")[0].language == "de"
+    assert detect.as_source([long_english], "digits") == [("digits", 0.0)]  # a source it does not know: never refused
+
+
+# ------------------------------------------------------------------------------------------ POST /detect
+
+def test_detect_answers_like_libretranslate(client):
+    for lang, text in CLEAR.items():
+        for reply in (client.post("/detect", json={"q": text}), client.post("/detect", data={"q": text})):
+            assert reply.status_code == 200, reply.text
+            answer = reply.json()
+            assert answer[0]["language"] == lang and 50 < answer[0]["confidence"] <= 100
+            assert all(set(a) == {"language", "confidence"} for a in answer) and 1 <= len(answer) <= 5
+            assert [a["confidence"] for a in answer] == sorted((a["confidence"] for a in answer), reverse=True)
+            assert all(a["confidence"] >= 1 for a in answer[1:])
+    both = client.post("/detect", json={"q": [CLEAR["de"], "Ein Hund."]}).json()  # a list: taken together
+    assert both[0]["language"] == "de"
+    assert client.post("/detect", json={"q": "1234"}).json() == [{"language": "und", "confidence": 0.0}]
+    assert client.post("/detect?q=" + CLEAR["fr"].replace(" ", "+")).json()[0]["language"] == "fr"
+
+
+def test_detect_reads_requests_as_translate_does(small):
+    error(small.post("/detect", json={"q": ENGLISH}), 403, "an API key is required", "unauthorized")
+    assert small.post("/detect", json={"q": ENGLISH}, headers={"Authorization": "Bearer k3y"}).status_code == 200
+    error(small.post("/detect", json={"q": "x" * 301, "api_key": "k3y"}), 413, "q: 301 characters, over the limit "
+          "of 300", "too_many_characters")
+    error(small.post("/detect", json={"q": ["a"] * 4, "api_key": "k3y"}), 413, "q: 4 texts", "too_many_items")
+    error(small.post("/detect", json={"q": [], "api_key": "k3y"}), 422, "q: an empty list", "invalid_request")
+    error(small.post("/detect", json={"api_key": "k3y"}), 422, "q: Field required", "invalid_request")
+    error(small.post("/detect", json={"q": "a", "source": "de", "api_key": "k3y"}), 422, "source: Extra inputs")
+
+
+# ------------------------------------------------------------------------------------------ source: auto
+
+def test_source_auto_translates_the_source_language_and_refuses_another_clearly_detected(client):
+    texts = ["drei", "siebenhundertzwölf", "neunhundertsiebenundachtzigtausendsechshundertvierundfünfzig"]
+    expected = translations(client, texts)
+    for body in ({"q": texts, "source": "auto"}, {"q": texts}):  # auto is the default
+        reply = client.post("/translate", json=body).json()
+        assert reply["translatedText"] == expected
+        assert [d["language"] for d in reply["detectedLanguage"]] == ["de"] * 3
+    single = client.post("/translate", json={"q": texts[2]}).json()["detectedLanguage"]
+    assert single["language"] == "de" and 0 <= single["confidence"] <= 100
+    for q, where in ((ENGLISH, "q[0]"), (["drei", ENGLISH], "q[1]")):
+        error(client.post("/translate", json={"q": q}), 400, f"source: auto, and {where} reads as en (confidence",
+              "unsupported_language")
+    reply = client.post("/translate", json={"q": ENGLISH, "source": "auto"})
+    assert "not as this model's source language de; give the source language explicitly" in reply.json()["error"]
+    assert client.post("/translate", json={"q": ENGLISH, "source": "de"}).status_code == 200  # asked for: done
+    assert client.post("/translate", json={"q": "A man on a ladder."}).json()["detectedLanguage"]["language"] == "de"
+
+
+# ------------------------------------------------------------------------------------------ POST /translate_file
+
+def upload(client, text: bytes | str, name: str = "zahlen.txt", **fields):
+    data = text.encode() if isinstance(text, str) else text
+    return client.post("/translate_file", files={"file": (name, data, "text/plain")}, data=fields)
+
+
+def download(client, reply) -> tuple[str, str]:
+    assert reply.status_code == 200, reply.text
+    url = reply.json()["translatedFileUrl"]
+    got = client.get(urlsplit(url).path)
+    assert got.status_code == 200 and got.headers["content-type"] == "text/plain; charset=utf-8"
+    return got.content.decode(), got.headers["content-disposition"]
+
+
+def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
+    text = "drei\n\n  vier  \r\nsiebenhundertzwölf\n   \neins"
+    want = translations(client, ["drei", "vier", "siebenhundertzwölf", "eins"])
+    translated, disposition = download(client, upload(client, "\ufeff" + text, source="de", target="en"))
+    assert translated == f"{want[0]}\n\n  {want[1]}  \r\n{want[2]}\n   \n{want[3]}"
+    assert disposition == 'attachment; filename="zahlen_en.txt"'
+    assert download(client, upload(client, text))[0] == translated  # source auto on the whole text, default target
+    _, disposition = download(client, upload(client, "drei", name="C:\\Zählen.TXT"))
+    assert disposition == "attachment; filename*=utf-8''Z%C3%A4hlen_en.TXT"
+
+
+def test_a_file_of_more_lines_than_a_request_may_have_is_translated_in_parts(small):
+    lines = ["drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]  # 7 lines, 3 texts a request
+    want = []
+    for part in (lines[:3], lines[3:6], lines[6:]):
+        want += small.post("/translate", json={"q": part, "source": "de", "api_key": "k3y"}).json()["translatedText"]
+    translated, _ = download(small, upload(small, "\n".join(lines) + "\n", api_key="k3y"))
+    assert translated == "\n".join(want) + "\n"
+
+
+@pytest.mark.parametrize("content, name, fields, status, fragment", [
+    ("drei", "zahlen.pdf", {}, 400, "file: .pdf is not supported; send a .txt file"),
+    ("drei", "zahlen", {}, 400, "file: a name without extension is not supported"),
+    (b"drei \xff vier", "zahlen.txt", {}, 422, "file: not UTF-8 text (byte 0xff at offset 5)"),
+    (b"\xef\xbb\xbfdrei \xe4", "zahlen.txt", {}, 422, "file: not UTF-8 text (byte 0xe4 at offset 8)"),  # a BOM first
+    (b"drei\x00\x01\x02", "zahlen.txt", {}, 422, "file: binary data (a NUL byte at offset 4)"),
+    ("\n  \n", "zahlen.txt", {}, 422, "file: no text to translate"),
+    ("drei\n" * 61, "zahlen.txt", {}, 413, "file: 305 characters, over the limit of 300"),
+    ("drei\nvier\n" + "drei " * 20, "zahlen.txt", {}, 413, "file: line 3: 20 source tokens, over the limit of 12"),
+    ("drei", "zahlen.txt", {"target": "fr"}, 400, "target: French (fr) is not supported; this server translates de→en"),
+    ("drei", "zahlen.txt", {"beam_size": "2"}, 422, "beam_size: Extra inputs are not permitted"),
+    (ENGLISH, "notes.txt", {}, 400, "source: auto, and file reads as en"),
+])
+def test_files_that_cannot_be_translated_are_a_4xx_naming_the_field(small, content, name, fields, status, fragment):
+    error(upload(small, content, name, api_key="k3y", **fields), status, fragment)
+
+
+def test_translate_file_checks_the_key_and_needs_a_file(small):
+    error(upload(small, "drei"), 403, "an API key is required", "unauthorized")
+    error(small.post("/translate_file", data={"api_key": "k3y", "file": "drei"}), 422, "file: a text field, not a file")
+    error(small.post("/translate_file", data={"api_key": "k3y", "source": "de"}), 422, "file: missing")
+    two = [("file", ("a.txt", b"drei")), ("file", ("b.txt", b"vier"))]
+    error(small.post("/translate_file", files=two, data={"api_key": "k3y"}), 422, "Too many files")
+    error(small.post("/translate", files={"file": ("a.txt", b"drei")}, data={"q": "drei", "api_key": "k3y"}), 422,
+          "Too many files")  # /translate takes no file
+    error(small.get("/download_file/nothing-here"), 404, "/download_file/nothing-here: no such file", "not_found")
+    paths = small.get("/openapi.json").json()["paths"]
+    assert "file" in paths["/translate_file"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"][
+        "properties"]
+    assert "q" in paths["/detect"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+
+def test_the_store_of_translated_files_is_bounded_in_count_bytes_and_time():
+    now = [0.0]
+    store = Store(files=3, total_bytes=10, seconds=60, clock=lambda: now[0])
+    names = [store.put(f"{i}.txt", b"abc") for i in range(4)]  # 4 files: the oldest goes
+    assert store.get(names[0]) is None and store.get(names[3]) == ("3.txt", b"abc") and store.size() == 9
+    big = store.put("big.txt", b"x" * 8)  # 8 + 3 + 3 bytes > 10: the oldest go until it fits
+    assert store.size() == 8 and store.get(big) == ("big.txt", b"x" * 8)
+    huge = store.put("huge.txt", b"x" * 50)  # over the budget alone: kept, as the newest
+    assert store.get(huge) == ("huge.txt", b"x" * 50) and store.get(big) is None
+    now[0] = 61.0
+    assert store.get(huge) is None and store.size() == 0
+    assert len({store.put("a.txt", b"") for _ in range(3)}) == 3
+
+
+def test_a_document_keeps_every_line_ending_and_blank_line():
+    text = "a b \r\n\n  c\rd\n\t\n e\x0cf\n"
+    document = Document.parse(text)
+    assert document.texts() == (["a b", "c", "d", "e\x0cf"], [1, 3, 4, 6])  # a form feed ends no line
+    assert document.rebuild(["A B", "C", "D", "E"]) == "A B \r\n\n  C\rD\n\t\n E\n"
+    assert document.rebuild(["a b", "c", "d", "e\x0cf"]) == text
+    assert Document.parse("").texts() == ([], []) and Document.parse("\n\n").rebuild([]) == "\n\n"

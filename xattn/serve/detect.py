@@ -1,0 +1,102 @@
+"""Which language a text is written in: POST /detect, `source: auto` on /translate, and (later) a server with
+several models choosing one by the language of the text: `identify(texts, candidates)`.
+
+The identifier is py3langid (langid.py's naive Bayes over byte n-grams; its model of 140 languages ships inside
+the pip package, nothing is downloaded). Chosen over eight others on Multi30k captions for accuracy, a model of
+5 MB that loads in under half a second, and probabilities that stay modest on short texts (it scales its scores by
+1/sqrt(bytes) before the softmax): benchmarks/README.md, Language identification. Thread-safe once loaded.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from functools import lru_cache
+from typing import Iterable, NamedTuple, Sequence
+
+from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+MIN_LETTERS = 20
+"""`source: auto` refuses no text with fewer letters: on shorter ones the identifier is too often unsure."""
+SOURCE_AT_MOST = 0.005
+"""... and refuses a text only when the identifier gives the model's source language at most this probability.
+Both chosen on Multi30k val (no source-language text refused); measured on test in benchmarks/README.md."""
+UNDETERMINED = "und"
+"""ISO 639-2 for a text with nothing to go on (no letters), or no candidate language the identifier knows."""
+
+
+class Guess(NamedTuple):
+    language: str      # an ISO 639 code (py3langid's: ISO 639-1 where there is one), or UNDETERMINED
+    confidence: float  # the identifier's probability of that language, 0..1
+
+
+_LOADING = threading.Lock()
+_model: LanguageIdentifier | None = None
+
+
+def _everything() -> LanguageIdentifier:
+    global _model
+    if _model is None:
+        with _LOADING:
+            if _model is None:  # another thread may have loaded it while this one waited
+                _model = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return _model
+
+
+@lru_cache(maxsize=16)
+def _among(candidates: frozenset[str]) -> LanguageIdentifier:
+    restricted = copy.copy(_everything())  # set_languages rebinds the model's arrays, it never writes into them
+    restricted.set_languages(sorted(candidates))
+    return restricted
+
+
+def load() -> None:
+    """Load the model now (half a second) rather than at the first call."""
+    _everything()
+
+
+def languages() -> list[str]:
+    """The languages the identifier knows (ISO 639 codes)."""
+    return list(_everything().labels)
+
+
+def _identifier(candidates: Iterable[str] | None) -> LanguageIdentifier | None:
+    if candidates is None:
+        return _everything()
+    known = frozenset(candidates) & frozenset(languages())
+    return _among(known) if known else None
+
+
+def _rank(identifier: LanguageIdentifier | None, text: str) -> list[tuple[str, float]]:
+    if identifier is None or not any(ch.isalpha() for ch in text):
+        return []
+    return identifier.rank(text)
+
+
+def ranking(text: str, candidates: Iterable[str] | None = None) -> list[Guess]:
+    """Every candidate language (default: all the identifier knows) with its probability for `text`, the most
+    likely first; [] when the text has no letters or the identifier knows none of the candidates."""
+    return [Guess(lang, p) for lang, p in _rank(_identifier(candidates), text)]
+
+
+def identify(texts: Sequence[str], candidates: Iterable[str] | None = None) -> list[Guess]:
+    """The most likely language of each text and its probability, among `candidates` (ISO 639 codes; the
+    ones the identifier does not know are left out) or, by default, every language it knows. A text with no
+    letters, or candidates it knows none of, give Guess(UNDETERMINED, 0.0)."""
+    identifier = _identifier(candidates)
+    return [Guess(*next(iter(_rank(identifier, text)), (UNDETERMINED, 0.0))) for text in texts]
+
+
+def as_source(texts: Sequence[str], source: str) -> list[Guess]:
+    """The language each text is taken to be in when a client asks a model that reads `source` for
+    `source: auto`: Guess(source, the identifier's probability of it), unless the text is clearly in another
+    language, that is, it has at least MIN_LETTERS letters and the identifier gives `source` at most
+    SOURCE_AT_MOST; then the most likely language and its probability. A source language the identifier does not
+    know is never refused (its probability is 0)."""
+    identifier = _everything() if source in _everything().labels else None
+    out = []
+    for text in texts:
+        ranked = _rank(identifier, text)
+        mine = next((p for lang, p in ranked if lang == source), 0.0)
+        clearly_other = bool(ranked) and mine <= SOURCE_AT_MOST and sum(ch.isalpha() for ch in text) >= MIN_LETTERS
+        out.append(Guess(*ranked[0]) if clearly_other else Guess(source, mine))
+    return out

@@ -1,0 +1,185 @@
+"""POST /translate_file: a plain-text file (.txt, UTF-8) in a multipart form, translated line by line with its
+lines kept, and held for download for a while: LibreTranslate answers {"translatedFileUrl"} and serves the file
+at that address, and its clients fetch it from there.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Awaitable, Callable
+from urllib.parse import quote
+
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from xattn.serve.limits import ApiError, Limits
+
+EXTENSIONS = (".txt",)
+KEEP_FILES = 64
+KEEP_BYTES = 32_000_000
+KEEP_SECONDS = 3600.0
+"""Translated files are kept for download: the newest KEEP_FILES, KEEP_BYTES together (the newest one always),
+each for KEEP_SECONDS at most. Memory stays bounded however many files clients translate."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file field of a multipart form."""
+    filename: str
+    data: bytes
+
+
+async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size: int) -> dict[str, list]:
+    """The fields of a multipart body already read (its size bounded by the caller), each a list of its values:
+    text, or an Upload for a file. A malformed body is 422, a field over `max_part_size` 413."""
+    async def body():
+        yield raw
+    try:
+        form = await MultiPartParser(headers, body(), max_files=max_files, max_fields=64,
+                                     max_part_size=max_part_size).parse()
+    except MultiPartException as e:
+        status = 413 if "size" in e.message.lower() else 422
+        raise ApiError(status, f"body: {e.message}", "invalid_request") from None
+    fields: dict[str, list] = {}
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            value = Upload(value.filename or "", await value.read())
+        fields.setdefault(key, []).append(value)
+    await form.close()
+    return fields
+
+
+def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:
+    """The name and text of the form's `file`: a .txt file, UTF-8 (a BOM is dropped) without NUL bytes, of at
+    most `max_chars` characters (the limit of one /translate request)."""
+    if upload is None:
+        raise ApiError(422, "file: missing; send the text as the multipart/form-data file field `file`",
+                       "invalid_request")
+    if not isinstance(upload, Upload):
+        raise ApiError(422, "file: a text field, not a file; send it as a file (with a filename)", "invalid_request")
+    name = PurePath(upload.filename.replace("\\", "/")).name
+    if (extension := PurePath(name).suffix).lower() not in EXTENSIONS:
+        raise ApiError(400, f"file: {extension or 'a name without extension'} is not supported; send a .txt file "
+                       "(UTF-8 plain text)", "unsupported_format")
+    if (nul := upload.data.find(b"\0")) >= 0:
+        raise ApiError(422, f"file: binary data (a NUL byte at offset {nul}), not UTF-8 text", "invalid_request")
+    try:
+        text = upload.data.decode("utf-8").removeprefix("\ufeff")  # (utf-8-sig would shift the offsets below)
+    except UnicodeDecodeError as e:
+        raise ApiError(422, f"file: not UTF-8 text (byte 0x{upload.data[e.start]:02x} at offset {e.start})",
+                       "invalid_request") from None
+    if len(text) > limits.max_chars:
+        raise ApiError(413, f"file: {len(text)} characters, over the limit of {limits.max_chars}",
+                       "too_many_characters")
+    return name, text
+
+
+@dataclass(frozen=True)
+class Document:
+    """A text as lines (ended by \n, \r\n or \r, as an editor counts them): the text of each line to translate
+    (stripped; "" for a blank line) with what surrounds it (its leading and trailing whitespace, its line ending),
+    which the translation keeps as they are."""
+    lines: tuple[tuple[str, str, str], ...]  # (before, text, after)
+
+    @classmethod
+    def parse(cls, text: str) -> Document:
+        pieces = re.split(r"(\r\n|\r|\n)", text)
+        lines = []
+        for content, ending in zip(pieces[0::2], pieces[1::2] + [""]):
+            stripped = content.strip()
+            if not stripped:
+                if content or ending:  # not the nothing after a last line ending
+                    lines.append((content + ending, "", ""))
+                continue
+            start = len(content) - len(content.lstrip())
+            lines.append((content[:start], stripped, content[start + len(stripped):] + ending))
+        return cls(tuple(lines))
+
+    def texts(self) -> tuple[list[str], list[int]]:
+        """The lines to translate, and their line numbers (from 1)."""
+        kept = [(text, n) for n, (_, text, _) in enumerate(self.lines, 1) if text]
+        return [t for t, _ in kept], [n for _, n in kept]
+
+    def rebuild(self, translations: list[str]) -> str:
+        """The text with each line to translate replaced by its translation (in the order of texts())."""
+        it = iter(translations)
+        return "".join(before + (next(it) if text else "") + after for before, text, after in self.lines)
+
+
+ITEM = re.compile(r"^q(\[(\d+)\])?:")
+
+
+async def translate_lines(document: Document, translate: Callable[[list[str]], Awaitable[list[str]]],
+                          max_items: int) -> str:
+    """`document` translated by `translate` (a /translate request's texts -> translations) in parts of at most
+    `max_items` lines, sent together so that the batcher can join them; an error of a part names the file and
+    the line instead of q[i]. No line to translate is a 422."""
+    texts, numbers = document.texts()
+    if not texts:
+        raise ApiError(422, "file: no text to translate (every line is blank)", "invalid_request")
+    parts = [list(range(start, min(start + max_items, len(texts)))) for start in range(0, len(texts), max_items)]
+
+    async def part(indices: list[int]) -> list[str]:
+        try:
+            return await translate([texts[i] for i in indices])
+        except ApiError as e:
+            def line(match: re.Match) -> str:
+                return f"file: line {numbers[indices[int(match[2])]]}:" if match[2] else "file:"
+            raise ApiError(e.status, ITEM.sub(line, e.message), e.error_type, e.headers) from None
+
+    tasks = [asyncio.ensure_future(part(indices)) for indices in parts]
+    try:
+        done = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # one part failed or the client left: the others' work is wasted
+            task.cancel()
+        raise
+    return document.rebuild([t for translated in done for t in translated])
+
+
+class Store:
+    """Translated files for download under random names (128 bits: the address is the only key, as in
+    LibreTranslate), within KEEP_FILES, KEEP_BYTES and KEEP_SECONDS. Used from the event loop only."""
+
+    def __init__(self, files: int = KEEP_FILES, total_bytes: int = KEEP_BYTES, seconds: float = KEEP_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.files, self.total_bytes, self.seconds, self.clock = files, total_bytes, seconds, clock
+        self._kept: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()  # oldest first
+
+    def put(self, filename: str, data: bytes) -> str:
+        name = secrets.token_urlsafe(16)
+        self._kept[name] = (self.clock(), filename, data)
+        self._expire()
+        while len(self._kept) > 1 and (len(self._kept) > self.files or self.size() > self.total_bytes):
+            self._kept.popitem(last=False)
+        return name
+
+    def get(self, name: str) -> tuple[str, bytes] | None:
+        """The file's download name and content; None when unknown or no longer kept."""
+        self._expire()
+        kept = self._kept.get(name)
+        return kept and kept[1:]
+
+    def size(self) -> int:
+        return sum(len(data) for _, _, data in self._kept.values())
+
+    def _expire(self) -> None:
+        while self._kept and self.clock() - next(iter(self._kept.values()))[0] > self.seconds:
+            self._kept.popitem(last=False)
+
+
+def download_name(filename: str, target: str) -> str:
+    """notes.txt translated into en: notes_en.txt (as LibreTranslate names it)."""
+    path = PurePath(filename)
+    return f"{path.stem}_{target}{path.suffix}"
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition header for `filename` (RFC 6266: filename* for names that need quoting)."""
+    quoted = quote(filename)
+    return f'attachment; filename="{filename}"' if quoted == filename else f"attachment; filename*=utf-8''{quoted}"

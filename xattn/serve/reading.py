@@ -1,0 +1,124 @@
+"""How `xattn serve` reads a request: its fields from a JSON body, a form (urlencoded or multipart, with files
+where the route takes them) and the query string, each read strictly, and its API key.
+
+A field given twice, JSON nested too deeply, NaN, percent-escapes that are not UTF-8: each is a 422 naming the field,
+never a 500 or a silent choice. A client that hangs up mid-body is one short log line, not a traceback.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+
+from xattn.serve.files import multipart
+from xattn.serve.limits import ApiError, Limits
+
+LOG = logging.getLogger("xattn.serve")
+
+
+def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:
+    """With a key set, the body's api_key or an `Authorization: Bearer KEY` header must give it."""
+    if expected is None:
+        return
+    scheme, _, token = authorization.partition(" ")
+    given = in_body or (token.strip() if scheme.lower() == "bearer" else "") or None
+    if given is None:
+        raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(403, "invalid API key", "unauthorized")
+
+
+async def read_request(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
+    """The request's fields, and whether they came as text (a form or the query string): the body's, and the
+    query string's, as LibreTranslate reads both (deep-translator sends every field in the query string of a
+    POST with no body; other clients put `api_key` there). A field in both is an error: one would silently win.
+    A client that hangs up mid-body gets one short log line, not a traceback. `files`: how many file fields a
+    multipart body may have (files.Upload values)."""
+    try:
+        body, form = await read_body(request, limits, files)
+    except ClientDisconnect:
+        LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
+        raise ApiError(400, "the client went away before its body arrived", "client_gone") from None
+    query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"))
+    if not query:
+        return body, form
+    if body is None:
+        return query, True
+    if isinstance(body, dict) and (both := sorted(set(body) & set(query))):
+        raise ApiError(422, f"{both[0]}: given in both the query string and the body (only one would count)",
+                       "invalid_request")
+    return ({**query, **body} if isinstance(body, dict) else body), form
+
+
+async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
+    """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap, and
+    whether it was a form."""
+    cap = 8 * limits.max_chars + 65536  # UTF-8 and JSON escapes of max_chars characters, and the other fields
+    if int(request.headers.get("content-length") or 0) > cap:
+        raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > cap:
+            raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+    if kind == "multipart/form-data":
+        return form_fields(await multipart(request.headers, bytes(raw), files, cap)), True
+    if kind == "application/x-www-form-urlencoded":
+        return form_fields(query_fields(raw, "body")), True
+    try:
+        return json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json), False
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
+    except RecursionError:
+        raise ApiError(422, "body: nested too deeply; a request is one object of fields", "invalid_request") from None
+    except TwiceError as e:
+        raise ApiError(422, f"{e}: given twice in the body (only one would count)", "invalid_request") from None
+    except ValueError as e:
+        raise ApiError(422, f"body: {e}", "invalid_request") from None
+
+
+class TwiceError(ValueError):
+    """A JSON object with a key given twice (the key)."""
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise TwiceError(key)
+        out[key] = value
+    return out
+
+
+def not_json(name: str):
+    raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def query_fields(raw: bytes, where: str) -> dict[str, list[str]]:
+    """The fields of a query string or form body, each value strictly UTF-8 once percent-decoded (a `%FF` is
+    a 422 naming the field, not a replacement character)."""
+    fields: dict[str, list[str]] = {}
+    for key, value in parse_qsl(bytes(raw).decode("latin-1"), keep_blank_values=True, encoding="latin-1"):
+        name = fix_utf8(key, where, "a field name")
+        fields.setdefault(name, []).append(fix_utf8(value, where, name))
+    return fields
+
+
+def fix_utf8(text: str, where: str, field: str) -> str:
+    """A percent-decoded form value (decoded as latin-1, one character per byte) read as UTF-8 strictly."""
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(422, f"{field}: not UTF-8 once percent-decoded ({where})", "invalid_request") from None
+
+
+def form_fields(fields: dict[str, list]) -> dict:
+    """A form's fields, each given once; `q` may repeat (a list of texts, as LibreTranslate takes it)."""
+    if twice := next((k for k, v in fields.items() if k != "q" and len(v) > 1), None):
+        raise ApiError(422, f"{twice}: given {len(fields[twice])} times in the form", "invalid_request")
+    return {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
