@@ -33,7 +33,8 @@ from xattn.serve.metrics import Metrics, Observed
 
 STATIC = Path(__file__).parent / "static"
 LOG = logging.getLogger("xattn.serve")
-PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css", "heatmap.js": "text/javascript",
+              "heatmap.css": "text/css", "favicon.svg": "image/svg+xml"}
 CSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'"
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "es": "Spanish", "it": "Italian",
                   "pt": "Portuguese", "nl": "Dutch", "ro": "Romanian", "ru": "Russian", "zh": "Chinese",
