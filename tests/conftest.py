@@ -113,3 +113,24 @@ def browser():
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture
+def guard():
+    """guard(page, allowed, expected=None) -> page: the page may load only the URLs `allowed(url)` accepts (any
+    other is refused), and may neither raise a script error nor log one (a Content-Security-Policy violation, a
+    missing file) except where `expected(url)` says the resource's error is part of the test. Checked at the end."""
+    refused, errors = [], []
+
+    def watch(page, allowed, expected=lambda url: False):
+        page.route("**/*", lambda route: route.continue_() if allowed(route.request.url) else
+                   (refused.append(route.request.url), route.abort()))
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("console", lambda m: m.type == "error" and not expected(m.location.get("url", ""))
+                and errors.append(m.text))
+        page.on("dialog", lambda dialog: (errors.append(dialog.message), dialog.dismiss()))
+        return page
+
+    yield watch
+    assert not refused, f"the page tried to reach {refused}"
+    assert not errors, errors

@@ -134,20 +134,17 @@ def test_save_wants_an_html_name(tmp_path):
 # ---------------------------------------------------------------------------------------- in a browser
 
 @pytest.fixture
-def open_view(browser, tmp_path):
-    """open_view(maps, width) -> the page showing `maps`, from a file; any other request is refused and recorded."""
-    pages, attempts, errors = [], [], []
+def open_view(browser, tmp_path, guard):
+    """open_view(maps, width) -> the page showing `maps`, from a file; any other request is refused and recorded,
+    as is any request at all that the route did not see, and every script error."""
+    pages, attempts = [], []
 
-    def open_(maps, width: int = 1000):
-        path = save(render(maps), tmp_path / "view.html")
-        page = browser.new_page(viewport={"width": width, "height": 800})
-        pages.append(page)
+    def open_(maps, width: int = 1000, **options):
+        path = save(render(maps, **options), tmp_path / "view.html")
         url = path.as_uri()
-        page.route("**/*", lambda route: route.continue_() if route.request.url == url else
-                   (attempts.append(route.request.url), route.abort()))
+        page = guard(browser.new_page(viewport={"width": width, "height": 800}), lambda u: u == url)
+        pages.append(page)
         page.on("request", lambda request: request.url == url or attempts.append(request.url))
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.on("dialog", lambda dialog: (errors.append(dialog.message), dialog.dismiss()))
         page.goto(url)
         return page
 
@@ -155,7 +152,6 @@ def open_view(browser, tmp_path):
     for page in pages:
         page.close()
     assert not attempts, f"the page tried the network: {attempts}"
-    assert not errors, errors
 
 
 def cell(page, row: int, col: int):
@@ -169,7 +165,9 @@ def test_hover_shows_the_word_pair_and_the_weight(open_view):
     assert page.locator("th.xa-hl").all_inner_texts() == [HOSTILE[0], "猫"]
     assert page.locator('th.xa-row[data-row="2"]').get_attribute("class") == "xa-row xa-hl"
     expected = maps.weights[1, :, 2, 0].mean()
-    assert page.inner_text("#xa-readout") == f"{HOSTILE[0]} \u2192 猫: {expected:.3f}"
+    assert page.inner_text("#xa-readout") == f"{HOSTILE[0]} \u2192 猫: {expected:.3f} \u00b7 alignment link"
+    cell(page, 2, 1).hover()  # not a link
+    assert page.inner_text("#xa-readout") == f"{HOSTILE[1]} \u2192 猫: {maps.weights[1, :, 2, 1].mean():.3f}"
     assert page.locator("#xa-map script").count() == 0  # the label is text, not an element
 
 
@@ -260,3 +258,70 @@ def test_no_label_is_clipped(open_view, width):
     row = page.locator('th.xa-row[data-row="1"]').evaluate("(e) => e.getBoundingClientRect().width")
     assert label > 0.5 * row  # the whole word, about as long standing as lying
     assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+
+def test_the_view_inlines_the_heatmap_script_and_style_the_server_serves():
+    from xattn.analysis.html import ASSETS
+
+    text = render(cross_maps())
+    for name in ("heatmap.js", "heatmap.css"):
+        assert (ASSETS / name).read_text(encoding="utf-8") in text, name
+
+
+def pieces_maps() -> AttentionMaps:
+    """SentencePiece labels: "Ein Hund ." -> "A dog ." with a word of two pieces on each side."""
+    rows, cols = ["\u2581A", "\u2581do", "g", "\u2581.", "</s>"], ["\u2581Ein", "\u2581Hu", "nd", "\u2581", ".", "</s>"]
+    w = rows_sum_to_one(np.random.default_rng(4).random((2, 2, len(rows), len(cols))))
+    return AttentionMaps(w, rows=rows, cols=cols, links=[(1, 1), (2, 1)])
+
+
+def test_pieces_are_labelled_as_words_start_not_with_the_raw_mark(open_view):
+    page = open_view(pieces_maps())
+    assert page.locator("th.xa-col").all_inner_texts() == ["Ein", "Hu", "nd", "\u2423", ".", "</s>"]
+    assert page.locator("th.xa-row").all_inner_texts() == ["A", "do", "g", ".", "</s>"]
+    assert "\u2581" not in page.inner_text("body")
+    starts = "(s) => [...document.querySelectorAll(s)].map((e) => e.dataset.col || e.firstChild.dataset.row)"
+    assert page.evaluate(starts, "th.xa-col.xa-ws") == ["1", "3", "5"]  # a gap before each word but the first
+    assert page.evaluate(starts, "tr.xa-wr") == ["1", "3", "4"]
+    cell(page, 2, 2).hover()  # a piece is read out with its word
+    assert page.inner_text("#xa-readout").startswith("nd (in Hund) \u2192 g (in dog): ")
+
+
+def test_colours_are_on_a_square_root_scale_that_the_legend_shows(open_view):
+    w = np.array([[0.25, 0.25, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    page = open_view(AttentionMaps(w[None, None], rows=["a", "b"], cols=["w", "x", "y", "z"]))
+    colour = "(e) => getComputedStyle(e).backgroundColor"
+    # sqrt(0.25) = 0.5: the middle of the 9 colours (rgb(107, 174, 214)), not a quarter of the way
+    assert cell(page, 0, 0).evaluate(colour) == "rgb(107, 174, 214)"
+    assert cell(page, 1, 0).evaluate(colour) == "rgb(8, 48, 107)" and cell(page, 0, 3).evaluate(colour) == \
+        "rgb(247, 251, 255)"
+    ticks = page.locator("#xa-legend .xa-tick")
+    assert ticks.all_inner_texts() == ["0", "0.01", "0.05", "0.1", "0.25", "0.5", "1"]
+    assert ticks.nth(4).locator(".xa-swatch").evaluate(colour) == "rgb(107, 174, 214)"
+    assert "square-root colour scale" in page.inner_text("#xa-legend")
+
+
+def test_arrow_keys_move_the_selection_with_focus_shown(open_view):
+    maps = pieces_maps()
+    page = open_view(maps)
+    page.focus("#xa-links")
+    page.keyboard.press("Tab")  # into the map: its first cell, the only one in the tab order
+    at = "[document.activeElement.dataset.row, document.activeElement.dataset.col]"
+    assert page.evaluate(at) == ["0", "0"] and page.inner_text("#xa-readout").startswith("Ein \u2192 A: ")
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") == "solid"
+    for key, (row, col) in (("ArrowDown", (1, 0)), ("ArrowRight", (1, 1)), ("ArrowRight", (1, 2)),
+                            ("End", (1, 5)), ("ArrowRight", (1, 5)), ("Home", (1, 0)), ("ArrowUp", (0, 0))):
+        page.keyboard.press(key)
+        assert page.evaluate(at) == [str(row), str(col)], key
+        assert page.locator("td.xa-hl").get_attribute("data-row") == str(row)
+        assert page.inner_text("#xa-readout").endswith(
+            f": {maps.weights[1, :, row, col].mean():.3f}" + (" \u00b7 alignment link" if (col, row) in maps.links
+                                                                else ""))
+    page.keyboard.press("Tab")  # and out again: one stop for the whole map
+    assert page.evaluate("document.activeElement.tagName") != "TD"
+
+
+def test_the_layer_the_links_come_from_is_named(open_view):
+    page = open_view(pieces_maps(), links_layer=0)
+    assert page.locator("#xa-layer option").all_inner_texts() == ["layer 0 (links)", "layer 1"]
+    assert page.inner_text("#xa-links-name") == "alignment links (from layer 0)"

@@ -50,8 +50,11 @@ def _fresh_env(tmp: Path, wheel: Path) -> Path:
 
 def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     wheel = _build_wheel(tmp_path)
-    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("xattn/configs/")}
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n for n in names if n.startswith("xattn/configs/")}
     assert shipped == {f"xattn/configs/{p.name}" for p in (ROOT / "xattn" / "configs").glob("*.yaml")}
+    static = "xattn/serve/static/"  # the page, whose heatmap.js and .css analysis/html.py also inlines
+    assert {n for n in names if n.startswith(static)} == {static + p.name for p in (ROOT / static).iterdir()}
     venv = _fresh_env(tmp_path, wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

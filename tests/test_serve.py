@@ -105,11 +105,15 @@ def test_languages_info_health_openapi_and_the_page(client):
     schema = client.get("/openapi.json").json()
     assert "q" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "properties"]
-    for path in ("/", "/static/app.js", "/static/app.css"):
+    for path, kind in (("/", "text/html"), ("/static/app.js", "text/javascript"), ("/static/app.css", "text/css"),
+                       ("/static/heatmap.js", "text/javascript"), ("/static/heatmap.css", "text/css"),
+                       ("/static/favicon.svg", "image/svg+xml")):
         page = client.get(path)
         assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["content-type"].startswith(kind)
         text = page.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not a request
         assert "http://" not in text and "https://" not in text and "//cdn" not in text
+    assert '<link rel="icon" href="/static/favicon.svg"' in client.get("/").text
     assert client.get("/docs").status_code == 404  # no interactive docs page: it would load its assets from a CDN
     error(client.get("/static/../app.py"), 404, "")
 

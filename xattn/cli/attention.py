@@ -59,18 +59,19 @@ def run(args) -> int:
         refuse_search_flags(args, "not used with --reference, which is read teacher-forced (nothing is searched)")
     translator = load_translator(args)
     pair = attention_pair(args, translator)
-    links = []
+    links, links_layer = [], None
     if args.kind == "cross" and not args.no_links and len(pair.src_words) > 1:  # one source word: every link is to it
         settings = settings_for(args.model, translator.model.cfg)
         links = sorted(attention_links(pair, settings))
-        label = f"alignment link ({settings.method}, {settings.choice})"
+        label, links_layer = f"alignment link ({settings.method}, {settings.choice})", settings.choice.layer
     maps = pair.maps(args.kind, words=args.words, links=links)
     if links:
         maps.links_label = label
     choice = view_choice(args, heads_per_layer(maps.weights))
     if kind == ".html":
         from xattn.io import atomic_write_text
-        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, choice)))
+        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, choice),
+                                            links_layer=links_layer))
     else:
         view = None if args.grid else choice
         plots.save(plots.figure(maps, view, grid=args.grid, title=title(args, pair, choice)), out)

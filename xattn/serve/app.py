@@ -36,7 +36,8 @@ from xattn.serve.models import Detect, Model, Models
 from xattn.serve.reading import check_key, read_request
 
 STATIC = Path(__file__).parent / "static"
-PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css", "heatmap.js": "text/javascript",
+              "heatmap.css": "text/css", "favicon.svg": "image/svg+xml"}
 CSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'"
 
 

@@ -1,47 +1,115 @@
-// The page of `xattn serve`: translate on submit, draw the cross-attention as an SVG heatmap with a layer
-// and head picker, highlight the word pair under the pointer, draw the alignment links. No framework.
+// The page of `xattn serve`: the text and its translation side by side, the settings that apply to the chosen
+// way of translating, the cross-attention (heatmap.js, shared with `xattn attention -o x.html`) and the word
+// alignment. A new answer or an error replaces everything the last one showed. No framework.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
-let current = null;  // the last result: tokens, attention (L x H x T x S), alignment, words
-let info = null;  // the model: GET /info (languages, cross-attention heads per layer)
+const FIELDS = {q: "Text", beam_size: "Beam width", alternatives: "Other translations", temperature: "Temperature",
+                top_p: "Top-p", sampling: "Sampling"};  // the API's field names as the page calls them
+let info = null;     // GET /info: languages, heads per layer, the alignment layer, decoding defaults, limits
+let shown = null;    // what the page shows: {text, result}; null when nothing is
+let heatmap = null;  // the heatmap last drawn (the layer and head picked there are kept for the next one)
+let ticket = 0;      // the latest translation asked for: an answer to an earlier one is dropped
 
-function el(name, attrs, text) {
-  const node = document.createElementNS(SVG, name);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
+// ---------------------------------------------------------------------------------------------- settings
+
+const sampling = () => $("strategy-sample").checked;
+
+function mostAlternatives() {  // what the server's limits allow: n-best of a beam, or samples
+  if (!info) return 7;
+  const l = info.limits;
+  return (sampling() ? l.max_samples : Math.min(l.max_n_best, l.max_beam)) - 1;
 }
 
-function showError(message) {
-  $("error").textContent = message;
-  $("error").hidden = false;
+function strategyChanged() {  // what does not apply to the way chosen is disabled, and the note says why
+  $("beam-settings").disabled = sampling();
+  $("beam-note").hidden = !sampling();
+  $("sample-settings").disabled = !sampling();
+  $("sample-note").hidden = sampling();
+  $("alternatives").max = mostAlternatives();
+  alternativesChanged();
+}
+
+function alternativesChanged() {
+  const most = mostAlternatives(), asked = Number($("alternatives").value);
+  const what = sampling() ? "samples" : "beam search's next best";
+  $("alternatives-note").textContent = asked > most ? `At most ${most} on this server.` :
+    `0 to ${most}: the ${what}, under the translation.`;
+  $("alternatives-note").classList.toggle("over", asked > most);
+}
+
+// The first setting that cannot be sent as it is, in plain words with the field to fix; null when all are fine.
+function problem(text) {
+  if (!text.trim()) return {field: "text", message: "Type a text to translate first."};
+  const chars = [...text].length;  // characters as the server counts them (code points)
+  if (info && chars > info.limits.max_chars) {
+    return {field: "text", message: `Text: ${chars} characters, over the limit of ${info.limits.max_chars} on this ` +
+            `server; shorten it by ${chars - info.limits.max_chars}.`};
+  }
+  const number = (id) => { const v = $(id).value.trim(); return v === "" ? NaN : Number(v); };
+  const checks = sampling() ? [
+    ["temperature", (v) => v > 0, "Temperature: a number above 0 (1 samples as the model predicts)."],
+    ["top-p", (v) => v > 0 && v <= 1, "Top-p: a number above 0, at most 1 (1 keeps every word)."],
+  ] : [["beam", (v) => Number.isInteger(v) && v >= 1 && v <= (info ? info.limits.max_beam : 16),
+        `Beam width: a whole number from 1 to ${info ? info.limits.max_beam : 16} on this server.`]];
+  checks.push(["alternatives", (v) => Number.isInteger(v) && v >= 0 && v <= mostAlternatives(),
+               `Other translations: a whole number from 0 to ${mostAlternatives()} on this server.`]);
+  const alternatives = number("alternatives"), beam = number("beam");
+  if (!sampling() && ownBeam()) {  // a beam the user set must hold the alternatives too
+    checks.push(["beam", () => beam >= alternatives + 1, `Beam width: ${beam} keeps ${beam} translations, too few ` +
+                 `for ${alternatives} other ones; make it ${alternatives + 1} or more (or the model's own, ` +
+                 `${info.decode.beam_size}).`]);
+  }
+  const bad = checks.find(([id, ok]) => !ok(number(id)));
+  return bad ? {field: bad[0], message: bad[2]} : null;
+}
+
+const ownBeam = () => !info || Number($("beam").value) !== info.decode.beam_size;  // not the model's default
+
+function counted() {  // the character counter, and whether what is shown is still the text's translation
+  const text = $("text").value, chars = [...text].length, most = info ? info.limits.max_chars : null;
+  $("count").textContent = most === null ? `${chars} characters` : `${chars} / ${most} characters` +
+    (chars > most ? `: ${chars - most} too many` : "");
+  $("count").classList.toggle("over", most !== null && chars > most);
+  const stale = shown !== null && text !== shown.text;
+  $("result").classList.toggle("stale", stale);
+  $("stale").hidden = !stale;
+}
+
+// ---------------------------------------------------------------------------------------------- translating
+
+function request(text) {
+  const attention = !info || info.heads.some((n) => n > 0);  // a model whose every cross head was pruned has none
+  const body = {q: text, attention: attention ? "full" : "none", alignment: attention,
+                alternatives: Number($("alternatives").value), sampling: sampling()};
+  if (sampling()) Object.assign(body, {temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
+  else if (ownBeam()) body.beam_size = Number($("beam").value);  // left out, the server widens it for alternatives
+  return body;
 }
 
 async function translate(event) {
   event.preventDefault();
-  $("error").hidden = true;
-  const attention = !info || info.heads.some((n) => n > 0);  // a model whose every cross head was pruned has none
-  const body = {q: $("text").value, attention: attention ? "full" : "none", alignment: attention,
-                alternatives: Number($("alternatives").value) || 0};
-  if ($("sample").checked) {
-    Object.assign(body, {sampling: true, temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
-  } else {
-    body.beam_size = Number($("beam").value);
+  const text = $("text").value, wrong = problem(text);
+  if (wrong) {
+    fail(wrong.message);
+    $(wrong.field).focus();
+    return;
   }
-  $("go").disabled = true;
+  const mine = ++ticket, body = request(text);
+  busy(true);
   try {
     let [reply, data] = await post(body);
     if (reply.status === 413 && data.error_type === "too_large") {  // full attention over the server's limit
       body.attention = "mean";
       [reply, data] = await post(body);
     }
-    if (!reply.ok) { showError(data.error || `HTTP ${reply.status}`); return; }
-    show(data.results[0], data.alternatives || [], body.attention);
+    if (mine !== ticket) return;
+    if (!reply.ok) fail(plain(data, reply.status));
+    else show(text, data.results[0], body.attention);
   } catch (e) {
-    showError(`the server cannot be reached (${e.message})`);
+    if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
   } finally {
-    $("go").disabled = false;
+    if (mine === ticket) busy(false);
   }
 }
 
@@ -54,43 +122,106 @@ async function post(body) {
   return [reply, data];
 }
 
-function show(result, alternatives, kind) {
-  current = result;
-  result.kind = kind;  // none, mean or full
+function plain(data, status) {  // the server's message, with the page's names for the fields it names
+  const message = (data.error || `HTTP ${status}`).replace(/^([a-z_]+)(\[\d+\])?: /,
+    (all, field) => FIELDS[field] ? `${FIELDS[field]}: ` : all);
+  const lead = {busy: "The server is busy. ", timeout: "The translation took too long. ",
+                unavailable: "The server is not ready: "}[data.error_type] || "";
+  return lead ? lead + message : message.charAt(0).toUpperCase() + message.slice(1);
+}
+
+function busy(on) {  // what is shown stays greyed until its replacement (or an error) arrives
+  $("go").disabled = on;
+  $("busy").hidden = !on;
+  $("target-pane").setAttribute("aria-busy", String(on));
+  $("target-pane").classList.toggle("pending", on);
+  $("attention").classList.toggle("pending", on);
+}
+
+function clear() {  // nothing of the last answer stays: text, alternatives, heatmap, readout, links
+  shown = null;
+  $("result").hidden = true;
+  $("translation").textContent = "";
+  $("alts").replaceChildren();
+  $("others").hidden = true;
+  $("copy").disabled = true;
+  $("error").hidden = true;
+  $("attention").hidden = true;
+  $("no-attention").hidden = true;
+  $("xa-view").replaceChildren();
+  $("links").replaceChildren();
+  counted();
+}
+
+function fail(message) {
+  clear();
+  $("placeholder").hidden = true;
+  $("error").textContent = message;
+  $("error").hidden = false;
+}
+
+function show(text, result, kind) {
+  clear();
+  shown = {text, result};
+  $("placeholder").hidden = true;
   $("result").hidden = false;
   $("translation").textContent = result.translatedText;
-  $("alts").replaceChildren(...alternatives.map((a) => { const li = document.createElement("li"); li.textContent = a; return li; }));
-  $("attention").hidden = kind === "none";
-  $("no-attention").hidden = kind !== "none";
-  if (kind === "none") return;
-  if (kind === "mean") result.attention = result.attention.map((layer) => [layer]);  // one "head": the mean
-  // each layer's heads: those not null (a pruned layer has fewer, maybe none, and its mean is null)
-  result.heads = result.attention.map((layer) => layer.filter((h) => h[0] && h[0][0] !== null).length);
-  const layers = result.attention.length, withHeads = [...Array(layers).keys()].filter((l) => result.heads[l] > 0);
-  const wanted = Number($("layer").value || layers - 1);
-  const keep = result.heads[wanted] > 0 ? wanted : withHeads[withHeads.length - 1];
-  $("layer").replaceChildren(...[...Array(layers).keys()].map((l) => {
-    const option = new Option(result.heads[l] ? String(l) : `${l} (no heads: pruned)`, String(l));
-    option.disabled = !result.heads[l];
-    return option;
+  if (info) $("translation").lang = info.target;
+  const alternatives = (result.alternatives || []).map((a) => a.translatedText);
+  $("alts").replaceChildren(...alternatives.map((a) => {
+    const li = document.createElement("li");
+    li.textContent = a;
+    return li;
   }));
-  $("layer").value = String(keep);
-  heads();
-  draw();
+  $("others").hidden = alternatives.length === 0;
+  $("copy").disabled = false;
+  $("copy").textContent = "Copy";
+  counted();
+  if (kind === "none") { $("no-attention").hidden = false; return; }
+  $("attention").hidden = false;  // before drawing: the heatmap and the links measure what they draw
+  const previous = heatmap && heatmap.choice();
+  const first = info && info.alignment ? info.alignment.layer : result.attention.length - 1;
+  heatmap = XattnHeatmap.mount($("xa-view"), {views: [attentionView(result, kind)],
+                                             initial: previous || {layer: first, head: "mean"}});
+  drawLinks();
 }
 
-function heads() {  // the head picker: the chosen layer's own heads
-  const n = current.kind === "mean" ? 0 : current.heads[Number($("layer").value)];
-  $("head").replaceChildren(new Option("mean", "mean"), ...[...Array(n).keys()].map((h) => new Option(String(h), String(h))));
+// ---------------------------------------------------------------------------------------------- attention
+
+// The answer's attention (full: L x H x T x S, null for a head a pruned layer lacks; mean: L x T x S, null for
+// a layer without heads) as a heatmap.js view, with the alignment's word links marked on their pieces' cells.
+function attentionView(result, kind) {
+  const scaled = (m) => m.flat().map((x) => Math.round(x * XattnHeatmap.SCALE));
+  const layers = kind === "mean" ? result.attention.map((m) => m[0][0] === null ? [] : [m]) :
+    result.attention.map((layer) => layer.filter((h) => h[0][0] !== null));
+  const mean = layers.map((heads) => heads.length === 0 ? null : scaled(heads[0].map((row, t) => row.map(
+    (_, s) => heads.reduce((sum, h) => sum + h[t][s], 0) / heads.length))));
+  const heads = kind === "mean" ? layers.map((h, l) => h.length && info ? info.heads[l] : h.length) :
+    layers.map((h) => h.length);
+  const where = info && info.alignment;
+  return {name: "cross-attention", kind: "cross", rows: result.target_tokens, cols: result.source_tokens,
+          layers: layers.length, heads, w: kind === "mean" ? null : layers.map((hs) => hs.map(scaled)), mean,
+          masked: null, links: linkCells(result), pieces: true,
+          linksLabel: where ? `alignment link (${where.method}, layer ${where.layer})` : "alignment link",
+          linksLayer: where ? where.layer : null};
 }
 
-function view() {
-  // the chosen layer's (T, S) weights: one head, or the mean of the heads the layer has
-  const layer = current.attention[Number($("layer").value)];
-  const head = $("head").value;
-  if (head !== "mean") return layer[Number(head)];
-  const present = layer.slice(0, current.heads[Number($("layer").value)]);
-  return layer[0].map((row, t) => row.map((_, s) => present.reduce((sum, h) => sum + h[t][s], 0) / present.length));
+function linkCells(result) {  // [col, row] of every piece of every linked word pair; none if the words disagree
+  const src = XattnHeatmap.wordIndex(result.source_tokens), tgt = XattnHeatmap.wordIndex(result.target_tokens);
+  if (!result.alignment || Math.max(...src) + 1 !== result.source_words.length ||
+      Math.max(...tgt) + 1 !== result.target_words.length) return [];
+  const cells = [];
+  for (const [i, j] of result.alignment) {
+    tgt.forEach((wt, r) => { if (wt === j) src.forEach((ws, c) => { if (ws === i) cells.push([c, r]); }); });
+  }
+  return cells;
+}
+
+function el(name, attrs, text) {
+  const node = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
 }
 
 function fit(svg) {  // the SVG's box is its drawing's, so that no label is cut off whatever its length
@@ -100,49 +231,24 @@ function fit(svg) {  // the SVG's box is its drawing's, so that no label is cut 
   svg.setAttribute("height", box.height + 2 * pad);
 }
 
-function draw() {
-  if (!current || !current.attention) return;
-  const weights = view(), rows = current.target_tokens, cols = current.source_tokens;
-  const cell = 22, left = 8 + 7 * Math.max(...rows.map((r) => r.length)), top = 8 + 7 * Math.max(...cols.map((c) => c.length));
-  const svg = $("heatmap");
-  svg.replaceChildren();
-  cols.forEach((c, s) => svg.append(el("text", {x: left + cell * s + cell / 2, y: top - 4, "data-col": s,
-    transform: `rotate(-60 ${left + cell * s + cell / 2} ${top - 4})`}, c)));
-  rows.forEach((r, t) => svg.append(el("text", {x: left - 4, y: top + cell * t + cell * 0.7, "text-anchor": "end", "data-row": t}, r)));
-  weights.forEach((row, t) => row.forEach((w, s) => {
-    const shade = Math.round(255 * (1 - w));
-    const rect = el("rect", {class: "cell", x: left + cell * s, y: top + cell * t, width: cell - 1, height: cell - 1,
-                             fill: `rgb(${shade},${shade},255)`, "data-row": t, "data-col": s, "data-weight": w.toFixed(3)});
-    rect.addEventListener("mouseenter", () => hover(t, s, w));
-    svg.append(rect);
-  }));
-  fit(svg);
-  drawLinks();
-}
-
-function hover(t, s, w) {
-  for (const node of $("heatmap").querySelectorAll(".hot")) node.classList.remove("hot");
-  for (const node of $("heatmap").querySelectorAll(`text[data-row="${t}"], text[data-col="${s}"], rect[data-row="${t}"][data-col="${s}"]`)) {
-    node.classList.add("hot");
-  }
-  $("pair").textContent = `${current.target_tokens[t]} ← ${current.source_tokens[s]}: ${w.toFixed(3)}`;
-}
-
 function drawLinks() {
-  // source words above target words with a line per link; where a row of words is wider than the box (a phone),
-  // source words in a column on the left and target words on the right instead
-  const svg = $("links");
+  // source words above target words with a line per link; where a row of words is wider than the box (a phone,
+  // a long text), source words in a column on the left and target words on the right instead
+  const svg = $("links"), result = shown && shown.result;
   svg.replaceChildren();
-  if (!$("show-links").checked || !current.alignment) { svg.setAttribute("width", 0); svg.setAttribute("height", 0); return; }
+  if (!result || !result.alignment) return;
+  const where = info && info.alignment;
+  $("links-note").textContent = "Each line links a word of the text to a word of the translation" +
+    (where ? `, read from layer ${where.layer} of the cross-attention (the ${where.method} method).` : ".");
   const label = (word) => svg.appendChild(el("text", {}, word));
-  const src = current.source_words.map(label), tgt = current.target_words.map(label);
+  const src = result.source_words.map(label), tgt = result.target_words.map(label);
   const width = (texts) => texts.map((t) => t.getComputedTextLength());
-  const gap = 16, row = (ws) => ws.reduce((a, b) => a + b + gap, -gap), room = svg.parentElement.clientWidth - 4;
+  const gap = 16, row = (ws) => ws.reduce((a, b) => a + b + gap, -gap), room = svg.parentElement.clientWidth - 8;
   const across = Math.max(row(width(src)), row(width(tgt))) <= room;
   if (!across) [...src, ...tgt].forEach((t) => shorten(t, (room - 70) / 2));  // a word longer than a column
   const [sw, tw] = [width(src), width(tgt)];
   const ends = across ? placeAcross(src, sw, tgt, tw, gap) : placeDown(src, sw, tgt, tw);
-  for (const [i, j] of current.alignment) {
+  for (const [i, j] of result.alignment) {
     svg.append(el("line", {class: "link", x1: ends[0][i][0], y1: ends[0][i][1], x2: ends[1][j][0], y2: ends[1][j][1]}));
   }
   fit(svg);
@@ -179,23 +285,74 @@ function placeDown(src, sw, tgt, tw) {  // two columns: source words right-align
   return [src.map((_, k) => [left + 4, 12 + line * k]), tgt.map((_, k) => [right - 4, 12 + line * k])];
 }
 
-async function languages() {
+// ---------------------------------------------------------------------------------------------- the page
+
+async function copy() {
+  const text = $("translation").textContent;
   try {
-    const reply = await fetch("/info");
-    const data = await reply.json();
-    if (reply.ok) {
-      info = data;
-      $("langs").textContent = `${info.source} → ${info.target}`;
-      $("key-field").hidden = !info.api_key_required;
+    await navigator.clipboard.writeText(text);
+    $("copy").textContent = "Copied";
+  } catch (e) {  // no clipboard API (plain http from another machine) or no permission: copy the selection
+    const range = document.createRange();
+    range.selectNodeContents($("translation"));
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    $("copy").textContent = document.execCommand("copy") ? "Copied" : "Selected: press Ctrl+C";
+  }
+}
+
+function keys(event) {  // Ctrl+Enter (Cmd+Enter on a Mac) translates from anywhere in the form
+  if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) return;
+  event.preventDefault();
+  if (!$("go").disabled) $("form").requestSubmit();
+}
+
+async function model() {  // GET /info, again each second while the model loads
+  for (;;) {
+    try {
+      const reply = await fetch("/info");
+      const data = await reply.json();
+      if (reply.ok) { ready(data); return; }
+      $("status").textContent = plain(data, reply.status) + (reply.status === 503 ? "; waiting for it…" : "");
+      if (reply.status !== 503) return;
+    } catch (e) {
+      $("status").textContent = `The server cannot be reached (${e.message}); trying again…`;
     }
-    else showError(data.error || `HTTP ${reply.status}`);
-  } catch (e) { showError(`the server cannot be reached (${e.message})`); }
+    await new Promise((done) => setTimeout(done, 1000));
+  }
+}
+
+async function ready(data) {  // the model's languages, limits and decoding defaults
+  info = data;
+  $("status").textContent = "";
+  $("langs").textContent = `${info.source} → ${info.target}`;
+  $("key-field").hidden = !info.api_key_required;
+  $("beam").max = info.limits.max_beam;
+  $("beam").value = info.decode.beam_size;
+  $("temperature").value = info.decode.temperature;
+  $("top-p").value = info.decode.top_p;
+  $(info.decode.sampling ? "strategy-sample" : "strategy-beam").checked = true;
+  strategyChanged();
+  counted();
+  try {
+    const languages = await (await fetch("/languages")).json();
+    const name = (code) => (languages.find((l) => l.code === code) || {name: code}).name;
+    $("source-name").textContent = name(info.source);
+    $("target-name").textContent = name(info.target);
+    $("text").lang = info.source;
+  } catch (e) { /* the codes in the heading say it too */ }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
-  $("layer").addEventListener("change", () => { heads(); draw(); });
-  $("head").addEventListener("change", draw);
-  $("show-links").addEventListener("change", drawLinks);
-  languages();
+  $("form").addEventListener("keydown", keys);
+  $("text").addEventListener("input", counted);
+  $("alternatives").addEventListener("input", alternativesChanged);
+  for (const id of ["strategy-beam", "strategy-sample"]) $(id).addEventListener("change", strategyChanged);
+  $("copy").addEventListener("click", copy);
+  if (/Mac|iPhone|iPad/.test(navigator.platform)) $("keys").textContent = "\u2318+Enter translates";
+  addEventListener("resize", drawLinks);
+  strategyChanged();
+  counted();
+  model();
 });

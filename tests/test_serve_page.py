@@ -1,0 +1,328 @@
+"""The page of `xattn serve` in a real browser (Debian's Chromium through Playwright) against a live server on
+127.0.0.1 with a tiny model: translating, what a new answer or an error replaces, the settings, the keyboard,
+the clipboard, the heatmap (heatmap.js, shared with `xattn attention -o x.html`) and the layout at desktop and
+phone widths."""
+import json
+import urllib.request
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+
+from test_serve_live import post, serving  # noqa: E402
+
+HINT = "hover over or tap a cell, or Tab into the map and use the arrow keys"
+LONG = "sieben hundert drei und zwanzig tausend neun hundert neun und neunzig"
+
+
+@pytest.fixture(scope="module")
+def server(numbers_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("page") / "server.log"
+    with serving(numbers_model, log, "--max-chars", "300", "--no-access-log") as url:
+        yield url
+
+
+@pytest.fixture
+def open_page(browser, server, guard):
+    """open_page(width, url, permissions) -> the page of `url` (this module's server), /info read; it may reach
+    nothing else, nor raise or log an error but the API's refusals that tests ask for."""
+    contexts = []
+
+    def open_(width: int = 1280, url: str = server, permissions: tuple = ()):
+        context = browser.new_context(viewport={"width": width, "height": 800}, permissions=list(permissions))
+        contexts.append(context)
+        page = guard(context.new_page(), lambda u: u.startswith(url), lambda u: u.endswith("/translate"))
+        page.goto(url + "/")
+        page.wait_for_selector("#langs:not(:empty)")  # /info has arrived: limits and defaults are set
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
+
+
+def translate(page, text: str) -> None:
+    """Type `text`, press Translate, wait for the answer (a result or an error)."""
+    page.fill("#text", text)
+    page.click("#go")
+    page.wait_for_selector("#busy", state="hidden")  # (wait_for_function would need 'unsafe-eval': the CSP forbids it)
+
+
+def shown(token: str) -> str:
+    """A SentencePiece piece as the heatmap labels it: no word-start mark (a piece of only the mark: a space)."""
+    return token.removeprefix("\u2581").replace("\u2581", " ") or "\u2423"
+
+
+def word_of(tokens: list[str]) -> list[int]:
+    """The word of the text each piece belongs to (-1: </s>), as the heatmap counts them."""
+    words, out = -1, []
+    for i, t in enumerate(tokens):
+        words += i == 0 or t.startswith("\u2581")
+        out.append(-1 if t == "</s>" else words)
+    return out
+
+
+def readout_weight(page) -> str:
+    return page.text_content("#xa-readout").split(": ")[-1].split(" ")[0]
+
+
+def cell(page, row: int, col: int):
+    return page.locator(f'td.xa-cell[data-row="{row}"][data-col="{col}"]')
+
+
+def test_the_page_translates_shows_the_heatmap_legend_and_links(open_page, server):
+    page = open_page()
+    translate(page, "sieben hundert drei")
+    status, api = post(server, {"q": "sieben hundert drei", "attention": "full", "alignment": True})
+    result = api["results"][0]
+    assert status == 200 and page.text_content("#translation") == api["translatedText"]
+    assert page.text_content("#langs") == "de → en"
+    assert (page.text_content("#source-name"), page.text_content("#target-name")) == ("German", "English")
+    src, tgt = result["source_tokens"], result["target_tokens"]
+    assert page.locator("td.xa-cell").count() == len(src) * len(tgt)
+    assert page.locator("th.xa-col").all_text_contents() == [shown(s) for s in src]
+    assert page.locator("th.xa-row").all_text_contents() == [shown(t) for t in tgt]
+    assert "\u2581" not in page.inner_text("body")
+    # hover a cell: the word pair is highlighted and its weight shown
+    cell(page, 0, 1).hover()
+    readout = page.text_content("#xa-readout")
+    assert readout.startswith(shown(src[1])) and f"\u2192 {shown(tgt[0])}" in readout
+    assert readout_weight(page) == f"{float(cell(page, 0, 1).get_attribute('data-w')):.3f}"
+    assert sorted(page.locator("th.xa-hl").all_text_contents()) == sorted([shown(tgt[0]), shown(src[1])])
+    # the map opens on the layer the links come from, and says so
+    info = json.load(urllib.request.urlopen(server + "/info"))
+    layer = info["alignment"]["layer"]
+    assert page.input_value("#xa-layer") == str(layer) and page.input_value("#xa-head") == "mean"
+    assert page.locator("#xa-layer option:checked").text_content() == f"layer {layer} (links)"
+    assert page.text_content("#xa-links-name") == f"alignment links (from layer {layer})"
+    assert page.text_content("#xa-links-label") == f"alignment link ({info['alignment']['method']}, layer {layer})"
+    # one head, then the mean again
+    page.select_option("#xa-head", "0")
+    assert cell(page, 0, 1).get_attribute("data-w") == f"{result['attention'][layer][0][0][1]:.4f}"
+    page.select_option("#xa-head", "mean")
+    mean = sum(h[0][1] for h in result["attention"][layer]) / len(result["attention"][layer])
+    assert float(cell(page, 0, 1).get_attribute("data-w")) == pytest.approx(mean, abs=1e-4)
+    # the legend, and the links: on their pieces' cells and as lines between the words
+    assert page.locator("#xa-legend").is_visible() and page.locator("#xa-legend .xa-tick").count() == 7
+    assert "square-root colour scale" in page.text_content("#xa-legend")
+    assert page.locator("#links line.link").count() == len(result["alignment"])
+    sw, tw = word_of(src), word_of(tgt)
+    marked = {(int(c.get_attribute("data-row")), int(c.get_attribute("data-col")))
+              for c in page.locator("td.xa-link").all()}
+    assert marked == {(r, c) for i, j in result["alignment"] for r in range(len(tgt)) if tw[r] == j
+                      for c in range(len(src)) if sw[c] == i}
+    page.uncheck("#xa-links")
+    assert page.locator("#xa-map.xa-nolinks").count() == 1
+
+
+def test_a_new_answer_or_an_error_leaves_nothing_of_the_last(open_page, server):
+    page = open_page()
+    page.fill("#alternatives", "2")
+    translate(page, "drei")
+    assert page.locator("#alts li").count() == 2 and page.locator("#others").is_visible()
+    cell(page, 0, 0).hover()
+    assert page.text_content("#xa-readout") != HINT
+    page.fill("#alternatives", "0")
+    translate(page, "sieben hundert")
+    assert page.text_content("#translation") == post(server, {"q": "sieben hundert"})[1]["translatedText"]
+    assert page.text_content("#xa-readout") == HINT and page.locator("#xa-map .xa-hl").count() == 0
+    assert page.locator("#alts li").count() == 0 and page.locator("#others").is_hidden()
+    # the text changes: what is shown is said to be the old text's
+    page.fill("#text", "sieben hundert vier")
+    assert page.locator("#stale").is_visible() and "stale" in page.get_attribute("#result", "class")
+    # an error the page finds itself (no request), then one from the network: each replaces the result
+    for make_it_fail, message in ((lambda: page.fill("#text", "drei " * 80),
+                                   ("Text: 400 characters, over the limit of 300 on this server; shorten it by 100.")),
+                                  (lambda: page.route("**/translate", lambda route: route.abort()),
+                                   "The server cannot be reached")):
+        translate(page, "drei")
+        assert page.locator("#result").is_visible() and page.locator("#error").is_hidden()
+        make_it_fail()
+        page.click("#go")
+        page.wait_for_selector("#error:not([hidden])")
+        assert message in page.text_content("#error")
+        assert page.locator("#result").is_hidden() and page.text_content("#translation") == ""
+        assert page.locator("#attention").is_hidden() and page.locator("#xa-map").count() == 0
+        assert page.locator("#links text").count() == 0 and page.locator("#copy").is_disabled()
+    page.unroute("**/translate")
+
+
+def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_page):
+    page = open_page()
+    translate(page, "drei")
+    held = []
+    page.route("**/translate", lambda route: held.append(route))  # answered when the test says
+    page.fill("#text", "vier")
+    page.click("#go")
+    page.wait_for_selector("#busy:not([hidden])")
+    assert page.is_disabled("#go") and page.get_attribute("#target-pane", "aria-busy") == "true"
+    assert page.evaluate("getComputedStyle(document.getElementById('translation')).opacity") == "0.45"
+    page.keyboard.press("Control+Enter")  # no second request while one runs
+    assert len(held) == 1
+    held[0].continue_()
+    page.wait_for_selector("#busy", state="hidden")
+    assert page.get_attribute("#target-pane", "aria-busy") == "false" and page.is_enabled("#go")
+    assert page.evaluate("getComputedStyle(document.getElementById('translation')).opacity") == "1"
+    page.unroute("**/translate")
+
+
+def test_ctrl_enter_translates_and_the_counter_counts_characters(open_page):
+    page = open_page()
+    page.fill("#text", "drei")
+    assert page.text_content("#count") == "4 / 300 characters"
+    page.fill("#text", "\U0001F642" * 3)  # characters as the server counts them, not UTF-16 units
+    assert page.text_content("#count") == "3 / 300 characters"
+    page.fill("#text", "x" * 301)
+    assert page.text_content("#count") == "301 / 300 characters: 1 too many"
+    assert "over" in page.get_attribute("#count", "class")
+    page.fill("#text", "drei")
+    page.focus("#text")
+    with page.expect_response("**/translate"):
+        page.keyboard.press("Control+Enter")
+    page.wait_for_selector("#result:not([hidden])")
+    assert page.text_content("#translation") and page.input_value("#text") == "drei"  # no newline typed
+
+
+def test_copy_puts_the_translation_on_the_clipboard(open_page):
+    page = open_page(permissions=("clipboard-read", "clipboard-write"))
+    assert page.locator("#copy").is_disabled()
+    translate(page, "sieben hundert drei")
+    page.click("#copy")
+    page.wait_for_selector("#copy:text-is('Copied')")  # the clipboard answers asynchronously
+    assert page.evaluate("navigator.clipboard.readText()") == page.text_content("#translation")
+
+
+def test_settings_that_do_not_apply_are_disabled_and_say_why(open_page):
+    page = open_page()
+    sent = []
+    page.on("request", lambda r: r.url.endswith("/translate") and sent.append(r.post_data_json))
+    assert page.is_disabled("#temperature") and page.is_disabled("#top-p") and page.is_enabled("#beam")
+    assert page.text_content("#sample-note") == "Temperature and top-p apply to sampling only."
+    assert page.locator("#sample-note").is_visible() and page.locator("#beam-note").is_hidden()
+    translate(page, "drei")
+    assert sent[-1]["sampling"] is False and "beam_size" not in sent[-1]  # the model's own beam (2)
+    assert "temperature" not in sent[-1] and "top_p" not in sent[-1]
+    page.fill("#beam", "3")
+    translate(page, "drei")
+    assert sent[-1]["beam_size"] == 3
+    page.fill("#alternatives", "3")  # a beam of 3 holds 3 translations: 1 + 2 others
+    page.click("#go")
+    assert page.text_content("#error") == ("Beam width: 3 keeps 3 translations, too few for 3 other ones; make it 4 "
+                                           "or more (or the model's own, 2).")
+    page.fill("#beam", "2")  # the model's own: the server searches wider for the others
+    translate(page, "drei")
+    assert "beam_size" not in sent[-1] and sent[-1]["alternatives"] == 3 and page.locator("#alts li").count() == 3
+    page.fill("#alternatives", "0")
+    page.check("#strategy-sample")
+    assert page.is_enabled("#temperature") and page.is_enabled("#top-p") and page.is_disabled("#beam")
+    assert page.locator("#beam-note").is_visible() and page.locator("#sample-note").is_hidden()
+    page.fill("#temperature", "0.7")
+    translate(page, "drei")
+    assert sent[-1]["sampling"] is True and sent[-1]["temperature"] == 0.7 and "beam_size" not in sent[-1]
+    # more alternatives than the server's limits allow: said before anything is sent
+    page.fill("#alternatives", "20")
+    assert page.text_content("#alternatives-note") == "At most 7 on this server."
+    count = len(sent)
+    page.click("#go")
+    assert page.text_content("#error") == "Other translations: a whole number from 0 to 7 on this server."
+    assert len(sent) == count and page.evaluate("document.activeElement.id") == "alternatives"
+
+
+def test_arrow_keys_move_the_selection_and_the_readout(open_page, server):
+    page = open_page()
+    translate(page, LONG)
+    result = post(server, {"q": LONG})[1]["results"][0]
+    src, tgt = result["source_tokens"], result["target_tokens"]
+    page.focus("#xa-head")
+    for _ in range(3):  # past the links checkbox, if there is one, to the map: one cell is in the tab order
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.tagName") == "TD":
+            break
+    assert page.locator('td.xa-cell[tabindex="0"]').count() == 1
+
+    def at() -> list[str]:
+        return page.evaluate("[document.activeElement.dataset.row, document.activeElement.dataset.col]")
+
+    assert at() == ["0", "0"] and page.text_content("#xa-readout").startswith(shown(src[0]))
+    assert page.evaluate("document.activeElement.matches(':focus-visible')")
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") == "solid"
+    for key, where in (("ArrowRight", [0, 1]), ("ArrowDown", [1, 1]), ("End", [1, len(src) - 1]), ("Home", [1, 0]),
+                       ("ArrowUp", [0, 0]), ("ArrowUp", [0, 0]), ("ArrowLeft", [0, 0])):
+        page.keyboard.press(key)
+        row, col = where
+        assert at() == [str(row), str(col)], key
+        readout = page.text_content("#xa-readout")
+        assert readout.startswith(shown(src[col])) and f"\u2192 {shown(tgt[row])}" in readout, (key, readout)
+        assert readout_weight(page) == f"{float(cell(page, row, col).get_attribute('data-w')):.3f}"
+        assert page.locator('td.xa-cell[tabindex="0"]').count() == 1
+
+
+INSIDE = """(width) => [...document.querySelectorAll(
+    "#links text, th.xa-row, #xa-controls select, #go, #copy, #text, #xa-legend span, #xa-scroll")]
+  .filter((e) => { const r = e.getBoundingClientRect();
+                   return r.width > 0 && (r.left < -0.5 || r.right > width + 0.5); })
+  .map((e) => e.id || e.textContent)"""
+
+OVERLAPS = """() => { const boxes = [...document.querySelectorAll("#links text")].map((t) => t.getBoundingClientRect());
+  return boxes.flatMap((a, i) => boxes.slice(i + 1).filter((b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 &&
+    a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5)).length; }"""
+
+CLIPPED = """() => [...document.querySelectorAll("th.xa-col span, th.xa-row")]
+  .filter((e) => e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1 ||
+                 e.getBoundingClientRect().height < 1).map((e) => e.textContent)"""
+
+
+@pytest.mark.parametrize("width", [1280, 390, 360])
+@pytest.mark.parametrize("text", ["sieben hundert drei und zwanzig", LONG + " und " + LONG])
+def test_every_label_is_whole_and_on_the_screen(open_page, width, text):
+    page = open_page(width)
+    translate(page, text)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # wide maps scroll inside their box
+    assert page.evaluate(INSIDE, width) == [] and page.evaluate(OVERLAPS) == 0 and page.evaluate(CLIPPED) == []
+    assert page.locator("#links line.link").count() > 0
+    source, target = (page.locator(p).bounding_box() for p in ("#source-pane", "#target-pane"))
+    if width >= 1000:  # side by side
+        assert source["x"] + source["width"] <= target["x"] and source["y"] == target["y"]
+    else:
+        assert source["y"] + source["height"] <= target["y"]
+
+
+def test_the_page_opens_on_the_alignment_layer_and_offers_only_layers_with_heads(open_page, tmp_path):
+    from tests.conftest import tiny_model_dir
+
+    for heads in ([2, 0], [0, 0], [2, 2, 2]):
+        model = tmp_path / "m".join(map(str, heads))
+        tiny_model_dir(model, n_decoder_layers=len(heads), heads={"cross": heads})  # as `xattn prune` leaves a model
+        with serving(model, tmp_path / "log") as url:
+            page = open_page(1280, url)
+            translate(page, "word1 word2")
+            info = json.load(urllib.request.urlopen(url + "/info"))
+            if heads == [0, 0]:  # nothing to draw, and no request for it (the API would refuse it)
+                assert page.locator("#no-attention").is_visible() and page.locator("#attention").is_hidden()
+                assert page.text_content("#translation")
+                continue
+            layer = info["alignment"]["layer"]
+            assert page.input_value("#xa-layer") == str(layer) and heads[layer] > 0
+            options = page.locator("#xa-layer option")
+            assert options.all_text_contents() == [f"layer {i}" + ("" if n else ": no heads (pruned)") +
+                                                   (" (links)" if i == layer else "") for i, n in enumerate(heads)]
+            assert [o.is_disabled() for o in options.all()] == [n == 0 for n in heads]
+            assert page.locator("#xa-head option").all_text_contents() == ["mean of heads", "head 0", "head 1"]
+            assert page.locator("td.xa-cell").count() > 0 and page.locator("#no-attention").is_hidden()
+        if heads == [2, 2, 2]:
+            assert layer == 1  # the second-to-last layer, not the last one drawn by default before
+
+
+def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, tmp_path):
+    with serving(numbers_model, tmp_path / "log", "--api-key", "k3y", "--max-attention-values", "10") as url:
+        page = open_page(1280, url)
+        assert page.locator("#key-field").is_visible()
+        translate(page, "drei")
+        assert "API key is required" in page.text_content("#error")
+        page.fill("#key", "k3y")
+        translate(page, "drei")  # full attention is over this server's limit: the page falls back to the mean
+        assert page.locator("#xa-head option").all_text_contents() == ["mean of heads"]
+        assert page.locator("td.xa-cell").count() > 0
+        page.fill("#key", "wrong")
+        translate(page, "drei")
+        assert "Invalid API key" in page.text_content("#error") and page.locator("#result").is_hidden()
