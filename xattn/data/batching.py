@@ -21,6 +21,9 @@ class Batch:
 
     src (B, S) int64: tokens + eos.  tgt_in (B, T) int64: bos + tokens.  tgt_out (B, T) int64: tokens + eos.
     n_tgt_tokens: non-pad positions in tgt_out.  indices: corpus index of each row.
+    links (K, 3) int64: alignment links (row b, target position t, source position s): the decoder position t
+    that predicts tgt_out[b, t] should look at src[b, s] (xattn.losses.guided_alignment_loss); None when the
+    corpus has none.
     """
 
     src: torch.Tensor
@@ -28,12 +31,14 @@ class Batch:
     tgt_out: torch.Tensor
     n_tgt_tokens: int
     indices: list[int]
+    links: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def to(self, device: torch.device | str) -> Batch:
-        return replace(self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device))
+        return replace(self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device),
+                       links=self.links.to(device) if self.links is not None else None)
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
@@ -51,8 +56,10 @@ def collate(
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    links: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """Token ids without bos/eos -> a Batch (src gets eos; tgt_in gets bos, tgt_out gets eos)."""
+    """Token ids without bos/eos -> a Batch (src gets eos; tgt_in gets bos, tgt_out gets eos). `links[b]`: row
+    b's piece links, flat (source piece, target piece, ...); piece t of the target is tgt_out[b, t]."""
     tgt_out = pad_sequences([[*t, eos_id] for t in tgt_ids], pad_id)
     return Batch(
         src=pad_sequences([[*s, eos_id] for s in src_ids], pad_id),
@@ -60,7 +67,16 @@ def collate(
         tgt_out=tgt_out,
         n_tgt_tokens=int((tgt_out != pad_id).sum()),
         indices=list(indices),
+        links=batch_links(links) if links is not None else None,
     )
+
+
+def batch_links(links: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Each row's flat piece links (s0, t0, s1, t1, ...) -> (K, 3) int64 (row, target position, source position)."""
+    pairs = [np.asarray(flat, dtype=np.int64).reshape(-1, 2) for flat in links]  # (K_b, 2) (s, t)
+    rows = np.repeat(np.arange(len(pairs), dtype=np.int64), [len(p) for p in pairs])
+    st = np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)
+    return torch.from_numpy(np.stack([rows, st[:, 1], st[:, 0]], axis=1))
 
 
 @dataclass
