@@ -1,7 +1,8 @@
 """Typed configuration: frozen dataclasses built once from YAML plus `section.key=value` overrides.
 
 A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`; a fine-tuned
-child's (xattn.transfer) has a fifth, `parent`, naming the model it was made from.
+child's (xattn.transfer) has a fifth, `parent`, naming the model it was made from, and one trained for
+alignment an `alignment` section (xattn.guidance).
 Every value is checked once, when its dataclass is built (from YAML, overrides or Python): its type,
 then its range (each class's CHECKS table), then the rules that tie fields together. A bad value is
 a ConfigError naming `section.key`; an unknown key names the nearest valid one.
@@ -19,6 +20,7 @@ import yaml
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
     sha256_hex, validate, within
 from xattn.errors import XattnError
+from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
 
@@ -137,6 +139,8 @@ class DataConfig:
     train_src: str | None = None        # own corpus: two line-aligned files (plain or .gz) ...
     train_tgt: str | None = None
     train_tsv: str | None = None        # ... or one TSV file
+    train_links: str | None = None      # word links of the training pairs for guided alignment (the alignment
+    #   section): Pharaoh i-j per line, 0-based word indices, one line per pair (as xattn align writes them)
     valid_src: str | None = None
     valid_tgt: str | None = None
     valid_tsv: str | None = None
@@ -159,8 +163,8 @@ class DataConfig:
         max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE)
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}
-    LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "valid_src",
-                                            "valid_tgt", "valid_tsv", "prepared")
+    LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "train_links",
+                                            "valid_src", "valid_tgt", "valid_tsv", "prepared")
     """Keys that say where the data is, not what it is: a resumed run may move its files."""
 
     def __post_init__(self) -> None:
@@ -176,6 +180,9 @@ class DataConfig:
         for prefix in ("train", "valid"):
             if bool(getattr(self, f"{prefix}_src")) != bool(getattr(self, f"{prefix}_tgt")):
                 raise ConfigError(f"data.{prefix}_src", f"data.{prefix}_src and data.{prefix}_tgt go together")
+        if self.train_links and self.dataset is None and not (self.train_tsv or self.train_src):
+            raise ConfigError("data.train_links", "goes with the pairs it links: data.dataset, data.train_src + "
+                              "data.train_tgt or data.train_tsv (a prepared directory holds its links already)")
 
 
 @dataclass(frozen=True)
@@ -309,6 +316,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     parent: ParentConfig = field(default_factory=ParentConfig)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
 
     def __post_init__(self) -> None:
         if self.model.positions == "learned" and self.model.max_positions < self.data.max_len + 1:
@@ -317,9 +325,10 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every section as plain data (the model's and decoding's without their LATER keys at their defaults,
-        so older versions read it); `parent` only when the config names one."""
+        so older versions read it); `parent` only when the config names one, `alignment` only when it is on."""
+        left_out = {"parent": not self.parent.named, "alignment": not self.alignment.on}
         return {f.name: _plain(section.as_dict() if hasattr(section := getattr(self, f.name), "LATER") else
-                               dataclasses.asdict(section)) for f in dataclasses.fields(self) if f.name != "parent" or self.parent.named}
+                               dataclasses.asdict(section)) for f in dataclasses.fields(self) if not left_out.get(f.name)}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
@@ -327,7 +336,7 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
-            "parent": ParentConfig}
+            "parent": ParentConfig, "alignment": AlignmentConfig}
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
