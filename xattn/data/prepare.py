@@ -5,7 +5,9 @@ input as read and draws the sample SentencePiece trains on (`data.spm_sample` pa
 of them when the corpus is smaller, in corpus order, which is what an in-memory run trains on); the second
 encodes chunks in worker processes, cleans on the ids just made (empty side, `data.max_len`, `data.max_ratio`,
 as corpus.prepare_corpus does on text) and appends them to the arrays in corpus order, so any number of
-workers writes the same bytes. Named datasets (Multi30k, numbers) are small and read whole.
+workers writes the same bytes. Named datasets (Multi30k, numbers) are small and read whole. With
+`data.train_links`, each pair's word links (a Pharaoh line) are read beside it and stored as piece links
+(xattn.links.corpus_piece_links), which drop with their pair.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from xattn.data.prepared import Flat, fill, prepared_dir
 from xattn.data.text import FilterStats, Pair
 from xattn.errors import XattnError
 from xattn.io import decode_line
+from xattn.links import corpus_piece_links
 from xattn.tokenizer import load_tokenizers
 
 CHUNK = 2048
@@ -70,6 +73,23 @@ class Inputs:
                     longer, shorter = (cfg.train_src, cfg.train_tgt) if tgt is None else (cfg.train_tgt, cfg.train_src)
                     raise XattnError(f"line counts differ: {longer} has more lines than the {n - 1} of {shorter}")
                 yield src, tgt
+
+    def rows(self) -> Iterator[tuple[str, str, str | None]]:
+        """The pairs, each with its line of data.train_links (None without that file). A links file with another
+        number of lines than there are pairs is an error naming it and the first line that does not match."""
+        path = self.cfg.train_links
+        if not path:
+            yield from ((src, tgt, None) for src, tgt in self.pairs())
+            return
+        links, n = self.lines(path, "train_links"), 0
+        for n, (src, tgt) in enumerate(self.pairs(), start=1):
+            if (line := next(links, None)) is None:
+                raise XattnError(f"{path}: line {n}: missing; the links file has {n - 1} lines, but the training "
+                                 f"corpus ({describe(self.cfg)}) has more pairs (one line of links per pair)")
+            yield src, tgt, line
+        if next(links, None) is not None:
+            raise XattnError(f"{path}: line {n + 1}: one line more than the {n} pairs of the training corpus "
+                             f"({describe(self.cfg)}); the links file has one line per pair")
 
     @staticmethod
     def dataset_digest(cfg: DataConfig) -> str:
@@ -127,11 +147,17 @@ def dataset_name(cfg: DataConfig) -> str:
     return f"{cfg.dataset} {cfg.src_lang}-{cfg.tgt_lang}"
 
 
-def first_pass(pairs: Iterator[Pair], sample_size: int, seed: int) -> tuple[int, int, list[Pair]]:
+def describe(cfg: DataConfig) -> str:
+    from xattn.data.splits import describe_split
+
+    return describe_split(cfg, "train")
+
+
+def first_pass(pairs: Iterator[tuple], sample_size: int, seed: int) -> tuple[int, int, list[Pair]]:
     """(pairs, pairs with an empty side, the tokenizer sample): a seeded reservoir of the non-empty pairs,
-    kept in corpus order."""
+    kept in corpus order. `pairs`: tuples that start with the source and the target."""
     rng, sample, total, empty, seen = random.Random(seed), [], 0, 0, 0
-    for total, (src, tgt) in enumerate(pairs, start=1):
+    for total, (src, tgt, *_) in enumerate(pairs, start=1):
         if not src.strip() or not tgt.strip():
             empty += 1
             continue
@@ -155,18 +181,23 @@ def _load(folder: str) -> None:
     _TOKENIZERS = load_tokenizers(folder)
 
 
-def encode_chunk(job: tuple[list[Pair], int, float]) -> tuple[Flat, Flat, dict]:
-    """(pairs, max_len, max_ratio) -> the kept pairs' ids (flat arrays, quick to send back) and what was
-    dropped (FilterStats fields)."""
-    pairs, max_len, max_ratio = job
-    src = _TOKENIZERS.src.encode_batch([s for s, _ in pairs])
-    tgt = _TOKENIZERS.tgt.encode_batch([t for _, t in pairs])
+def encode_chunk(job: tuple[list[tuple], int, float, str | None]) -> tuple[Flat, Flat, Flat | None, dict]:
+    """(rows, max_len, max_ratio, the links file or None) -> the kept pairs' ids and piece links (flat arrays,
+    quick to send back; None without links), what was dropped (FilterStats fields) and the link counts.
+    A row: (source, target, its links line or None, its line number)."""
+    rows, max_len, max_ratio, links_path = job
+    src = _TOKENIZERS.src.encode_batch([r[0] for r in rows])
+    tgt = _TOKENIZERS.tgt.encode_batch([r[1] for r in rows])
     n, m = (np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in (src, tgt))
     too_long = np.maximum(n, m) > max_len
     ratio = ~too_long & (np.maximum(n, m) / np.maximum(1, np.minimum(n, m)) > max_ratio)
     keep = np.flatnonzero(~(too_long | ratio)).tolist()
-    stats = FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum()))
-    return Flat.of([src[i] for i in keep]), Flat.of([tgt[i] for i in keep]), asdict(stats)
+    counts = asdict(FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum())))
+    src, tgt, links = [src[i] for i in keep], [tgt[i] for i in keep], None
+    if links_path:
+        pieces, counts["links"] = corpus_piece_links([rows[i] for i in keep], src, tgt, _TOKENIZERS, links_path)
+        links = Flat.of(pieces)
+    return Flat.of(src), Flat.of(tgt), links, counts
 
 
 def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
@@ -210,11 +241,13 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
         tokenizers = train_into(folder, sample, cfg, where, inherit or {})
         made = load_tokenizers(folder)
         pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", total)
-        jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(pairs))
-        manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats),
+        jobs = ((part, cfg.max_len, cfg.max_ratio, cfg.train_links) for part in chunked(pairs))
+        links = {"pairs": 0, "links": 0, "unmatched": 0} if cfg.train_links else None
+        manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats, links),
                         (made.src.vocab_size, made.tgt.vocab_size),
                         lambda: {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": first.records,
-                                 "tokenizers": tokenizers, "cleaning": asdict(stats)})
+                                 "tokenizers": tokenizers, "cleaning": asdict(stats)} | ({"links": links} if links else {}),
+                        cfg.max_len if links else None)
         if stats.kept == 0:
             raise XattnError(f"{where}: no training pairs left after the data.max_len / data.max_ratio filter")
     return manifest
@@ -231,22 +264,23 @@ def subset(cfg: DataConfig) -> set[int] | None:
 
 
 def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str,
-             total: int | None = None) -> Iterator[Pair]:
+             total: int | None = None) -> Iterator[tuple[str, str, str | None, int]]:
     """The pairs of `inputs` that train_subset keeps (`keep`) and, with `dedup`, the first of each repeated
-    pair (stats.duplicate counts the others); progress on stderr (Progress)."""
+    pair (stats.duplicate counts the others), each as (source, target, its links line or None, its number,
+    1-based); progress on stderr (Progress)."""
     seen: set[bytes] = set()
     with Progress(what, total, stats) as progress:
-        for i, pair in enumerate(inputs.pairs()):
+        for i, (src, tgt, links) in enumerate(inputs.rows()):
             progress.update(i + 1)
             if keep is not None and i not in keep:
                 continue
             if dedup:
-                key = hashlib.blake2b("\t".join(pair).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+                key = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
                 if key in seen:
                     stats.duplicate += 1
                     continue
                 seen.add(key)
-            yield pair
+            yield src, tgt, links, i + 1
 
 
 class Progress:
@@ -284,12 +318,12 @@ class Progress:
                   file=sys.stderr, flush=True)
 
 
-def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
-    """The pairs with text on both sides, CHUNK at a time."""
+def chunked(rows: Iterator[tuple]) -> Iterator[list[tuple]]:
+    """The rows (source, target, ...) with text on both sides, CHUNK at a time."""
     chunk = []
-    for src, tgt in pairs:
-        if src.strip() and tgt.strip():
-            chunk.append((src, tgt))
+    for row in rows:
+        if row[0].strip() and row[1].strip():
+            chunk.append(row)
             if len(chunk) == CHUNK:
                 yield chunk
                 chunk = []
@@ -297,12 +331,18 @@ def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
         yield chunk
 
 
-def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[Flat, Flat]]:
-    for src, tgt, dropped in results:
-        stats.too_long += dropped["too_long"]
-        stats.ratio += dropped["ratio"]
+def counted(results: Iterator, stats: FilterStats, links: dict | None) -> Iterator[tuple]:
+    """The chunks of encode_chunk, their counts added to `stats` and (with links) to `links`."""
+    for src, tgt, pieces, counts in results:
+        stats.too_long += counts["too_long"]
+        stats.ratio += counts["ratio"]
         stats.kept += len(src)
-        yield src, tgt
+        if links is None:
+            yield src, tgt
+            continue
+        for key, n in counts["links"].items():
+            links[key] += n
+        yield src, tgt, pieces
 
 
 def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, inherit: dict[str, Path]) -> dict[str, str]:

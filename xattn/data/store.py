@@ -72,17 +72,17 @@ def slug(cfg: DataConfig) -> str:
 
 def cache_key(cfg: DataConfig, inherit: dict[str, Path]) -> str:
     """16 hex digits over what the arrays are made from (see the module)."""
-    if cfg.dataset is not None:
-        inputs = {dataset_name(cfg): Inputs.dataset_digest(cfg)}
-    else:
-        inputs = {str(Path(f).resolve()): stamp(f) for f in input_files(cfg)}
+    inputs = {dataset_name(cfg): Inputs.dataset_digest(cfg)} if cfg.dataset is not None else {}
+    inputs |= {str(Path(f).resolve()): stamp(f) for f in input_files(cfg)}
     body = {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": inputs,
             "inherit": {side: sha256_file(path) for side, path in sorted(inherit.items())}}
     return hashlib.sha256(json_text(body).encode()).hexdigest()[:16]
 
 
 def input_files(cfg: DataConfig) -> list[str]:
-    return [cfg.train_tsv] if cfg.train_tsv else [cfg.train_src, cfg.train_tgt]
+    """The training files the config names (a named dataset's links file alone)."""
+    files = [] if cfg.dataset is not None else [cfg.train_tsv] if cfg.train_tsv else [cfg.train_src, cfg.train_tgt]
+    return files + ([cfg.train_links] if cfg.train_links else [])
 
 
 def stamp(path: str) -> dict:
@@ -104,11 +104,11 @@ def check_matches(corpus: MappedCorpus, cfg: DataConfig, inherit: dict[str, Path
             raise XattnError(f"data.{key}: {where} was prepared with {json_text(made.get(key))}, this run has "
                              f"{json_text(getattr(cfg, key))}; set data.{key} to match or prepare again")
     records = corpus.manifest.get("inputs", {})
+    by_key = {record.get("key"): record for record in records.values() if isinstance(record, dict)}
     if cfg.dataset is None and (cfg.train_tsv or cfg.train_src):
         if made.get("dataset") is not None:
             raise XattnError(f"data.prepared: {corpus.folder} was prepared from the {made['dataset']} dataset, not "
                              f"from the training files this config names")
-        by_key = {record.get("key"): record for record in records.values() if isinstance(record, dict)}
         keys = ("train_tsv",) if cfg.train_tsv else ("train_src", "train_tgt")
         for key, path in zip(keys, input_files(cfg)):
             if key not in by_key or not same_file(path, by_key[key]):
@@ -118,6 +118,9 @@ def check_matches(corpus: MappedCorpus, cfg: DataConfig, inherit: dict[str, Path
     elif cfg.dataset is not None and records.get(dataset_name(cfg), {}).get("sha256") != Inputs.dataset_digest(cfg):
         raise XattnError(f"data.prepared: {corpus.folder} was not prepared from the {dataset_name(cfg)} text this "
                          "run reads; prepare again")
+    if cfg.train_links and ("train_links" not in by_key or not same_file(cfg.train_links, by_key["train_links"])):
+        raise XattnError(f"data.train_links: {cfg.train_links} is not the links file {corpus.folder} was prepared "
+                         f"with ({'its text differs' if 'train_links' in by_key else 'it has no links'}); prepare again")
     for side, path in inherit.items():
         name = f"spm.{side}.model"
         if corpus.manifest.get("tokenizers", {}).get(name) != sha256_file(path):
