@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -109,6 +110,21 @@ class TrainStateDir:
         return sorted(f.name for f in removed)
 
 
+@dataclass
+class Progress:
+    """Where training stands; saved with every checkpoint so a run can resume exactly."""
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0                      # next batch of this epoch (this rank's share)
+    best_score: float = -math.inf
+    best_step: int = 0
+    bad_evals: int = 0
+    target_tokens: int = 0
+    seconds: float = 0.0
+    stop_reason: str | None = None      # why the last fit() ended
+    finished: bool = False              # the end of training (averaging included) is done
+
+
 def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
     """Keys whose values differ between two nested dicts, as "key: saved -> now"."""
     if isinstance(saved, dict) and isinstance(now, dict):
@@ -137,4 +153,6 @@ def run_identity(cfg: RunConfig, corpus_sha256: str, tokenizers: dict[str, str],
     identity = {"tokenizers": tokenizers, "data": data_identity(cfg.data) | {"corpus_sha256": corpus_sha256},
                 "model": cfg.model.as_dict(),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
+    if cfg.alignment.on:  # what the loss teaches (runs without guidance keep the identity they had)
+        identity["alignment"] = cfg.alignment.as_dict()
     return json.loads(json_text(identity))  # as the manifest stores it
