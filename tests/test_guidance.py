@@ -176,3 +176,14 @@ def test_a_fine_tuned_child_learns_links_too(corpus, tmp_path):
     assert all(r["alignment_loss"] > 0 for r in records if "loss" in r)
     child = xattn.load(tmp_path / "child")
     assert stored(tmp_path / "child", child.model.cfg).guided == 1.0
+
+
+@pytest.mark.parametrize("beam", ["1", "3"])
+def test_links_read_during_the_search_are_those_of_a_teacher_forced_pass(models, corpus, tmp_path, capsys, beam):
+    model, (de, _, _) = str(models["guided"]), gold_and_pairs(corpus)
+    source = write(tmp_path, "in.de", de[:30])
+    assert main(["translate", model, "-i", source, "--alignment", "--beam", beam]) == 0
+    texts, links = zip(*(line.split(" ||| ") for line in capsys.readouterr().out.splitlines()))
+    assert main(["align", model, "--src", source, "--tgt", write(tmp_path, "out.en", list(texts))]) == 0
+    assert list(links) == capsys.readouterr().out.splitlines()
+    assert sum(len(line.split()) for line in links) > 60  # the translations are not empty

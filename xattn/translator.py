@@ -15,7 +15,7 @@ from torch import Tensor
 from xattn.attention import stack_layers
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
-from xattn.decoding import Hypothesis, search
+from xattn.decoding import Hypothesis, Tracked, search
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -32,7 +32,8 @@ class Translation:
     score: float                                  # the hypothesis' ranking score (normalised log-probability)
     src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
     tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
-    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
+    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention ((1, 1, T, S):
+    #   the mean of the chosen heads, with attention_heads)
     self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
     relaxed: bool = False                         # the decoding constraints left no token but end of sentence
     #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
@@ -128,7 +129,8 @@ class Translator:
 
     def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
-                  prefixes: list[str] | None = None) -> list[Translation]:
+                  prefixes: list[str] | None = None,
+                  attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> list[Translation]:
         """Translate `texts`; results come back in input order.
 
         Sentences are sorted by length into batches of at most cfg.max_tokens source positions
@@ -136,7 +138,10 @@ class Translator:
         empty text. `prefixes[i]` (target text, may be "") is forced as the start of translation i.
         With `return_attention` each result carries the cross-attention of its hypothesis:
         tracked along the search (`attention_from="search"`) or recomputed by one teacher-forced
-        pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree.
+        pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree. With
+        `attention_heads` = (layer, heads or None for all), only the mean of those heads is kept, as a
+        (1, 1, T, S) cross_attention; tracked along the search, it costs one layer's weights and a row per
+        step (the links of a guided head, xattn.guidance).
         """
         if isinstance(texts, str):
             raise XattnError("translate() takes a list of sentences, got one string; pass [text]")
@@ -147,7 +152,8 @@ class Translator:
         eos = self.model.cfg.eos_id
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
-        options = Options(return_attention, attention_from, return_self_attention)
+        tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
+        options = Options(return_attention, attention_from, return_self_attention, tracked)
         model = self.inference.current()
         results: list[Translation | None] = [None] * len(texts)
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
@@ -200,7 +206,7 @@ class Translator:
         with torch.inference_mode():
             enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
         nbest = search(model, src, cfg, forced, need_attention=in_search, enc=enc, head_mask=self.head_mask,
-                       vocab=self._vocab(src, forced) if cfg.shortlist else None)
+                       vocab=self._vocab(src, forced) if cfg.shortlist else None, track=options.tracked)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
@@ -208,6 +214,10 @@ class Translator:
             forced = self.forced_attention(src, [h.tokens for h in flat], rows,
                                            ("cross", "decoder-self") if options.self_ else ("cross",), enc)
             cross = forced.cross if options.cross and not in_search else cross
+            if options.cross and not in_search and options.tracked is not None:
+                layer = options.tracked.layer  # (H, T, S) -> (T, H, S) -> (T, 1, 1, S) -> (1, 1, T, S)
+                cross = [options.tracked.mean(torch.from_numpy(c[layer]).movedim(0, -2)).movedim(0, -2).numpy()
+                         for c in cross]
             selfw = forced.decoder_self if options.self_ else selfw
         if in_search:
             src_len = src.ne(pad).sum(dim=1).tolist()
@@ -273,6 +283,7 @@ class Options:
     cross: bool          # return cross-attention
     source: str          # "search" or "rescore"
     self_: bool          # return decoder self-attention
+    tracked: Tracked | None = None  # keep only the mean of these heads of one layer
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:
