@@ -18,6 +18,7 @@ from xattn.config import ModelConfig, load_config
 from xattn.links import parse_links
 from xattn.training import Trainer, train
 
+LINKS = "data.train_links=links.txt"  # guidance needs links (the file is only read when a corpus is prepared)
 WORDS = {"haus": "house", "katze": "cat", "hund": "dog", "baum": "tree", "auto": "car", "schnell": "fast",
          "rot": "red", "blau": "blue", "gross": "big", "klein": "small", "alt": "old", "neu": "new"}
 
@@ -70,7 +71,7 @@ def models(corpus, tmp_path_factory) -> dict[str, Path]:
 
 
 def test_the_alignment_section_is_typed_and_checked():
-    cfg = load_config(None, ["alignment.weight=0.05", "alignment.heads=0,2", "alignment.layer=1"])
+    cfg = load_config(None, ["alignment.weight=0.05", "alignment.heads=0,2", "alignment.layer=1", LINKS])
     assert (cfg.alignment.weight, cfg.alignment.layer, cfg.alignment.heads) == (0.05, 1, [0, 2])
     assert load_config(None, ["alignment.heads=mean"]).alignment.heads == "mean"
     assert load_config(None, ["alignment.heads=[1]"]).alignment.heads == [1]
@@ -83,14 +84,14 @@ def test_the_alignment_section_is_typed_and_checked():
 
 def test_the_layer_and_heads_are_checked_against_the_model_naming_the_key():
     model = ModelConfig(n_decoder_layers=3, n_heads=4, heads={"cross": [4, 0, 2]})
-    on = load_config(None, ["alignment.weight=1"]).alignment
+    on = load_config(None, ["alignment.weight=1", LINKS]).alignment
     assert on.resolve(ModelConfig(n_decoder_layers=3)) == (1, (0,))  # the second-to-last layer, head 0
     for changes, key, problem in (
             (["alignment.layer=3"], "alignment.layer", "3 is not a decoder layer of this model (0 to 2)"),
             (["alignment.layer=1"], "alignment.layer", "layer 1 has no cross-attention heads left (pruned)"),
             (["alignment.layer=2", "alignment.heads=1,2"], "alignment.heads", "layer 2 has no head 2")):
         with pytest.raises(ConfigError) as e:
-            load_config(None, ["alignment.weight=1", *changes]).alignment.resolve(model)
+            load_config(None, ["alignment.weight=1", LINKS, *changes]).alignment.resolve(model)
         assert e.value.key == key and problem in e.value.problem
     assert load_config(None, ["alignment.layer=2", "alignment.heads=mean"]).alignment.resolve(model) == (2, None)
 
@@ -149,9 +150,14 @@ def test_a_guided_run_resumes_exactly(corpus, tmp_path):
 
 
 def test_guidance_needs_links(corpus, tmp_path):
+    from xattn.data.prepare import prepare
+
     without = [o for o in overrides(corpus, 2, 1.0) if not o.startswith("data.train_links")]
+    with pytest.raises(ConfigError, match=r"^alignment.weight: 1 needs the links of the training pairs"):
+        load_config(None, without)
+    prepare(load_config(None, without[:-2]).data, tmp_path / "prepared", workers=1)  # no links, no alignment
     with pytest.raises(xattn.XattnError, match=r"^alignment.weight: 1, but the training corpus .* has no alignment links"):
-        train(load_config(None, without), tmp_path / "run", quiet=True)
+        train(load_config(None, [*without, f"data.prepared={tmp_path / 'prepared'}"]), tmp_path / "run", quiet=True)
 
 
 def test_a_fine_tuned_child_learns_links_too(corpus, tmp_path):

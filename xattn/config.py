@@ -1,8 +1,8 @@
 """Typed configuration: frozen dataclasses built once from YAML plus `section.key=value` overrides.
 
 A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`; a fine-tuned
-child's (xattn.transfer) has a fifth, `parent`, naming the model it was made from, and one trained for
-alignment an `alignment` section (xattn.guidance).
+child's (xattn.transfer) has a fifth, `parent` (xattn.parent), naming the model it was made from, and one
+trained for alignment an `alignment` section (xattn.guidance).
 Every value is checked once, when its dataclass is built (from YAML, overrides or Python): its type,
 then its range (each class's CHECKS table), then the rules that tie fields together. A bad value is
 a ConfigError naming `section.key`; an unknown key names the nearest valid one.
@@ -18,10 +18,11 @@ from typing import Any, ClassVar
 import yaml
 
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
-    sha256_hex, validate, within
+    validate, within
 from xattn.errors import XattnError
 from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
+from xattn.parent import ParentConfig
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
 
 
@@ -286,30 +287,6 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
-class ParentConfig:
-    """The model a fine-tuned child was made from (xattn finetune, xattn compose)."""
-    path: str | None = None             # the parent's model directory, relative to the child's (or absolute)
-    tensors: str | None = None          # SHA-256 of the parent's full weights (checkpoint.tensors_digest)
-    delta: bool = True                  # model.safetensors holds only what differs from the parent's weights
-
-    CHECKS: ClassVar[dict[str, Check]] = dict(tensors=sha256_hex)
-
-    def __post_init__(self) -> None:
-        validate(self, "parent")
-        if (self.path is None) != (self.tensors is None):
-            raise ConfigError("parent.tensors", "parent.path and parent.tensors go together")
-
-    @property
-    def named(self) -> bool:
-        return self.path is not None
-
-    @property
-    def needed(self) -> bool:
-        """Loading needs the parent: the weights file is a delta."""
-        return self.named and self.delta
-
-
-@dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -319,6 +296,7 @@ class RunConfig:
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
 
     def __post_init__(self) -> None:
+        self.alignment.check_data(self.data)
         if self.model.positions == "learned" and self.model.max_positions < self.data.max_len + 1:
             raise ConfigError("model.max_positions", f"{self.model.max_positions} learned positions cannot hold "
                               f"training sentences of data.max_len={self.data.max_len} tokens plus EOS")

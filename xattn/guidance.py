@@ -57,6 +57,12 @@ class AlignmentConfig:
     def on(self) -> bool:
         return self.weight > 0
 
+    def check_data(self, data) -> None:
+        """Guidance needs links: data.train_links, or a prepared directory (checked when it is mapped)."""
+        if self.on and not (data.train_links or data.prepared):
+            raise ConfigError(f"{SECTION}.weight", f"{self.weight:g} needs the links of the training pairs: set "
+                              "data.train_links (a Pharaoh file, one line per pair)")
+
     def resolve(self, model) -> tuple[int, tuple[int, ...] | None]:
         """(layer, heads or None for all) of the model of ModelConfig `model`; a layer it does not have, one
         whose heads were all pruned, or a head it lacks is a ConfigError naming the key."""
