@@ -186,6 +186,11 @@ CASES = {
     "guided head out of range": ([*TRAIN, "alignment.weight=1", "data.train_links={space}/links-short.txt",
                                   "alignment.heads=0,2"], "alignment.heads: layer 0 has no head 2"),
     "guided unknown key": ([*TRAIN, "alignment.layers=0"], "unknown config key alignment.layers (did you mean 'layer'?)"),
+    "corpora unknown key": ([*TRAIN, "data.corpora=[{src: a.de, tgt: a.en, wieght: 2}]"],
+                            "unknown config key data.corpora[0].wieght (did you mean 'weight'?)"),
+    "corpora with a short links file": ([*TRAIN, "data.corpora=[{src: {space}/src.txt, tgt: {space}/good.txt, "
+                                         "links: {space}/links-short.txt, upsample: 2}]", "--out", "{space}/new-run"],
+                                        "links-short.txt: line 2: missing; the links file has 1 lines"),
     "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
     "beam negative": (["translate", M, "--beam", "-3"], "--beam"),
     "n-best above beam": (["translate", M, "--n-best", "5", "--beam", "2"], "--n-best: 5 is above --beam (2)"),

@@ -19,6 +19,7 @@ import yaml
 
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
     validate, within
+from xattn.corpora import check as check_corpora
 from xattn.errors import XattnError
 from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
@@ -157,11 +158,16 @@ class DataConfig:
     dedup: bool = False                 # xattn prepare: drop a training pair that repeats an earlier one exactly
     prepared: str | None = None         # train on this prepared directory (xattn prepare); None: the one made
     #   from the training files (or dataset) and the keys above, found in or added to the cache
+    corpora: list = field(default_factory=list)  # more training corpora after this one, each {src, tgt} or {tsv},
+    #   with links and upsample or weight (xattn.corpora); this one takes the two keys below
+    upsample: float | None = None       # copies of the training corpus an epoch draws (with data.corpora)
+    weight: float | None = None         # its share of an epoch, against data.corpora's weights
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
         train_subset=POSITIVE, subset_seed=within(0, 2**32 - 1),
-        max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE)
+        max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE, upsample=within(0, lo_open=True),
+        weight=within(0, lo_open=True))
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}
     LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "train_links",
@@ -184,6 +190,10 @@ class DataConfig:
         if self.train_links and self.dataset is None and not (self.train_tsv or self.train_src):
             raise ConfigError("data.train_links", "goes with the pairs it links: data.dataset, data.train_src + "
                               "data.train_tgt or data.train_tsv (a prepared directory holds its links already)")
+        check_corpora(self)
+
+    as_dict = _as_dict
+    LATER: ClassVar[dict[str, Any]] = {"train_links": None, "corpora": [], "upsample": None, "weight": None}
 
 
 @dataclass(frozen=True)

@@ -107,13 +107,13 @@ def corpus_piece_links(rows: Sequence[tuple], src_ids: Sequence[Sequence[int]], 
                        tokenizers, path: str) -> tuple[list[list[int]], dict[str, int]]:
     """The piece links of training pairs, each flat as [s0, t0, s1, t1, ...] (xattn.data.prepared stores them
     like a side's ids). `rows[k]`: (source text, target text, its line of the links file `path` or None, that
-    line's number), `src_ids[k]`, `tgt_ids[k]` its pieces. Sure and possible links alike. A link outside the
+    line's number, ...), `src_ids[k]`, `tgt_ids[k]` its pieces. Sure and possible links alike. A link outside the
     pair's words is one XattnError naming `path` and the line. Returns the links and counts: pairs with
     links, piece links, and pairs whose words the tokenizer splits otherwise than their line (links dropped)."""
     src_of = word_of_pieces(tokenizers.src.encode_batch, [r[0] for r in rows], src_ids)
     tgt_of = word_of_pieces(tokenizers.tgt.encode_batch, [r[1] for r in rows], tgt_ids)
     out, counts = [], {"pairs": 0, "links": 0, "unmatched": 0}
-    for (src, tgt, line, number), s_of, t_of in zip(rows, src_of, tgt_of):
+    for (src, tgt, line, number, *_), s_of, t_of in zip(rows, src_of, tgt_of):
         if not line:
             out.append([])
             continue

@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
+from xattn import corpora
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.io import atomic_write, atomic_write_text, json_text, read_json, sha256_file
@@ -140,7 +141,7 @@ def _short(value: Any) -> str:
 
 def data_identity(cfg: DataConfig) -> dict:
     """The data settings of a run's identity: without the keys that only say where the data lives."""
-    data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in DataConfig.LOCATIONS}
+    data = corpora.identity({k: v for k, v in cfg.as_dict().items() if k not in DataConfig.LOCATIONS})
     if data["train_subset"] is None:  # all the data: the subset's seed plays no part
         del data["train_subset"], data["subset_seed"]
     return json.loads(json_text(data))

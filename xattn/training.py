@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xattn import distributed as dist
+from xattn import corpora, distributed as dist
 from xattn.analysis.choice import save_guided
 from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
 from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
@@ -89,8 +89,11 @@ class Trainer:
         self.ddp_model = self.ctx.wrap(self.model)  # DDP all-reduces only the parameters that train
         self.optimizer = torch.optim.AdamW(trained, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
+        mix = corpora.mixture(self.cfg.data, self.corpus.train.manifest.get("corpora", [len(self.corpus.train)]))
         self.sampler = TokenBatchSampler(self.corpus.train.src_lengths(), self.corpus.train.tgt_lengths(),
-                                         tc.max_tokens, shuffle=True, seed=tc.seed)
+                                         tc.max_tokens, shuffle=True, seed=tc.seed, mixture=mix)
+        if mix is not None:
+            self._print(corpora.summary(mix))
         self.progress = Progress()
         self._stop_signal = False
         first = self.sampler.batches(0)

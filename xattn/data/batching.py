@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from xattn.corpora import copies
 from xattn.data.text import Pair
 from xattn.errors import XattnError
 from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
@@ -145,7 +146,10 @@ class TokenBatchSampler:
     (seed, epoch, lengths), so training can resume at any batch of any epoch. Without `shuffle`,
     batches follow ascending length (for validation and translation). An example longer than
     `max_tokens` gets a batch of its own. Everything is held in numpy arrays (a few bytes a pair), so
-    the lengths of a memory-mapped corpus of millions of pairs are batched in seconds.
+    the lengths of a memory-mapped corpus of millions of pairs are batched in seconds. With `mixture` =
+    (pairs of each corpus, the copies an epoch draws of each; xattn.corpora), the corpora lying one after
+    another, each shuffled epoch draws every pair of corpus k floor(f_k) times and a seeded sample of the rest
+    of f_k once more, before shuffling and packing as above.
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class TokenBatchSampler:
         shuffle: bool = True,
         seed: int = 0,
         bucket_size: int = 8192,
+        mixture: tuple[Sequence[int], Sequence[float]] | None = None,
     ):
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
@@ -164,6 +169,9 @@ class TokenBatchSampler:
                              f"{max_tokens}, {bucket_size}, {seed}")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.max_tokens, self.shuffle, self.seed, self.bucket_size = max_tokens, shuffle, seed, bucket_size
+        if mixture is not None and sum(mixture[0]) != len(src_lengths):
+            raise ValueError(f"a mixture of {sum(mixture[0])} pairs for {len(src_lengths)} lengths")
+        self.mixture = mixture
         self._lengths = np.maximum(self.src_lengths, self.tgt_lengths)
         self._index = np.int32 if len(self._lengths) < 2**31 else np.int64
         self._last: tuple[int, Batches] | None = None
@@ -179,7 +187,8 @@ class TokenBatchSampler:
             order = np.argsort(self._lengths, kind="stable").astype(self._index)
             return Batches(order, self._pack(order, 0))
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self._lengths)).astype(self._index)
+        drawn = self._drawn(rng) if self.mixture is not None else len(self._lengths)
+        order = rng.permutation(drawn).astype(self._index)
         bounds = []
         for start in range(0, len(order), self.bucket_size):
             chunk = order[start : start + self.bucket_size]
@@ -187,6 +196,15 @@ class TokenBatchSampler:
             bounds.append(self._pack(order[start : start + len(chunk)], start))
         bounds = np.concatenate(bounds) if bounds else np.zeros((0, 2), dtype=np.int64)
         return Batches(order, bounds[rng.permutation(len(bounds))])
+
+    def _drawn(self, rng: np.random.Generator) -> np.ndarray:
+        """The corpus indices an epoch of the mixture draws, in corpus order (see the class)."""
+        drawn, start = [], 0
+        for n, factor in zip(*self.mixture):
+            whole, extra = copies(n, factor)
+            drawn += [np.arange(start, start + n)] * whole + [start + np.sort(rng.choice(n, extra, replace=False))]
+            start += n
+        return np.concatenate(drawn)
 
     def _pack(self, indices: np.ndarray, offset: int) -> np.ndarray:
         """(K, 2) bounds, offset by `offset`, of the greedy packing of `indices` (sorted by ascending length,
