@@ -45,7 +45,7 @@ def space(tmp_path_factory, numbers_model) -> Path:
              "importance-twice.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n0\tcross\t1\t0.9\n",
              "importance-other.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n",
              "mask-above-1.yaml": b"cross: [[1, 2]]\n", "long.de": b"eins zwei drei vier\n" * 3,
-             "long.en": b"one two three four five\n" * 3}
+             "long.en": b"one two three four five\n" * 3, "links-short.txt": b"0-0\n", "links-far.txt": b"0-0\n0-1\n"}
     for name, data in files.items():
         (root / name).write_bytes(data)
     with gzip.open(root / "corrupt.de.gz", "wb") as f:
@@ -170,6 +170,27 @@ CASES = {
                                                "not a prepared corpus (no manifest.json)"),
     "prepare misaligned files": (["prepare", "numbers-de-en", "data.dataset=null", "data.train_src={space}/a.de",
                                   "data.train_tgt={space}/a.en", "--out", "{space}/new-prepared"], "line counts differ"),
+    # guided alignment: the links file and the alignment section
+    "prepare with a short links file": (["prepare", "numbers-de-en", "data.dataset=null", "data.train_src={space}/src.txt",
+                                         "data.train_tgt={space}/good.txt", "data.train_links={space}/links-short.txt",
+                                         "data.vocab_size=20", "--out", "{space}/new-prepared"],
+                                        "links-short.txt: line 2: missing; the links file has 1 lines"),
+    "train with a link beyond its words": ([*TRAIN, "data.dataset=null", "data.train_src={space}/src.txt",
+                                            "data.train_tgt={space}/good.txt", "data.valid_src={space}/src.txt",
+                                            "data.valid_tgt={space}/good.txt", "data.train_links={space}/links-far.txt",
+                                            "data.vocab_size=20", "--out", "{space}/new-run"],
+                                           "links-far.txt: line 2: link '0-1': index 1 is beyond the 1 words of the second side"),
+    "guidance without links": ([*TRAIN, "alignment.weight=0.5"], "alignment.weight: 0.5 needs the links"),
+    "guided layer out of range": ([*TRAIN, "alignment.weight=1", "data.train_links={space}/links-short.txt",
+                                   "alignment.layer=3"], "alignment.layer: 3 is not a decoder layer of this model (0 to 0)"),
+    "guided head out of range": ([*TRAIN, "alignment.weight=1", "data.train_links={space}/links-short.txt",
+                                  "alignment.heads=0,2"], "alignment.heads: layer 0 has no head 2"),
+    "guided unknown key": ([*TRAIN, "alignment.layers=0"], "unknown config key alignment.layers (did you mean 'layer'?)"),
+    "corpora unknown key": ([*TRAIN, "data.corpora=[{src: a.de, tgt: a.en, wieght: 2}]"],
+                            "unknown config key data.corpora[0].wieght (did you mean 'weight'?)"),
+    "corpora with a short links file": ([*TRAIN, "data.corpora=[{src: {space}/src.txt, tgt: {space}/good.txt, "
+                                         "links: {space}/links-short.txt, upsample: 2}]", "--out", "{space}/new-run"],
+                                        "links-short.txt: line 2: missing; the links file has 1 lines"),
     "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
     "beam negative": (["translate", M, "--beam", "-3"], "--beam"),
     "n-best above beam": (["translate", M, "--n-best", "5", "--beam", "2"], "--n-best: 5 is above --beam (2)"),

@@ -381,8 +381,9 @@ class MarkovModel(xattn.Transformer):
         super().__init__(tiny_config(src_vocab_size=table.shape[0], tgt_vocab_size=table.shape[0]))
         self.log_table = table.log()
 
-    def decode(self, tgt, enc, cache=None, need_weights=False, head_mask=None):
-        out = super().decode(tgt, enc, cache=cache, need_weights=need_weights, head_mask=head_mask)
+    def decode(self, tgt, enc, cache=None, need_weights=False, head_mask=None, *, cross_layers=()):
+        out = super().decode(tgt, enc, cache=cache, need_weights=need_weights, head_mask=head_mask,
+                             cross_layers=cross_layers)
         return dataclasses.replace(out, logits=self.log_table[tgt])  # (B, T, V)
 
 

@@ -215,3 +215,14 @@ def test_layer_cache_reorders_like_indexing_a_list_of_steps():
             keys, values = [x[index] for x in keys], [x[index] for x in values]
             rows = n
     assert cache.buffer_k.shape[0] >= 40
+
+
+def test_cross_layers_returns_those_layers_weights_alone_and_the_same_output(tiny_model):
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    tgt = torch.tensor([[1, 10, 11], [1, 12, 0]])
+    full = tiny_model(src, tgt, need_weights=True)
+    one = tiny_model(src, tgt, cross_layers=(1,))
+    assert one.cross_attn[0] is None and one.self_attn is None
+    torch.testing.assert_close(one.cross_attn[1], full.cross_attn[1])
+    torch.testing.assert_close(one.logits, full.logits, atol=1e-5, rtol=1e-5)
+    assert tiny_model(src, tgt).cross_attn is None

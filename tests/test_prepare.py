@@ -151,3 +151,56 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"{out}: the disk filled up after " in err and "nothing was kept" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def linked_files(tmp_path: Path, links: list[str]) -> DataConfig:
+    """Six pairs (one empty, one over the length ratio) whose English reverses the German, and a links file."""
+    de = ["rot haus", "blau auto schnell", "", "klein", "gross rot", "haus haus haus haus haus haus haus"]
+    en = ["house red", "fast car blue", "x", "small", "red big", "house"]
+    for name, lines in (("l.de", de), ("l.en", en), ("l.links", links)):
+        (tmp_path / name).write_text("".join(f"{line}\n" for line in lines))
+    return DataConfig(dataset=None, train_src=str(tmp_path / "l.de"), train_tgt=str(tmp_path / "l.en"),
+                      train_links=str(tmp_path / "l.links"), vocab_size=28, max_ratio=3.0)
+
+
+def test_links_are_stored_as_piece_links_beside_their_pairs_and_drop_with_them(tmp_path):
+    from xattn.links import piece_links
+    from xattn.analysis.maps import by_words
+    from xattn.tokenizer import load_tokenizers
+
+    cfg = linked_files(tmp_path, ["0-1 1-0", "0-2 1-1 2-0", "", "", "0-1 1-0", "0-0"])
+    manifest = prepare(cfg, tmp_path / "out", workers=1)
+    assert manifest["pairs"] == 4 and manifest["cleaning"]["ratio"] == 1 and manifest["cleaning"]["empty"] == 1
+    assert manifest["links"]["pairs"] == 3 and manifest["links"]["unmatched"] == 0
+    assert [r["key"] for r in manifest["inputs"].values()] == ["train_src", "train_tgt", "train_links"]
+    corpus = MappedCorpus.open(tmp_path / "out", verify=True)
+    tok = load_tokenizers(tmp_path / "out")
+    kept = [(0, {(0, 1), (1, 0)}), (1, {(0, 2), (1, 1), (2, 0)}), (3, set()), (4, {(0, 1), (1, 0)})]
+    de, en = (tmp_path / "l.de").read_text().splitlines(), (tmp_path / "l.en").read_text().splitlines()
+    for k, (line, links) in enumerate(kept):  # the pairs kept, in order, with the links of their own lines
+        (src, src_of), (tgt, tgt_of) = (by_words(t, [text], 2) for t, text in ((tok.src, de[line]), (tok.tgt, en[line])))
+        assert corpus.sentence("src", k).tolist() == src[0][:-1] and corpus.sentence("tgt", k).tolist() == tgt[0][:-1]
+        expected = [i for link in piece_links(links, src_of[0][:-1], tgt_of[0][:-1]) for i in link]
+        assert corpus.sentence("links", k).tolist() == expected
+    batch = corpus.collate([0, 3])
+    assert batch.links[:, 0].unique().tolist() == [0, 1]
+    assert (batch.links[:, 1] < (batch.tgt_out != 0).sum(1)[batch.links[:, 0]] - 1).all()  # never the </s> row
+
+
+def test_one_worker_and_two_write_the_same_links(tmp_path):
+    cfg = linked_files(tmp_path, ["0-1 1-0", "0-2 1-1 2-0", "", "", "0-1 1-0", "0-0"])
+    prepare(cfg, tmp_path / "one", workers=1)
+    prepare(cfg, tmp_path / "two", workers=2)
+    assert arrays(tmp_path / "one") == arrays(tmp_path / "two") and "links.bin" in arrays(tmp_path / "one")
+
+
+@pytest.mark.parametrize("links, message", [
+    (["0-1"] * 5, r"l\.links: line 6: missing; the links file has 5 lines"),
+    (["0-1"] * 7, r"l\.links: line 7: one line more than the 6 pairs"),
+    (["0-1", "0-2 3-0", "", "", "", ""], r"l\.links: line 2: link '3-0': index 3 is beyond the 3 words of the first side"),
+    (["0-1", "0-x", "", "", "", ""], r"l\.links: line 2: '0-x' is not a link"),
+])
+def test_a_links_file_that_does_not_fit_the_corpus_is_one_line_naming_file_and_line(tmp_path, links, message):
+    with pytest.raises(XattnError, match=message):
+        prepare(linked_files(tmp_path, links), tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists()

@@ -223,3 +223,46 @@ def test_prefixes_are_continued(translator):
             assert r.text == f.text
     with pytest.raises(xattn.XattnError, match="prefixes"):
         translator.translate(TEXTS, prefixes=["w7"])
+
+
+@pytest.mark.parametrize("cfg", [xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3, n_best=2),
+                                 xattn.DecodeConfig(beam_size=3, coverage_penalty=0.5),
+                                 xattn.DecodeConfig(sampling=True, num_samples=2, seed=5)],
+                         ids=["greedy", "beam", "coverage", "sample"])
+@pytest.mark.parametrize("heads", [(0, (1,)), (1, None), (1, (0, 1))])
+def test_the_chosen_heads_tracked_by_the_search_are_the_teacher_forced_ones(translator, cfg, heads):
+    from xattn.analysis.maps import HeadChoice
+
+    tracked = translator.translate(TEXTS, cfg, return_attention=True, attention_heads=heads)
+    rescored = translator.translate(TEXTS, cfg, return_attention=True, attention_from="rescore")
+    kept = translator.translate(TEXTS, cfg, return_attention=True, attention_from="rescore", attention_heads=heads)
+    assert texts_and_scores(tracked) == texts_and_scores(rescored, expected=True)
+    for a, b, c in zip(tracked, rescored, kept):
+        for x, y, z in zip([a, *a.alternatives], [b, *b.alternatives], [c, *c.alternatives]):
+            expected = HeadChoice(*heads).select(y.cross_attention)[None, None]  # (1, 1, T, S)
+            assert x.cross_attention.shape == expected.shape == (1, 1, len(y.tgt_tokens), len(y.src_tokens))
+            np.testing.assert_allclose(x.cross_attention, expected, atol=1e-5)
+            np.testing.assert_allclose(z.cross_attention, expected, atol=1e-6)
+
+
+def test_tracked_heads_of_a_pruned_model_with_a_head_mask_and_a_prefix_are_the_teacher_forced_ones():
+    from xattn.analysis.maps import HeadChoice
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(1)
+    model = xattn.Transformer(tiny_config(src_vocab_size=30, tgt_vocab_size=30, heads={"cross": [2, 1]})).eval()
+    tok = WordTokenizer()
+    translator = Translator(model, SimpleNamespace(src=tok, tgt=tok, joint=True), device="cpu")
+    translator.head_mask = {"cross": [torch.tensor([1.0, 0.0]), None]}
+    prefixes = ["w9", "", "w4 w5", "", "w6"]
+    for cfg in (xattn.DecodeConfig(beam_size=1, max_len_b=4), xattn.DecodeConfig(beam_size=3, max_len_b=4)):
+        for heads in ((0, None), (1, None), (0, (1,))):
+            tracked = translator.translate(TEXTS, cfg, return_attention=True, attention_heads=heads, prefixes=prefixes)
+            rescored = translator.translate(TEXTS, cfg, return_attention=True, attention_from="rescore",
+                                            prefixes=prefixes)
+            for a, b in zip(tracked, rescored):
+                assert a.text == b.text
+                np.testing.assert_allclose(a.cross_attention, HeadChoice(*heads).select(b.cross_attention)[None, None],
+                                           atol=1e-5)
+    with pytest.raises(xattn.XattnError, match="attention_heads: layer 1 has no head 1"):
+        translator.translate(TEXTS, xattn.DecodeConfig(), return_attention=True, attention_heads=(1, (1,)))

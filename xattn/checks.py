@@ -159,17 +159,14 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if value is None:
         raise ConfigError(where, f"expected {type_name(hint)}, got null")
     if origin is list or hint is list:
+        if hint is list and isinstance(value, str):  # an override written as YAML: data.corpora=[{tsv: a.tsv}]
+            value = _yaml_value(value, where)
         if not isinstance(value, list):
             raise ConfigError(where, f"expected {type_name(hint)}, got {value!r}")
         item = (typing.get_args(hint) or (None,))[0]
         return list(value) if item is None else [_coerce(v, item, where) for v in value]
     if hint is dict or origin is dict:  # from YAML, or an override written as YAML: model.heads={cross: [8, 1, 8]}
-        from xattn.io import unique_key_loader, yaml_problem
-
-        try:
-            value = yaml.load(value, Loader=unique_key_loader()) if isinstance(value, str) else value
-        except yaml.YAMLError as e:
-            raise ConfigError(where, f"not valid YAML ({yaml_problem(e)})") from None
+        value = _yaml_value(value, where) if isinstance(value, str) else value
         if not isinstance(value, dict):
             example = {"model.heads": "{cross: [8, 4, 1]}"}.get(where, "{cross: gaussian}")
             raise ConfigError(where, f"expected a mapping such as {example}, got {value!r}")
@@ -201,6 +198,15 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         return hint(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(where, f"expected {hint.__name__}, got {value!r}") from None
+
+
+def _yaml_value(text: str, where: str) -> Any:
+    from xattn.io import unique_key_loader, yaml_problem
+
+    try:
+        return yaml.load(text, Loader=unique_key_loader())
+    except yaml.YAMLError as e:
+        raise ConfigError(where, f"not valid YAML ({yaml_problem(e)})") from None
 
 
 def build(cls: type, values: dict[str, Any], section: str, base: Any = None, what: str = "config key") -> Any:

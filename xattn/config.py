@@ -1,7 +1,8 @@
 """Typed configuration: frozen dataclasses built once from YAML plus `section.key=value` overrides.
 
 A run config has four sections, each a dataclass below: `model`, `data`, `train`, `decode`; a fine-tuned
-child's (xattn.transfer) has a fifth, `parent`, naming the model it was made from.
+child's (xattn.transfer) has a fifth, `parent` (xattn.parent), naming the model it was made from, and one
+trained for alignment an `alignment` section (xattn.guidance).
 Every value is checked once, when its dataclass is built (from YAML, overrides or Python): its type,
 then its range (each class's CHECKS table), then the rules that tie fields together. A bad value is
 a ConfigError naming `section.key`; an unknown key names the nearest valid one.
@@ -17,9 +18,12 @@ from typing import Any, ClassVar
 import yaml
 
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
-    sha256_hex, validate, within
+    validate, within
+from xattn.corpora import check as check_corpora
 from xattn.errors import XattnError
+from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
+from xattn.parent import ParentConfig
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
 
 
@@ -137,6 +141,8 @@ class DataConfig:
     train_src: str | None = None        # own corpus: two line-aligned files (plain or .gz) ...
     train_tgt: str | None = None
     train_tsv: str | None = None        # ... or one TSV file
+    train_links: str | None = None      # word links of the training pairs for guided alignment (the alignment
+    #   section): Pharaoh i-j per line, 0-based word indices, one line per pair (as xattn align writes them)
     valid_src: str | None = None
     valid_tgt: str | None = None
     valid_tsv: str | None = None
@@ -152,15 +158,20 @@ class DataConfig:
     dedup: bool = False                 # xattn prepare: drop a training pair that repeats an earlier one exactly
     prepared: str | None = None         # train on this prepared directory (xattn prepare); None: the one made
     #   from the training files (or dataset) and the keys above, found in or added to the cache
+    corpora: list = field(default_factory=list)  # more training corpora after this one, each {src, tgt} or {tsv},
+    #   with links and upsample or weight (xattn.corpora); this one takes the two keys below
+    upsample: float | None = None       # copies of the training corpus an epoch draws (with data.corpora)
+    weight: float | None = None         # its share of an epoch, against data.corpora's weights
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         dataset=one_of("multi30k", "numbers"), numbers_size=within(1, 800_000), vocab_size=within(8),
         train_subset=POSITIVE, subset_seed=within(0, 2**32 - 1),
-        max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE)
+        max_len=POSITIVE, max_ratio=within(1), spm_sample=POSITIVE, upsample=within(0, lo_open=True),
+        weight=within(0, lo_open=True))
     LANGUAGES: ClassVar[dict[str, tuple[str, ...]]] = {"multi30k": ("en", "de", "fr", "cs"),
                                                       "numbers": ("en", "de", "fr", "cs", "digits")}
-    LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "valid_src",
-                                            "valid_tgt", "valid_tsv", "prepared")
+    LOCATIONS: ClassVar[tuple[str, ...]] = ("data_dir", "train_src", "train_tgt", "train_tsv", "train_links",
+                                            "valid_src", "valid_tgt", "valid_tsv", "prepared")
     """Keys that say where the data is, not what it is: a resumed run may move its files."""
 
     def __post_init__(self) -> None:
@@ -176,6 +187,13 @@ class DataConfig:
         for prefix in ("train", "valid"):
             if bool(getattr(self, f"{prefix}_src")) != bool(getattr(self, f"{prefix}_tgt")):
                 raise ConfigError(f"data.{prefix}_src", f"data.{prefix}_src and data.{prefix}_tgt go together")
+        if self.train_links and self.dataset is None and not (self.train_tsv or self.train_src):
+            raise ConfigError("data.train_links", "goes with the pairs it links: data.dataset, data.train_src + "
+                              "data.train_tgt or data.train_tsv (a prepared directory holds its links already)")
+        check_corpora(self)
+
+    as_dict = _as_dict
+    LATER: ClassVar[dict[str, Any]] = {"train_links": None, "corpora": [], "upsample": None, "weight": None}
 
 
 @dataclass(frozen=True)
@@ -279,47 +297,26 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
-class ParentConfig:
-    """The model a fine-tuned child was made from (xattn finetune, xattn compose)."""
-    path: str | None = None             # the parent's model directory, relative to the child's (or absolute)
-    tensors: str | None = None          # SHA-256 of the parent's full weights (checkpoint.tensors_digest)
-    delta: bool = True                  # model.safetensors holds only what differs from the parent's weights
-
-    CHECKS: ClassVar[dict[str, Check]] = dict(tensors=sha256_hex)
-
-    def __post_init__(self) -> None:
-        validate(self, "parent")
-        if (self.path is None) != (self.tensors is None):
-            raise ConfigError("parent.tensors", "parent.path and parent.tensors go together")
-
-    @property
-    def named(self) -> bool:
-        return self.path is not None
-
-    @property
-    def needed(self) -> bool:
-        """Loading needs the parent: the weights file is a delta."""
-        return self.named and self.delta
-
-
-@dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     parent: ParentConfig = field(default_factory=ParentConfig)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
 
     def __post_init__(self) -> None:
+        self.alignment.check_data(self.data)
         if self.model.positions == "learned" and self.model.max_positions < self.data.max_len + 1:
             raise ConfigError("model.max_positions", f"{self.model.max_positions} learned positions cannot hold "
                               f"training sentences of data.max_len={self.data.max_len} tokens plus EOS")
 
     def to_dict(self) -> dict[str, Any]:
         """Every section as plain data (the model's and decoding's without their LATER keys at their defaults,
-        so older versions read it); `parent` only when the config names one."""
+        so older versions read it); `parent` only when the config names one, `alignment` only when it is on."""
+        left_out = {"parent": not self.parent.named, "alignment": not self.alignment.on}
         return {f.name: _plain(section.as_dict() if hasattr(section := getattr(self, f.name), "LATER") else
-                               dataclasses.asdict(section)) for f in dataclasses.fields(self) if f.name != "parent" or self.parent.named}
+                               dataclasses.asdict(section)) for f in dataclasses.fields(self) if not left_out.get(f.name)}
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
@@ -327,7 +324,7 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
-            "parent": ParentConfig}
+            "parent": ParentConfig, "alignment": AlignmentConfig}
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:

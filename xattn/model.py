@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,14 +32,14 @@ class EncoderOutput:
 @dataclass
 class DecoderStates:
     states: Tensor                               # (B, T, D), after the final LayerNorm (pre-LN)
-    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights
+    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights (or cross_layers)
     self_attn: tuple[Tensor, ...] | None = None   # L x (B, H, T, T_all), only with need_weights
 
 
 @dataclass
 class DecoderOutput:
     logits: Tensor                               # (B, T, V)
-    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights
+    cross_attn: tuple[Tensor, ...] | None = None  # L x (B, H, T, S), only with need_weights (or cross_layers)
     self_attn: tuple[Tensor, ...] | None = None   # L x (B, H, T, T_all), only with need_weights
 
 
@@ -193,18 +194,22 @@ class Transformer(nn.Module):
         return DecoderCache(layers, enc.mask)
 
     def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-               need_weights: bool = False, head_mask: HeadMask | None = None) -> DecoderOutput:
+               need_weights: bool = False, head_mask: HeadMask | None = None, *,
+               cross_layers: Sequence[int] = ()) -> DecoderOutput:
         """tgt (B, T) int64 (starting with BOS) -> DecoderOutput(logits (B, T, V), ...).
 
         Without a cache, T positions are decoded at once under a look-ahead mask. With a cache,
         `tgt` holds only the new positions (usually T = 1); the cache grows by T and `enc` may be None.
-        `head_mask`: as in `encode`.
+        `head_mask`: as in `encode`. `cross_layers`: without need_weights, the cross-attention weights of
+        these layers only (cross_attn holds None for the others, self_attn is None), so the other layers
+        keep the fused attention (guided-alignment training, links read during search).
         """
-        hidden = self.decode_states(tgt, enc, cache, need_weights, head_mask)
+        hidden = self.decode_states(tgt, enc, cache, need_weights, head_mask, cross_layers=cross_layers)
         return DecoderOutput(self.generator(hidden.states), hidden.cross_attn, hidden.self_attn)
 
     def decode_states(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-                      need_weights: bool = False, head_mask: HeadMask | None = None) -> DecoderStates:
+                      need_weights: bool = False, head_mask: HeadMask | None = None, *,
+                      cross_layers: Sequence[int] = ()) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
         T = tgt.shape[1]
@@ -229,15 +234,15 @@ class Transformer(nn.Module):
             x, w = layer(x, inputs=DecoderInputs(
                 cross_kv[i], cross_mask, self_mask, cache.layers[i] if cache is not None else None, group,
                 context("dec_self", i, need_weights, positions, head_mask),
-                context("cross", i, need_weights, positions.repeat(group), head_mask)))
+                context("cross", i, need_weights or i in cross_layers, positions.repeat(group), head_mask)))
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:
             cache.advance(T)
         states = self.decoder.norm(x)
-        if not need_weights:
-            return DecoderStates(states)
-        return DecoderStates(states, tuple(cross), tuple(selfw))
+        if need_weights:
+            return DecoderStates(states, tuple(cross), tuple(selfw))
+        return DecoderStates(states, tuple(cross) if cross_layers else None)
 
     def check_head_mask(self, mask: HeadMask | None) -> HeadMask | None:
         """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
@@ -250,11 +255,13 @@ class Transformer(nn.Module):
         return mask
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False,
-                head_mask: HeadMask | None = None) -> DecoderOutput:
+                head_mask: HeadMask | None = None, *, cross_layers: Sequence[int] = ()) -> DecoderOutput:
         """Teacher forcing: src (B, S), tgt (B, T) (BOS + target) -> logits (B, T, V) predicting the next token.
-        `head_mask` (a differentiable one gives its gradient, see analysis/importance.py): as in `encode`."""
+        `head_mask` (a differentiable one gives its gradient, see analysis/importance.py), `cross_layers`: as
+        in `encode` and `decode`."""
         self.check_head_mask(head_mask)
-        return self.decode(tgt, self.encode(src, head_mask=head_mask), need_weights=need_weights, head_mask=head_mask)
+        return self.decode(tgt, self.encode(src, head_mask=head_mask), need_weights=need_weights, head_mask=head_mask,
+                           cross_layers=cross_layers)
 
     # ------------------------------------------------------------------------------ parameter groups
 

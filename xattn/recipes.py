@@ -16,6 +16,7 @@ from xattn import distributed as dist
 from xattn.config import RunConfig
 from xattn.corpus import Corpus, prepare_corpus
 from xattn.errors import XattnError
+from xattn.losses import GuidedAlignment
 from xattn.model import Transformer
 
 
@@ -41,6 +42,8 @@ def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
     if cfg.parent.named:
         raise XattnError("parent: only a fine-tuned child names a parent (xattn finetune --parent); remove the "
                          "parent section to train a model of its own")
+    if cfg.alignment.on:  # before the corpus is prepared
+        cfg.alignment.resolve(cfg.model)
 
     def build(ctx: dist.Context, new: bool) -> RunParts:
         corpus = prepare_corpus(cfg.data, Path(out_dir), ctx, new_tokenizers=new)
@@ -70,3 +73,20 @@ def freeze(model: Transformer, trainable: frozenset[str] | None) -> list[torch.n
     for name, p in names.items():
         p.requires_grad_(trainable is None or name in trainable)
     return [p for p in names.values() if p.requires_grad]
+
+
+def guided_alignment(cfg: RunConfig, corpus: Corpus, say: Callable[[str], None]) -> GuidedAlignment | None:
+    """The guided-alignment term of a run's alignment section (None when it is off), checked against its model
+    and training corpus; `say` reports what learns the links."""
+    ac = cfg.alignment
+    if not ac.on:
+        return None
+    layer, heads = ac.resolve(cfg.model)
+    train = corpus.train
+    if not train.has_links:
+        raise XattnError(f"alignment.weight: {ac.weight:g}, but the training corpus ({train.folder}) has no "
+                         "alignment links; set data.train_links to a Pharaoh file line-aligned with the pairs")
+    which = "mean of heads" if heads is None else "head " + ",".join(map(str, heads))
+    say(f"alignment: layer {layer}, {which}, learns the links of {train.manifest['links']['pairs']} pairs "
+        f"(weight {ac.weight:g})")
+    return GuidedAlignment(layer, heads, ac.weight)

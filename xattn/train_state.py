@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -19,6 +20,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
+from xattn import corpora
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
 from xattn.io import atomic_write, atomic_write_text, json_text, read_json, sha256_file
@@ -109,6 +111,21 @@ class TrainStateDir:
         return sorted(f.name for f in removed)
 
 
+@dataclass
+class Progress:
+    """Where training stands; saved with every checkpoint so a run can resume exactly."""
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0                      # next batch of this epoch (this rank's share)
+    best_score: float = -math.inf
+    best_step: int = 0
+    bad_evals: int = 0
+    target_tokens: int = 0
+    seconds: float = 0.0
+    stop_reason: str | None = None      # why the last fit() ended
+    finished: bool = False              # the end of training (averaging included) is done
+
+
 def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
     """Keys whose values differ between two nested dicts, as "key: saved -> now"."""
     if isinstance(saved, dict) and isinstance(now, dict):
@@ -124,7 +141,7 @@ def _short(value: Any) -> str:
 
 def data_identity(cfg: DataConfig) -> dict:
     """The data settings of a run's identity: without the keys that only say where the data lives."""
-    data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in DataConfig.LOCATIONS}
+    data = corpora.identity({k: v for k, v in cfg.as_dict().items() if k not in DataConfig.LOCATIONS})
     if data["train_subset"] is None:  # all the data: the subset's seed plays no part
         del data["train_subset"], data["subset_seed"]
     return json.loads(json_text(data))
@@ -137,4 +154,6 @@ def run_identity(cfg: RunConfig, corpus_sha256: str, tokenizers: dict[str, str],
     identity = {"tokenizers": tokenizers, "data": data_identity(cfg.data) | {"corpus_sha256": corpus_sha256},
                 "model": cfg.model.as_dict(),
                 "train": {"seed": cfg.train.seed, "max_tokens": cfg.train.max_tokens, "processes": processes}}
+    if cfg.alignment.on:  # what the loss teaches (runs without guidance keep the identity they had)
+        identity["alignment"] = cfg.alignment.as_dict()
     return json.loads(json_text(identity))  # as the manifest stores it

@@ -1,5 +1,6 @@
-"""Training: label-smoothed cross-entropy, AdamW with inverse-square-root warmup, mixed precision,
-validation loss and BLEU, early stopping, atomic checkpoints, exact resume, checkpoint averaging, DDP.
+"""Training: label-smoothed cross-entropy (plus guided alignment, xattn.guidance), AdamW with inverse-square-root
+warmup, mixed precision, validation loss and BLEU, early stopping, atomic checkpoints, exact resume, checkpoint
+averaging, DDP.
 
 A run writes into one model directory (see checkpoint.py). `train_state/` holds what resuming needs:
 the last weights, optimizer, schedule position, RNG states and data position; running the same
@@ -12,13 +13,13 @@ import math
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from xattn import distributed as dist
+from xattn import corpora, distributed as dist
+from xattn.analysis.choice import save_guided
 from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
 from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
 from xattn.corpus import Corpus
@@ -28,9 +29,9 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import is_temporary, json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import MANIFEST, Manifest, TrainStateDir, data_identity, differences, run_identity
+from xattn.train_state import MANIFEST, Manifest, Progress, TrainStateDir, data_identity, differences, run_identity
 from xattn.progress import RunningRate, StepStatus, echo, open_display
-from xattn.recipes import Factory, freeze, from_config
+from xattn.recipes import Factory, freeze, from_config, guided_alignment
 
 STATE_DIR = "train_state"
 LOG = "log.jsonl"
@@ -40,21 +41,6 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     """Linear warmup to `peak` over `warmup` steps, then peak * sqrt(warmup / step) (Vaswani et al. 2017)."""
     step = max(step, 1)
     return peak * min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved with every checkpoint so a run can resume exactly."""
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0                      # next batch of this epoch (this rank's share)
-    best_score: float = -math.inf
-    best_step: int = 0
-    bad_evals: int = 0
-    target_tokens: int = 0
-    seconds: float = 0.0
-    stop_reason: str | None = None      # why the last fit() ended
-    finished: bool = False              # the end of training (averaging included) is done
 
 
 class Trainer:
@@ -92,6 +78,7 @@ class Trainer:
                     f"{stats.empty} empty, {stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over "
                     f"length ratio {cfg.data.max_ratio:g}{duplicates}), {len(self.corpus.valid)} validation pairs")
         self.cfg, self.base = parts.cfg, parts.base
+        self.guide = guided_alignment(self.cfg, self.corpus, self._print)
         self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
                                      self.ctx.world) | parts.identity
         if manifest is not None:
@@ -102,8 +89,11 @@ class Trainer:
         self.ddp_model = self.ctx.wrap(self.model)  # DDP all-reduces only the parameters that train
         self.optimizer = torch.optim.AdamW(trained, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
+        mix = corpora.mixture(self.cfg.data, self.corpus.train.manifest.get("corpora", [len(self.corpus.train)]))
         self.sampler = TokenBatchSampler(self.corpus.train.src_lengths(), self.corpus.train.tgt_lengths(),
-                                         tc.max_tokens, shuffle=True, seed=tc.seed)
+                                         tc.max_tokens, shuffle=True, seed=tc.seed, mixture=mix)
+        if mix is not None:
+            self._print(corpora.summary(mix))
         self.progress = Progress()
         self._stop_signal = False
         first = self.sampler.batches(0)
@@ -188,17 +178,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- steps
 
-    def _train_step(self, batches: list[Batch]) -> tuple[float, int]:
-        """One optimizer step over `batches` (gradient accumulation) -> (mean NLL per token, target tokens)."""
-        tc, model = self.cfg.train, self.ddp_model
+    def _train_step(self, batches: list[Batch]) -> tuple[float, int, float | None]:
+        """One optimizer step over `batches` (gradient accumulation) -> (mean NLL per token, target tokens, mean
+        guided-alignment loss per target piece with links, or None without guidance)."""
+        tc, model, guide = self.cfg.train, self.ddp_model, self.guide
         model.train()
         n_tokens = sum(b.n_tgt_tokens for b in batches)
-        total_nll = 0.0
+        total_nll, aligned, aligned_rows = 0.0, 0.0, 0
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             with self.ctx.no_sync(model, last=i == len(batches) - 1), self._autocast():
-                logits = model(batch.src, batch.tgt_in).logits
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.model.pad_id, tc.label_smoothing)
+                out = model(batch.src, batch.tgt_in, cross_layers=guide.cross_layers if guide else ())
+                loss, nll = label_smoothed_loss(out.logits, batch.tgt_out, self.cfg.model.pad_id, tc.label_smoothing)
+                if guide is not None:
+                    term, value, rows = guide(out.cross_attn, batch.links)
+                    loss, aligned, aligned_rows = loss + term, aligned + value, aligned_rows + rows
                 self.scaler.scale(loss / n_tokens).backward()
             total_nll += float(nll)
         lr = inverse_sqrt_lr(self.progress.step + 1, tc.lr, tc.warmup)
@@ -210,7 +204,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_nll / max(n_tokens, 1), n_tokens
+        return total_nll / max(n_tokens, 1), n_tokens, aligned / max(aligned_rows, 1) if guide else None
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None)
@@ -262,7 +256,7 @@ class Trainer:
                 batches = self.ctx.shard(self.sampler.batches(p.epoch))
                 while p.batch < len(batches) and stop_reason is None:
                     group = [self.corpus.train.collate(ix) for ix in batches[p.batch: p.batch + tc.accumulate]]
-                    nll, n_tokens = self._train_step(group)
+                    nll, n_tokens, aligned = self._train_step(group)
                     p.step, p.batch = p.step + 1, p.batch + len(group)
                     p.target_tokens += n_tokens * self.ctx.world
                     p.seconds = time.time() - start
@@ -271,7 +265,8 @@ class Trainer:
                     display.update(StepStatus(p.step, p.epoch, window.loss, lr, window.rate, p.seconds))
                     if p.step % tc.log_every == 0:
                         self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": lr,
-                                   "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)})
+                                   "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)}
+                                  | ({"alignment_loss": aligned} if aligned is not None else {}))
                     stop_reason = self._after_step()
                 if p.batch >= len(batches):
                     p.epoch, p.batch = p.epoch + 1, 0
@@ -319,7 +314,7 @@ class Trainer:
                 improved = scores["valid_bleu"] > p.best_score
                 if improved:
                     p.best_score, p.best_step, p.bad_evals = scores["valid_bleu"], p.step, 0
-                    save_model_dir(self.out_dir, self.model, self.cfg, base=self.base)
+                    self._save_model()
                 else:
                     p.bad_evals += 1
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
@@ -360,10 +355,17 @@ class Trainer:
                     f"{' (kept as model.safetensors)' if better else ' (not better; best kept)'}")
         if better:
             p.best_score, p.best_step = scores["valid_bleu"], p.step
-            save_model_dir(self.out_dir, self.model, self.cfg, base=self.base)
+            self._save_model()
         self.model.load_state_dict(last)
 
     # ----------------------------------------------------------------------------------- helpers
+
+    def _save_model(self) -> None:
+        """config.yaml and model.safetensors (the best or averaged weights); with guided alignment, the layer and
+        heads it taught stored as the model's alignment choice (xattn.analysis.choice)."""
+        save_model_dir(self.out_dir, self.model, self.cfg, base=self.base)
+        if self.guide is not None:
+            save_guided(self.out_dir, self.guide.layer, self.guide.heads, self.guide.weight)
 
     def _on_signal(self, signum, frame) -> None:
         if self._stop_signal:

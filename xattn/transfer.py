@@ -143,6 +143,8 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
         raise ParameterError("out_dir", f"{out_dir} is the parent; a child trains into a directory of its own")
     parent = load_model_dir(parent_dir)
     side = changed_side(parent.config, cfg)
+    if cfg.alignment.on:  # the child has the parent's layers and heads
+        cfg.alignment.resolve(parent.config.model)
     if strat.side is not None and strat.side != side:
         raise ParameterError("strategy", f"{strat.name} changes the {strat.side} side, but the child changes the "
                          f"{side} language ({parent.config.data.src_lang}->{parent.config.data.tgt_lang} to "

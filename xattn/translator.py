@@ -15,7 +15,7 @@ from torch import Tensor
 from xattn.attention import stack_layers
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
-from xattn.decoding import Hypothesis, Steps, finish, search_steps
+from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -32,7 +32,8 @@ class Translation:
     score: float                                  # the hypothesis' ranking score (normalised log-probability)
     src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
     tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
-    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention
+    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention ((1, 1, T, S):
+    #   the mean of the chosen heads, with attention_heads)
     self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
     relaxed: bool = False                         # the decoding constraints left no token but end of sentence
     #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
@@ -128,7 +129,8 @@ class Translator:
 
     def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
-                  prefixes: list[str] | None = None) -> list[Translation]:
+                  prefixes: list[str] | None = None,
+                  attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> list[Translation]:
         """Translate `texts`; results come back in input order.
 
         Sentences are sorted by length into batches of at most cfg.max_tokens source positions
@@ -136,14 +138,18 @@ class Translator:
         empty text. `prefixes[i]` (target text, may be "") is forced as the start of translation i.
         With `return_attention` each result carries the cross-attention of its hypothesis:
         tracked along the search (`attention_from="search"`) or recomputed by one teacher-forced
-        pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree.
+        pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree. With
+        `attention_heads` = (layer, heads or None for all), only the mean of those heads is kept, as a
+        (1, 1, T, S) cross_attention; tracked along the search, it costs one layer's weights and a row per
+        step (the links of a guided head, xattn.guidance).
         """
         return finish(self.translate_steps(texts, cfg, return_attention, attention_from, return_self_attention,
-                                           prefixes))
+                                           prefixes, attention_heads))
 
     def translate_steps(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
                         attention_from: str = "search", return_self_attention: bool = False,
-                        prefixes: list[str] | None = None) -> Steps[list[Translation]]:
+                        prefixes: list[str] | None = None,
+                        attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> Steps[list[Translation]]:
         """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
         (the server); the arguments are checked and the texts tokenized at the call."""
         if isinstance(texts, str):
@@ -155,7 +161,8 @@ class Translator:
         eos = self.model.cfg.eos_id
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
-        return self._steps(ids, forced, cfg, Options(return_attention, attention_from, return_self_attention))
+        tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
+        return self._steps(ids, forced, cfg, Options(return_attention, attention_from, return_self_attention, tracked))
 
     def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig,
                options: Options) -> Steps[list[Translation]]:
@@ -211,7 +218,8 @@ class Translator:
         with torch.inference_mode():
             enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
         nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
-                                        head_mask=self.head_mask, vocab=self._vocab(src, forced) if cfg.shortlist else None)
+                                        head_mask=self.head_mask, track=options.tracked,
+                                        vocab=self._vocab(src, forced) if cfg.shortlist else None)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
         cross, selfw = [None] * len(flat), [None] * len(flat)
@@ -219,6 +227,10 @@ class Translator:
             forced = self.forced_attention(src, [h.tokens for h in flat], rows,
                                            ("cross", "decoder-self") if options.self_ else ("cross",), enc)
             cross = forced.cross if options.cross and not in_search else cross
+            if options.cross and not in_search and options.tracked is not None:
+                layer = options.tracked.layer  # (H, T, S) -> (T, H, S) -> (T, 1, 1, S) -> (1, 1, T, S)
+                cross = [options.tracked.mean(torch.from_numpy(c[layer]).movedim(0, -2)).movedim(0, -2).numpy()
+                         for c in cross]
             selfw = forced.decoder_self if options.self_ else selfw
         if in_search:
             src_len = src.ne(pad).sum(dim=1).tolist()
@@ -284,6 +296,7 @@ class Options:
     cross: bool          # return cross-attention
     source: str          # "search" or "rescore"
     self_: bool          # return decoder self-attention
+    tracked: Tracked | None = None  # keep only the mean of these heads of one layer
 
 
 def load(path: str | Path, device: str | torch.device | None = None) -> Translator:

@@ -1,81 +1,21 @@
-"""Word alignments: link sets, Pharaoh I/O, symmetrisation, and links read from cross-attention (naive, shift).
+"""Word alignments: symmetrisation, and links read from cross-attention (naive, shift).
 
-A link (i, j) joins source word i and target word j, both 0-based; an alignment is a `set[tuple[int, int]]`.
+A link (i, j) joins source word i and target word j, both 0-based; an alignment is a `set[tuple[int, int]]`
+(xattn.links, which reads and writes the Pharaoh format).
 """
 from __future__ import annotations
 
-import re
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from xattn.analysis.maps import HeadChoice, PairAttention
 from xattn.errors import ParameterError, XattnError
-from xattn.io import read_lines
-from xattn.words import split_words
+from xattn.links import Links, format_links, parse_alignments, parse_links, read_alignments  # noqa: F401 (re-exported)
 
-Links = set[tuple[int, int]]
-
-# ------------------------------------------------------------------------------ Pharaoh I/O and symmetrisation
-
-_LINK = re.compile(r"(-?[0-9]+)([-p])(-?[0-9]+)")
-
-
-def format_links(links: Links, possible: Links = frozenset(), one_indexed: bool = False) -> str:
-    """Pharaoh text "0-0 1-2 ...", sorted by (i, j); links only in `possible` are written "ipj"."""
-    base = 1 if one_indexed else 0
-    sure = set(links)
-    return " ".join(f"{i + base}{'-' if (i, j) in sure else 'p'}{j + base}" for i, j in sorted(sure | set(possible)))
-
-
-def parse_links(line: str, one_indexed: bool = False, reverse: bool = False,
-                lengths: tuple[int, int] | None = None, where: str = "links") -> tuple[Links, Links]:
-    """One line of Pharaoh links -> (sure, possible), 0-based; `possible` includes `sure`.
-
-    Tokens are `i-j` (sure) or `ipj` (possible), separated as words are (xattn.words); an empty line has no links.
-    `lengths` = (n, m) bounds the first and the second index as written (before `reverse`, which turns
-    (i, j) into (j, i)). Errors name `where` (e.g. "gold.talp: line 3") and the token.
-    """
-    base = 1 if one_indexed else 0
-    sure, possible = set(), set()
-    for token in split_words(line):
-        match = _LINK.fullmatch(token)
-        if match is None:
-            raise XattnError(f"{where}: {token!r} is not a link (expected i-j for sure or ipj for possible)")
-        link = (int(match[1]) - base, int(match[3]) - base)
-        for side, (k, written) in enumerate(zip(link, (match[1], match[3]))):
-            if k < 0:
-                first = "1 is the first word" if one_indexed else "0 is the first word"
-                raise XattnError(f"{where}: link {token!r}: index {written} is not a word ({first})")
-            if lengths is not None and k >= lengths[side]:
-                raise XattnError(f"{where}: link {token!r}: index {written} is beyond the {lengths[side]} words of "
-                                 f"the {('first', 'second')[side]} side "
-                                 f"({'1' if one_indexed else '0'}-based indices)")
-        if reverse:
-            link = link[::-1]
-        possible.add(link)
-        if match[2] == "-":
-            sure.add(link)
-    return sure, possible
-
-
-def parse_alignments(lines: Sequence[str], where: str, one_indexed: bool = False, reverse: bool = False,
-                     lengths: Sequence[tuple[int, int]] | None = None) -> list[tuple[Links, Links]]:
-    """Lines of Pharaoh links -> [(sure, possible), ...]; `where` names the file in errors; see `parse_links`."""
-    if lengths is not None and len(lengths) != len(lines):
-        raise XattnError(f"{where} has {len(lines)} lines, but {len(lengths)} sentence pairs were given")
-    return [parse_links(line, one_indexed, reverse, None if lengths is None else lengths[n], f"{where}: line {n + 1}")
-            for n, line in enumerate(lines)]
-
-
-def read_alignments(path: str | Path, one_indexed: bool = False, reverse: bool = False,
-                    lengths: Sequence[tuple[int, int]] | None = None) -> list[tuple[Links, Links]]:
-    """A Pharaoh file (one sentence pair a line) -> [(sure, possible), ...]; see `parse_links`."""
-    return parse_alignments(read_lines(path), str(path), one_indexed, reverse, lengths)
-
+# ------------------------------------------------------------------------------------------- symmetrisation
 
 SYMMETRISATIONS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
 # The order matters (see `symmetrise`): left, up, right, down, then the diagonals; (di, dj) in (source, target).

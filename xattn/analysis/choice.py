@@ -1,8 +1,9 @@
 """The alignment settings stored in a model directory (`analysis.yaml`, beside the weights, never in config.yaml).
 
-`xattn heads align` writes the layer and heads that align best on gold pairs; `xattn align` and
-`translate --alignment` read them unless --layer/--heads say otherwise. The file names the weights it was
-measured on; after the weights change it is ignored with a warning.
+`xattn heads align` writes the layer and heads that align best on gold pairs, and training with guided
+alignment (xattn.guidance) the layer and heads it taught the links; `xattn align`, `translate --alignment`,
+`attention`, `diagnose` and `serve` read them unless --layer/--heads say otherwise. The file names the weights
+it was measured on (or trained into); after the weights change it is ignored with a warning.
 """
 from __future__ import annotations
 
@@ -45,10 +46,12 @@ class AlignmentRecord:
     aer: float | None = None            # how it scored, on how many pairs of which gold file
     pairs: int | None = None
     gold: str | None = None
+    guided: float | None = None         # trained for alignment with this alignment.weight (xattn.guidance)
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         layer=NON_NEGATIVE, heads=_head, method=one_of(*METHODS), threshold=within(0, 1, lo_open=True),
-        eos=one_of(*EOS_RULES), punct=one_of(*PUNCT_RULES), weights=sha256_hex, aer=within(0, 1), pairs=POSITIVE)
+        eos=one_of(*EOS_RULES), punct=one_of(*PUNCT_RULES), weights=sha256_hex, aer=within(0, 1), pairs=POSITIVE,
+        guided=within(0, lo_open=True))
 
     def __post_init__(self) -> None:
         validate(self, SECTION)
@@ -62,8 +65,9 @@ class AlignmentRecord:
 
     @property
     def figures(self) -> dict:
-        """How the choice scored: aer, pairs, gold (those recorded)."""
-        return {k: v for k, v in (("aer", self.aer), ("pairs", self.pairs), ("gold", self.gold)) if v is not None}
+        """Where the choice comes from: how it scored (aer, pairs, gold) or the weight it was trained with
+        (guided), those recorded."""
+        return {k: v for k in ("aer", "pairs", "gold", "guided") if (v := getattr(self, k)) is not None}
 
 
 DEFAULT_METHOD = "naive"
@@ -136,6 +140,17 @@ def save(model_dir: str | Path, settings: AlignSettings, figures: dict) -> Path:
     record = AlignmentRecord(**settings.choice.to_dict(), method=settings.method, threshold=settings.threshold,
                              eos=settings.eos, punct=settings.punct, weights=weights_id(model_dir), **figures)
     data[SECTION] = {k: v for k, v in dataclasses.asdict(record).items() if v is not None or k == "threshold"}
-    text = "# written by xattn analysis verbs; `alignment` by `xattn heads align`, read by align, translate --alignment\n"
+    text = "# written by xattn analysis verbs; `alignment` by `xattn heads align` or guided training, read by align, " \
+           "translate --alignment\n"
     atomic_write_text(model_dir / ANALYSIS, text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return model_dir / ANALYSIS
+
+
+GUIDED_METHOD = "naive"
+"""Guided training teaches the row that predicts a target piece its word's links, which naive reads."""
+
+
+def save_guided(model_dir: str | Path, layer: int, heads: tuple[int, ...] | None, weight: float) -> Path:
+    """Store the layer and heads (None: all) that guided-alignment training taught the links with `weight`,
+    as the model's alignment choice (read where they were taught, by argmax)."""
+    return save(model_dir, AlignSettings(HeadChoice(layer, heads), GUIDED_METHOD), {"guided": weight})

@@ -1,6 +1,7 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
@@ -150,7 +151,7 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
             if len(given) < len(texts):
                 raise XattnError(f"line counts differ: {args.prefix} has {count + len(given)} lines, the input more")
         results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
-                                       attention_from="rescore")
+                                       attention_heads=links.heads if links else None)
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
         yield output_lines(results, texts, count, args.scores, links)
         count += len(texts)
@@ -194,11 +195,14 @@ def note_relaxed(lines: list[int], where: str) -> None:
 
 
 def alignment_of(args, translator):
-    """(Translation, its input line, index) -> its Pharaoh links, with the settings of the flags."""
+    """(Translation, its input line, index) -> its Pharaoh links, with the settings of the flags; `.heads`: the
+    (layer, heads) whose attention the search is to track (translate's attention_heads), which the links read.
+    They are those of a teacher-forced pass over the translation (see the README's Word alignment)."""
     from xattn.analysis.alignment import attention_links, format_links
-    from xattn.analysis.maps import PairAttention
+    from xattn.analysis.maps import HeadChoice, PairAttention
 
     settings = alignment_settings(args, args.model, translator.model.cfg)
+    tracked = dataclasses.replace(settings, choice=HeadChoice(0))  # the one "layer" the search kept
     where = args.input or "stdin"
 
     def links(translation, line: str, index: int) -> str:
@@ -206,5 +210,6 @@ def alignment_of(args, translator):
             pair = PairAttention.from_translation(translation, line, index + 1, translator.tokenizers.src)
         except XattnError as e:
             raise XattnError(f"{where}: {e}") from None
-        return format_links(attention_links(pair, settings))
+        return format_links(attention_links(pair, tracked))
+    links.heads = (settings.choice.layer, settings.choice.heads)
     return links

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from xattn.corpora import copies
 from xattn.data.text import Pair
 from xattn.errors import XattnError
 from xattn.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
@@ -21,6 +22,9 @@ class Batch:
 
     src (B, S) int64: tokens + eos.  tgt_in (B, T) int64: bos + tokens.  tgt_out (B, T) int64: tokens + eos.
     n_tgt_tokens: non-pad positions in tgt_out.  indices: corpus index of each row.
+    links (K, 3) int64: alignment links (row b, target position t, source position s): the decoder position t
+    that predicts tgt_out[b, t] should look at src[b, s] (xattn.losses.guided_alignment_loss); None when the
+    corpus has none.
     """
 
     src: torch.Tensor
@@ -28,12 +32,14 @@ class Batch:
     tgt_out: torch.Tensor
     n_tgt_tokens: int
     indices: list[int]
+    links: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def to(self, device: torch.device | str) -> Batch:
-        return replace(self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device))
+        return replace(self, src=self.src.to(device), tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device),
+                       links=self.links.to(device) if self.links is not None else None)
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
@@ -51,8 +57,10 @@ def collate(
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    links: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """Token ids without bos/eos -> a Batch (src gets eos; tgt_in gets bos, tgt_out gets eos)."""
+    """Token ids without bos/eos -> a Batch (src gets eos; tgt_in gets bos, tgt_out gets eos). `links[b]`: row
+    b's piece links, flat (source piece, target piece, ...); piece t of the target is tgt_out[b, t]."""
     tgt_out = pad_sequences([[*t, eos_id] for t in tgt_ids], pad_id)
     return Batch(
         src=pad_sequences([[*s, eos_id] for s in src_ids], pad_id),
@@ -60,7 +68,16 @@ def collate(
         tgt_out=tgt_out,
         n_tgt_tokens=int((tgt_out != pad_id).sum()),
         indices=list(indices),
+        links=batch_links(links) if links is not None else None,
     )
+
+
+def batch_links(links: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Each row's flat piece links (s0, t0, s1, t1, ...) -> (K, 3) int64 (row, target position, source position)."""
+    pairs = [np.asarray(flat, dtype=np.int64).reshape(-1, 2) for flat in links]  # (K_b, 2) (s, t)
+    rows = np.repeat(np.arange(len(pairs), dtype=np.int64), [len(p) for p in pairs])
+    st = np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)
+    return torch.from_numpy(np.stack([rows, st[:, 1], st[:, 0]], axis=1))
 
 
 @dataclass
@@ -129,7 +146,10 @@ class TokenBatchSampler:
     (seed, epoch, lengths), so training can resume at any batch of any epoch. Without `shuffle`,
     batches follow ascending length (for validation and translation). An example longer than
     `max_tokens` gets a batch of its own. Everything is held in numpy arrays (a few bytes a pair), so
-    the lengths of a memory-mapped corpus of millions of pairs are batched in seconds.
+    the lengths of a memory-mapped corpus of millions of pairs are batched in seconds. With `mixture` =
+    (pairs of each corpus, the copies an epoch draws of each; xattn.corpora), the corpora lying one after
+    another, each shuffled epoch draws every pair of corpus k floor(f_k) times and a seeded sample of the rest
+    of f_k once more, before shuffling and packing as above.
     """
 
     def __init__(
@@ -140,6 +160,7 @@ class TokenBatchSampler:
         shuffle: bool = True,
         seed: int = 0,
         bucket_size: int = 8192,
+        mixture: tuple[Sequence[int], Sequence[float]] | None = None,
     ):
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
@@ -148,6 +169,9 @@ class TokenBatchSampler:
                              f"{max_tokens}, {bucket_size}, {seed}")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.max_tokens, self.shuffle, self.seed, self.bucket_size = max_tokens, shuffle, seed, bucket_size
+        if mixture is not None and sum(mixture[0]) != len(src_lengths):
+            raise ValueError(f"a mixture of {sum(mixture[0])} pairs for {len(src_lengths)} lengths")
+        self.mixture = mixture
         self._lengths = np.maximum(self.src_lengths, self.tgt_lengths)
         self._index = np.int32 if len(self._lengths) < 2**31 else np.int64
         self._last: tuple[int, Batches] | None = None
@@ -163,7 +187,8 @@ class TokenBatchSampler:
             order = np.argsort(self._lengths, kind="stable").astype(self._index)
             return Batches(order, self._pack(order, 0))
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self._lengths)).astype(self._index)
+        drawn = self._drawn(rng) if self.mixture is not None else len(self._lengths)
+        order = rng.permutation(drawn).astype(self._index)
         bounds = []
         for start in range(0, len(order), self.bucket_size):
             chunk = order[start : start + self.bucket_size]
@@ -171,6 +196,15 @@ class TokenBatchSampler:
             bounds.append(self._pack(order[start : start + len(chunk)], start))
         bounds = np.concatenate(bounds) if bounds else np.zeros((0, 2), dtype=np.int64)
         return Batches(order, bounds[rng.permutation(len(bounds))])
+
+    def _drawn(self, rng: np.random.Generator) -> np.ndarray:
+        """The corpus indices an epoch of the mixture draws, in corpus order (see the class)."""
+        drawn, start = [], 0
+        for n, factor in zip(*self.mixture):
+            whole, extra = copies(n, factor)
+            drawn += [np.arange(start, start + n)] * whole + [start + np.sort(rng.choice(n, extra, replace=False))]
+            start += n
+        return np.concatenate(drawn)
 
     def _pack(self, indices: np.ndarray, offset: int) -> np.ndarray:
         """(K, 2) bounds, offset by `offset`, of the greedy packing of `indices` (sorted by ascending length,

@@ -5,7 +5,11 @@ input as read and draws the sample SentencePiece trains on (`data.spm_sample` pa
 of them when the corpus is smaller, in corpus order, which is what an in-memory run trains on); the second
 encodes chunks in worker processes, cleans on the ids just made (empty side, `data.max_len`, `data.max_ratio`,
 as corpus.prepare_corpus does on text) and appends them to the arrays in corpus order, so any number of
-workers writes the same bytes. Named datasets (Multi30k, numbers) are small and read whole.
+workers writes the same bytes. Named datasets (Multi30k, numbers) are small and read whole. Several corpora
+(data.corpora, xattn.corpora) are read one after another (xattn.data.inputs) into one directory, whose
+manifest counts the pairs each kept. With links (data.train_links, a corpus' `links`), each pair's word links
+(a Pharaoh line) are read beside it and stored as piece links (xattn.links.corpus_piece_links), which drop
+with their pair.
 """
 from __future__ import annotations
 
@@ -17,23 +21,21 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from itertools import zip_longest
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from xattn.config import DataConfig
+from xattn.data.inputs import Inputs, Row, parts
 from xattn.data.prepared import Flat, fill, prepared_dir
 from xattn.data.text import FilterStats, Pair
 from xattn.errors import XattnError
-from xattn.io import decode_line
+from xattn.links import corpus_piece_links
 from xattn.tokenizer import load_tokenizers
 
 CHUNK = 2048
 """Pairs a worker encodes at a time."""
-BLOCK = 1 << 20
-"""Bytes read from an input file at a time."""
 SETTINGS = ("dataset", "src_lang", "tgt_lang", "numbers_size", "train_subset", "subset_seed", "vocab_size",
             "joint_vocab", "max_len", "max_ratio", "spm_sample", "dedup")
 """The data keys that shape the arrays (recorded in the manifest; the others say where files are)."""
@@ -43,95 +45,11 @@ PAIRS_PER_WORKER = 100_000
 """A corpus gets one encoding process per this many pairs at most, by default."""
 
 
-@dataclass
-class Inputs:
-    """The training pairs of a DataConfig, read line by line with the rules of xattn.io.read_lines."""
-    cfg: DataConfig
-    records: dict[str, dict] = field(default_factory=dict)  # file (or dataset) -> its SHA-256 as read, size, mtime
-
-    def pairs(self) -> Iterator[Pair]:
-        cfg = self.cfg
-        if cfg.dataset is not None:
-            from xattn.data.splits import read_all, text_fingerprint
-
-            pairs = read_all(cfg, "train")
-            self.records = {dataset_name(cfg): {"sha256": text_fingerprint(pairs)}}
-            yield from pairs
-        elif cfg.train_tsv:
-            for n, line in enumerate(self.lines(cfg.train_tsv, "train_tsv"), start=1):
-                fields = line.split("\t")
-                if len(fields) != 2:
-                    raise XattnError(f"{cfg.train_tsv}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
-                yield fields[0].strip(), fields[1].strip()
-        else:
-            lines = zip_longest(self.lines(cfg.train_src, "train_src"), self.lines(cfg.train_tgt, "train_tgt"))
-            for n, (src, tgt) in enumerate(lines, start=1):
-                if src is None or tgt is None:
-                    longer, shorter = (cfg.train_src, cfg.train_tgt) if tgt is None else (cfg.train_tgt, cfg.train_src)
-                    raise XattnError(f"line counts differ: {longer} has more lines than the {n - 1} of {shorter}")
-                yield src, tgt
-
-    @staticmethod
-    def dataset_digest(cfg: DataConfig) -> str:
-        """The SHA-256 of a named dataset's training text (small; read whole)."""
-        from xattn.data.splits import read_all, text_fingerprint
-
-        return text_fingerprint(read_all(cfg, "train"))
-
-    def lines(self, path: str, key: str) -> Iterator[str]:
-        """The lines of a plain or `.gz` file (config key `key`), trailing whitespace stripped, read a block at
-        a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
-        file's size and time. The rules and messages are xattn.io.read_lines'."""
-        import gzip
-
-        digest, opener, number, rest = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open, 0, b""
-        try:
-            with opener(path, "rb") as f:
-                while block := f.read(BLOCK):
-                    digest.update(block)
-                    block, cut = rest + block, block.rfind(b"\n") + len(rest) + 1
-                    if cut == len(rest):  # no newline in this block
-                        rest = block
-                        continue
-                    rest = block[cut:]
-                    yield from self.decoded(block[:cut - 1], str(path), number)
-                    number += block.count(b"\n", 0, cut)
-                if rest:
-                    if b"\r" in rest.rstrip(b"\r"):
-                        raise XattnError(f"{path}: lines end in a carriage return alone (\\r); convert them to \\n")
-                    yield from self.decoded(rest, str(path), number)
-        except FileNotFoundError:
-            raise XattnError(f"{path}: no such file") from None
-        except (OSError, EOFError) as e:
-            raise XattnError(f"{path}: cannot read ({e})") from None
-        self.records[str(path)] = {"key": key, "sha256": digest.hexdigest(), **file_stamp(path)}
-
-    @staticmethod
-    def decoded(data: bytes, path: str, before: int) -> list[str]:
-        """Lines `before` + 1, ... (`data`: their bytes joined by newlines), decoded and stripped."""
-        if before == 0:
-            data = data.removeprefix(b"\xef\xbb\xbf")
-        try:
-            return [line.rstrip() for line in data.decode("utf-8").split("\n")]
-        except UnicodeDecodeError:  # find the line, for the message
-            return [decode_line(raw, path, n).rstrip() for n, raw in enumerate(data.split(b"\n"), start=before + 1)]
-
-
-def file_stamp(path: str | Path) -> dict:
-    """What tells, without reading it, whether a file changed: its size and modification time."""
-    stat = os.stat(path)
-    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def dataset_name(cfg: DataConfig) -> str:
-    return f"{cfg.dataset} {cfg.src_lang}-{cfg.tgt_lang}"
-
-
-def first_pass(pairs: Iterator[Pair], sample_size: int, seed: int) -> tuple[int, int, list[Pair]]:
+def first_pass(pairs: Iterator[tuple], sample_size: int, seed: int) -> tuple[int, int, list[Pair]]:
     """(pairs, pairs with an empty side, the tokenizer sample): a seeded reservoir of the non-empty pairs,
-    kept in corpus order."""
+    kept in corpus order. `pairs`: tuples that start with the source and the target."""
     rng, sample, total, empty, seen = random.Random(seed), [], 0, 0, 0
-    for total, (src, tgt) in enumerate(pairs, start=1):
+    for total, (src, tgt, *_) in enumerate(pairs, start=1):
         if not src.strip() or not tgt.strip():
             empty += 1
             continue
@@ -155,18 +73,26 @@ def _load(folder: str) -> None:
     _TOKENIZERS = load_tokenizers(folder)
 
 
-def encode_chunk(job: tuple[list[Pair], int, float]) -> tuple[Flat, Flat, dict]:
-    """(pairs, max_len, max_ratio) -> the kept pairs' ids (flat arrays, quick to send back) and what was
-    dropped (FilterStats fields)."""
-    pairs, max_len, max_ratio = job
-    src = _TOKENIZERS.src.encode_batch([s for s, _ in pairs])
-    tgt = _TOKENIZERS.tgt.encode_batch([t for _, t in pairs])
+def encode_chunk(job: tuple[list[Row], int, float, str | None, bool]) -> tuple[Flat, Flat, Flat | None, dict]:
+    """(rows of one corpus, max_len, max_ratio, its links file or None, whether the corpus is stored with links)
+    -> the kept pairs' ids and piece links (flat arrays, quick to send back; None without links; empty for a
+    corpus without a links file), what was dropped (FilterStats fields), the link counts and the corpus."""
+    rows, max_len, max_ratio, links_path, linked = job
+    src = _TOKENIZERS.src.encode_batch([r[0] for r in rows])
+    tgt = _TOKENIZERS.tgt.encode_batch([r[1] for r in rows])
     n, m = (np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in (src, tgt))
     too_long = np.maximum(n, m) > max_len
     ratio = ~too_long & (np.maximum(n, m) / np.maximum(1, np.minimum(n, m)) > max_ratio)
     keep = np.flatnonzero(~(too_long | ratio)).tolist()
-    stats = FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum()))
-    return Flat.of([src[i] for i in keep]), Flat.of([tgt[i] for i in keep]), asdict(stats)
+    counts = asdict(FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum())))
+    src, tgt, links = [src[i] for i in keep], [tgt[i] for i in keep], None
+    counts["corpus"] = rows[0][4] if rows else 0
+    if links_path:
+        pieces, counts["links"] = corpus_piece_links([rows[i] for i in keep], src, tgt, _TOKENIZERS, links_path)
+        links = Flat.of(pieces)
+    elif linked:
+        links = Flat.of([[] for _ in keep])
+    return Flat.of(src), Flat.of(tgt), links, counts
 
 
 def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
@@ -210,11 +136,16 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
         tokenizers = train_into(folder, sample, cfg, where, inherit or {})
         made = load_tokenizers(folder)
         pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", total)
-        jobs = ((part, cfg.max_len, cfg.max_ratio) for part in chunked(pairs))
-        manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats),
+        files = [part.train_links for part, _ in parts(cfg)]
+        links = {"pairs": 0, "links": 0, "unmatched": 0} if any(files) else None
+        jobs = ((chunk, cfg.max_len, cfg.max_ratio, files[chunk[0][4]], bool(links)) for chunk in chunked(pairs))
+        kept = [0] * len(files)  # per corpus
+        manifest = fill(folder, counted(ordered_map(encode_chunk, jobs, workers, folder), stats, links, kept),
                         (made.src.vocab_size, made.tgt.vocab_size),
                         lambda: {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": first.records,
-                                 "tokenizers": tokenizers, "cleaning": asdict(stats)})
+                                 "tokenizers": tokenizers, "cleaning": asdict(stats)} | ({"links": links} if links else {})
+                        | ({"corpora": kept} if len(kept) > 1 else {}),
+                        cfg.max_len if links else None)
         if stats.kept == 0:
             raise XattnError(f"{where}: no training pairs left after the data.max_len / data.max_ratio filter")
     return manifest
@@ -224,29 +155,30 @@ def subset(cfg: DataConfig) -> set[int] | None:
     """With data.train_subset, the pair indices it draws (as corpus.read_split does), after a counting pass."""
     if cfg.train_subset is None:
         return None
-    total = sum(1 for _ in Inputs(cfg).pairs())
+    total = sum(1 for _ in Inputs(cfg).rows())
     if cfg.train_subset > total:
         raise XattnError(f"data.train_subset: {cfg.train_subset} is more than the {total} training pairs")
     return set(random.Random(cfg.subset_seed).sample(range(total), cfg.train_subset))
 
 
 def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str,
-             total: int | None = None) -> Iterator[Pair]:
-    """The pairs of `inputs` that train_subset keeps (`keep`) and, with `dedup`, the first of each repeated
-    pair (stats.duplicate counts the others); progress on stderr (Progress)."""
+             total: int | None = None) -> Iterator[Row]:
+    """The rows of `inputs` that train_subset keeps (`keep`, over all corpora in turn) and, with `dedup`, the
+    first of each repeated pair (stats.duplicate counts the others); progress on stderr (Progress)."""
     seen: set[bytes] = set()
     with Progress(what, total, stats) as progress:
-        for i, pair in enumerate(inputs.pairs()):
+        for i, row in enumerate(inputs.rows()):
+            src, tgt = row[0], row[1]
             progress.update(i + 1)
             if keep is not None and i not in keep:
                 continue
             if dedup:
-                key = hashlib.blake2b("\t".join(pair).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+                key = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
                 if key in seen:
                     stats.duplicate += 1
                     continue
                 seen.add(key)
-            yield pair
+            yield row
 
 
 class Progress:
@@ -284,12 +216,15 @@ class Progress:
                   file=sys.stderr, flush=True)
 
 
-def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
-    """The pairs with text on both sides, CHUNK at a time."""
+def chunked(rows: Iterator[Row]) -> Iterator[list[Row]]:
+    """The rows with text on both sides, CHUNK at a time, a chunk never spanning two corpora."""
     chunk = []
-    for src, tgt in pairs:
-        if src.strip() and tgt.strip():
-            chunk.append((src, tgt))
+    for row in rows:
+        if chunk and row[4] != chunk[-1][4]:
+            yield chunk
+            chunk = []
+        if row[0].strip() and row[1].strip():
+            chunk.append(row)
             if len(chunk) == CHUNK:
                 yield chunk
                 chunk = []
@@ -297,12 +232,20 @@ def chunked(pairs: Iterator[Pair]) -> Iterator[list[Pair]]:
         yield chunk
 
 
-def counted(results: Iterator, stats: FilterStats) -> Iterator[tuple[Flat, Flat]]:
-    for src, tgt, dropped in results:
-        stats.too_long += dropped["too_long"]
-        stats.ratio += dropped["ratio"]
+def counted(results: Iterator, stats: FilterStats, links: dict | None, kept: list[int]) -> Iterator[tuple]:
+    """The chunks of encode_chunk, their counts added to `stats`, (with links) to `links` and to the pairs
+    `kept` of their corpus."""
+    for src, tgt, pieces, counts in results:
+        stats.too_long += counts["too_long"]
+        stats.ratio += counts["ratio"]
         stats.kept += len(src)
-        yield src, tgt
+        kept[counts["corpus"]] += len(src)
+        if links is None:
+            yield src, tgt
+            continue
+        for key, n in counts.get("links", {}).items():
+            links[key] += n
+        yield src, tgt, pieces
 
 
 def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, inherit: dict[str, Path]) -> dict[str, str]:

@@ -6,7 +6,9 @@ without BOS/EOS; uint16 when the vocabulary has at most 65,536 pieces, else uint
 sentence's token count; uint16 when every count is below 65,535, else uint32) and `s.blocks` (int64: where
 sentences 0, BLOCK, 2 * BLOCK, ... start, and the id count at the end), so a sentence's start is its block's
 plus the lengths before it in the block; about 2.1 bytes a sentence besides its ids, where an offset per
-sentence would take 8; and `manifest.json`: the format
+sentence would take 8. With alignment links (data.train_links), a third "side", `links`, holds each pair's
+piece links the same way, flat as source position, target position, source position, ... (uint16 while
+data.max_len is below 65,536). And `manifest.json`: the format
 version, what the corpus was made from (the caller's fields: input and tokenizer hashes, data settings,
 cleaning statistics), the counts, and each array's dtype, size in bytes and SHA-256. It is written into a
 temporary sibling and renamed into place (xattn.io.atomic_dir), so a killed writer leaves nothing that
@@ -38,6 +40,8 @@ BLOCK = 64
 """Sentences per entry of `s.blocks`."""
 MANIFEST = "manifest.json"
 SIDES = ("src", "tgt")
+LINKS = "links"
+"""The optional array set of piece links: (source piece, target piece) pairs, 0-based, without BOS or EOS."""
 Sentences = "Sequence[Sequence[int]] | Flat"
 Chunk = tuple[Sentences, Sentences]
 """Some pairs' ids: (source sentences, target sentences), as many on each side; each side id lists or Flat."""
@@ -113,17 +117,22 @@ def prepared_dir(out: Path) -> Iterator[Path]:
                              "pair per side: free that much and run again") from None
 
 
-def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: Callable[[], dict]) -> dict:
-    """Write the arrays of `chunks` and the manifest into `folder`; `fields()` is read once every chunk is in."""
+def fill(folder: Path, chunks: Iterable[Chunk], vocab_sizes: tuple[int, int], fields: Callable[[], dict],
+         max_len: int | None = None) -> dict:
+    """Write the arrays of `chunks` and the manifest into `folder`; `fields()` is read once every chunk is in.
+    With `max_len` (the longest sentence, in pieces), each chunk also holds its pairs' piece links, flat
+    (source piece, target piece, ...), a third element."""
     writers = [SideWriter(folder, side, id_dtype(v)) for side, v in zip(SIDES, vocab_sizes)]
+    if max_len is not None:
+        writers.append(SideWriter(folder, LINKS, id_dtype(max_len)))
     pairs = 0
-    for src, tgt in chunks:
-        if len(src) != len(tgt):
-            raise ValueError(f"a chunk of {len(src)} source and {len(tgt)} target sentences")
-        writers[0].add(src)
-        writers[1].add(tgt)
-        pairs += len(src)
-    tokens = [w.close() for w in writers]
+    for chunk in chunks:
+        if len(chunk) != len(writers) or len({len(part) for part in chunk}) != 1:
+            raise ValueError(f"a chunk of {[len(part) for part in chunk]} sentences for {len(writers)} arrays")
+        for writer, part in zip(writers, chunk):
+            writer.add(part)
+        pairs += len(chunk[0])
+    tokens = [w.close() for w in writers][:2]
     manifest = {"format": FORMAT, **fields(), "pairs": pairs, "tokens": dict(zip(SIDES, tokens)),
                 "arrays": {f.name: describe(f, dtype) for f, dtype in files(folder, writers)}}
     (folder / MANIFEST).write_text(json_text(manifest, indent=2) + "\n", encoding="utf-8")
@@ -147,7 +156,7 @@ class MappedCorpus:
     pair and side for sentences under 65,535 tokens), and the blocks (1/8 byte a pair and side)."""
     folder: Path
     manifest: dict
-    ids: dict[str, np.ndarray]          # side -> (n,) every sentence's ids
+    ids: dict[str, np.ndarray]          # side -> (n,) every sentence's ids (LINKS: its piece links, flat)
     blocks: dict[str, np.ndarray]       # side -> (ceil(N / BLOCK) + 1,) where every BLOCK-th sentence starts
     rows: dict[str, np.ndarray]         # side -> (N,) tokens + 1: the length of its row in a Batch
 
@@ -169,18 +178,19 @@ class MappedCorpus:
                 raise XattnError(f"{folder}: prepared for other {key} ({json_text(manifest.get(key))}, this run "
                                  f"has {json_text(value)}); prepare again into another directory")
         maps = {name: check_array(folder, name, spec, verify) for name, spec in manifest.get("arrays", {}).items()}
-        if missing := [f"{s}{x}" for s in SIDES for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
+        sides = SIDES + ((LINKS,) if f"{LINKS}.bin" in maps else ())
+        if missing := [f"{s}{x}" for s in sides for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
             raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
-        blocks = {s: np.array(maps.pop(f"{s}.blocks"), dtype=np.int64) for s in SIDES}
-        rows = {s: row_lengths(maps.pop(f"{s}.lengths")) for s in SIDES}
-        corpus = cls(folder, manifest, {s: maps[f"{s}.bin"] for s in SIDES}, blocks, rows)
+        blocks = {s: np.array(maps.pop(f"{s}.blocks"), dtype=np.int64) for s in sides}
+        rows = {s: row_lengths(maps.pop(f"{s}.lengths")) for s in sides}
+        corpus = cls(folder, manifest, {s: maps[f"{s}.bin"] for s in sides}, blocks, rows)
         corpus.check_counts()
         return corpus
 
     def check_counts(self) -> None:
         """That each side's lengths, blocks and ids agree with each other and with the manifest's count."""
         n = int(self.manifest["pairs"])
-        for side in SIDES:
+        for side in self.ids:
             rows, blocks = self.rows[side], self.blocks[side]
             sums = np.add.reduceat(rows.astype(np.int64) - 1, np.arange(0, n, BLOCK)) if n else np.zeros(0, np.int64)
             if len(rows) != n or len(blocks) != len(sums) + 1 or blocks[0] != 0 \
@@ -190,6 +200,11 @@ class MappedCorpus:
 
     def __len__(self) -> int:
         return int(self.manifest["pairs"])
+
+    @property
+    def has_links(self) -> bool:
+        """Whether it holds alignment links (data.train_links), for guided alignment."""
+        return LINKS in self.ids
 
     def sentence(self, side: str, i: int) -> np.ndarray:
         """The ids of sentence i of `side` (a view into the map)."""
@@ -209,8 +224,9 @@ class MappedCorpus:
         """A Batch of pairs `indices`; only their ids are read from the map."""
         from xattn.data.batching import collate
 
+        links = [self.sentence(LINKS, i) for i in indices] if self.has_links else None
         batch = collate([self.sentence("src", i).tolist() for i in indices],
-                        [self.sentence("tgt", i).tolist() for i in indices], indices)
+                        [self.sentence("tgt", i).tolist() for i in indices], indices, links=links)
         for ids in self.ids.values():
             let_go(ids)
         return batch

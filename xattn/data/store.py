@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from xattn.config import DataConfig
-from xattn.data.prepare import SETTINGS, Inputs, dataset_name, file_stamp, prepare
+from xattn.data.inputs import Inputs, dataset_name, file_stamp, parts
+from xattn.data.prepare import SETTINGS, prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.distributed import Context
 from xattn.errors import XattnError
@@ -72,17 +73,27 @@ def slug(cfg: DataConfig) -> str:
 
 def cache_key(cfg: DataConfig, inherit: dict[str, Path]) -> str:
     """16 hex digits over what the arrays are made from (see the module)."""
-    if cfg.dataset is not None:
-        inputs = {dataset_name(cfg): Inputs.dataset_digest(cfg)}
-    else:
-        inputs = {str(Path(f).resolve()): stamp(f) for f in input_files(cfg)}
+    inputs = {dataset_name(cfg): Inputs.dataset_digest(cfg)} if cfg.dataset is not None else {}
+    inputs |= {str(Path(f).resolve()): stamp(f) for f in input_files(cfg)}
     body = {"data": {k: getattr(cfg, k) for k in SETTINGS}, "inputs": inputs,
             "inherit": {side: sha256_file(path) for side, path in sorted(inherit.items())}}
+    if cfg.corpora:  # which file plays which part
+        body["corpora"] = [[str(Path(f).resolve()) for f in corpus_files(part)] for part, _ in parts(cfg)]
     return hashlib.sha256(json_text(body).encode()).hexdigest()[:16]
 
 
+FILE_KEYS = ("train_src", "train_tgt", "train_tsv", "train_links")
+
+
+def corpus_files(cfg: DataConfig) -> dict[str, str]:
+    """{key: file} of one corpus (a part, xattn.data.inputs.parts): its training files and links file."""
+    keys = FILE_KEYS if cfg.dataset is None else ("train_links",)
+    return {key: getattr(cfg, key) for key in keys if getattr(cfg, key)}
+
+
 def input_files(cfg: DataConfig) -> list[str]:
-    return [cfg.train_tsv] if cfg.train_tsv else [cfg.train_src, cfg.train_tgt]
+    """The training files of every corpus the config names (of a named dataset, its links file alone)."""
+    return [path for part, _ in parts(cfg) for path in corpus_files(part).values()]
 
 
 def stamp(path: str) -> dict:
@@ -104,20 +115,24 @@ def check_matches(corpus: MappedCorpus, cfg: DataConfig, inherit: dict[str, Path
             raise XattnError(f"data.{key}: {where} was prepared with {json_text(made.get(key))}, this run has "
                              f"{json_text(getattr(cfg, key))}; set data.{key} to match or prepare again")
     records = corpus.manifest.get("inputs", {})
-    if cfg.dataset is None and (cfg.train_tsv or cfg.train_src):
-        if made.get("dataset") is not None:
-            raise XattnError(f"data.prepared: {corpus.folder} was prepared from the {made['dataset']} dataset, not "
-                             f"from the training files this config names")
-        by_key = {record.get("key"): record for record in records.values() if isinstance(record, dict)}
-        keys = ("train_tsv",) if cfg.train_tsv else ("train_src", "train_tgt")
-        for key, path in zip(keys, input_files(cfg)):
-            if key not in by_key or not same_file(path, by_key[key]):
-                raise XattnError(f"data.{key}: {path} is not the file {corpus.folder} was prepared from "
-                                 f"({'its text differs' if key in by_key else f'that was made without data.{key}'}); "
-                                 "prepare again")
-    elif cfg.dataset is not None and records.get(dataset_name(cfg), {}).get("sha256") != Inputs.dataset_digest(cfg):
+    if cfg.dataset is None and (cfg.train_tsv or cfg.train_src) and made.get("dataset") is not None:
+        raise XattnError(f"data.prepared: {corpus.folder} was prepared from the {made['dataset']} dataset, not "
+                         f"from the training files this config names")
+    if cfg.dataset is not None and records.get(dataset_name(cfg), {}).get("sha256") != Inputs.dataset_digest(cfg):
         raise XattnError(f"data.prepared: {corpus.folder} was not prepared from the {dataset_name(cfg)} text this "
                          "run reads; prepare again")
+    held = len(corpus.manifest.get("corpora", [len(corpus)]))
+    if cfg.corpora and held != len(cfg.corpora) + 1:
+        raise XattnError(f"data.corpora: {corpus.folder} was prepared from {held} corpora, this run names "
+                         f"{len(cfg.corpora) + 1}; prepare again")
+    by_key = {record.get("key"): record for record in records.values() if isinstance(record, dict)}
+    for part, prefix in parts(cfg):
+        for key, path in corpus_files(part).items():
+            name = f"data.{key}" if not prefix else f"data.{prefix}{key.removeprefix('train_')}"
+            if f"{prefix}{key}" not in by_key or not same_file(path, by_key[f"{prefix}{key}"]):
+                raise XattnError(f"{name}: {path} is not the file {corpus.folder} was prepared from ("
+                                 f"{'its text differs' if f'{prefix}{key}' in by_key else f'it was made without {name}'}"
+                                 "); prepare again")
     for side, path in inherit.items():
         name = f"spm.{side}.model"
         if corpus.manifest.get("tokenizers", {}).get(name) != sha256_file(path):

@@ -21,33 +21,40 @@ from torch import Tensor
 from xattn.config import DecodeConfig
 from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
-from xattn.decoding.step import (Hypothesis, Step, Steps, done, finish, gnmt_penalty, hypothesis, make_step, max_lengths,
-                                 prepare_cache)
+from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, finish, gnmt_penalty, hypothesis, make_step,
+                                 max_lengths, prepare_cache)
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import constraints, warpers
 
-__all__ = ["Hypothesis", "Step", "Steps", "ancestral", "argmax", "beam_search", "done", "finish", "gnmt_penalty", "greedy",
-           "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search", "search_steps"]
+__all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "finish",
+           "gnmt_penalty", "greedy", "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search",
+           "search_steps"]
 
 
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
            need_attention: bool = False, enc: EncoderOutput | None = None,
-           head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> list[list[Hypothesis]]:
+           head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+           track: Tracked | None = None) -> list[list[Hypothesis]]:
     """search_steps run to its end."""
-    return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab))
+    return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab, track))
 
 
 def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
                  need_attention: bool = False, enc: EncoderOutput | None = None,
-                 head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
-    """The search as Steps (one decoder step per `next()`). src (B, S), each row ending with EOS; prefix (B, P) forced first target tokens (pad-padded) or None;
+                 head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+                 track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
+    """The search as Steps (one decoder step per `next()`). src (B, S), each row ending with EOS; prefix (B, P)
+    forced first target tokens (pad-padded) or None;
     enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
     heads' outputs (Transformer.encode), applied at every step; vocab: sorted target ids, the only ones the
     search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary.
 
     Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
     greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
-    hypothesis carries the cross-attention that produced it, tracked along the search.
+    hypothesis carries the cross-attention that produced it, tracked along the search: every layer's, or
+    with `track` only the mean of one layer's chosen heads (computed only for that layer), as (1, 1, T, S).
+    It is the attention a teacher-forced pass over the hypothesis gives (up to float rounding): each step's
+    attention depends only on the tokens before it, which the hypothesis keeps.
     """
     if src.shape[0] == 0:
         return done([])
@@ -60,8 +67,8 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
         generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
         pick = sampler(warpers(cfg), generator)
         return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
-                         need_attention, enc, head_mask, vocab)
+                         need_attention, enc, head_mask, vocab, track)
     if cfg.beam_size == 1:
         return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc,
-                         head_mask, vocab)
-    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask, vocab)
+                         head_mask, vocab, track)
+    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask, vocab, track)

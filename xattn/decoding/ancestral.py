@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, Steps, finish, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, Steps, Tracked, finish, hypothesis, make_step, prepare_cache
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, Processor, StepState, apply_all, constraints
 
@@ -32,15 +32,16 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None,
-              head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
+              head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+              track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
     src (B, S), max_len (B,), prefix (B, P) or None -> B lists of `copies` hypotheses, one step per `next()`
-    (step.Steps). Finished rows leave the batch, so each step costs only the rows still decoding. `vocab`:
-    as in `search`.
+    (step.Steps). Finished rows leave the batch, so each step costs only the rows still decoding. `vocab`,
+    `track`: as in `search`.
     """
     cfg, device = model.cfg, src.device
-    step = make_step(model, need_attention, head_mask, vocab)
+    step = make_step(model, need_attention, head_mask, vocab, track)
     R = src.shape[0] * copies
     max_len = max_len.to(device).repeat_interleave(copies)  # (R,)
     prefix = prefix.repeat_interleave(copies, dim=0) if prefix is not None else None  # (R, P)

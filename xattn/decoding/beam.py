@@ -13,7 +13,7 @@ from torch import Tensor
 
 from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, Steps, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, StepState
@@ -138,10 +138,13 @@ def coverage_layer(cfg) -> int:
     return layer
 
 
-def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: bool) -> tuple[Beam, Finished]:
+def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: bool,
+          tracked: Tracked | None = None) -> tuple[Beam, Finished]:
     B, device, pad = src.shape[0], src.device, model.cfg.pad_id
     first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
     L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as attention.stack_layers
+    if tracked is not None:  # one layer's heads' mean
+        L, H = 1, 1
     attention = torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None
     coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
@@ -182,7 +185,8 @@ def candidates(lp: Tensor, beam: Beam, K: int, state: StepState) -> Candidates:
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
                 prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
-                head_mask: HeadMask | None = None, vocab: Tensor | None = None) -> Steps[list[list[Hypothesis]]]:
+                head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+                track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first, one step per `next()`
     (step.Steps).
 
@@ -190,15 +194,16 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     among the K best finishes a hypothesis; the K best others stay active. The greedy path keeps
     slot 0 while active, and its EOS always finishes it, so the best hypothesis returned scores at
     least as well as greedy search. A sentence is done when its stopping rule says so (stopped);
-    at max_len every active hypothesis ends with EOS. Done sentences leave the batch.
+    at max_len every active hypothesis ends with EOS. Done sentences leave the batch. `vocab`, `track`: as in
+    `search`.
     """
     K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
-    step = make_step(model, need_attention or beta > 0, head_mask, vocab)
+    step = make_step(model, need_attention or beta > 0, head_mask, vocab, track if beta == 0 else None)
     cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
-    beam, finished = start(model, src, K, T, need_attention, beta > 0)
+    beam, finished = start(model, src, K, T, need_attention, beta > 0, track)
     read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     columns = Columns.of(vocab, model.cfg.tgt_vocab_size) if vocab is not None else None
@@ -215,6 +220,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         lp, exhausted = rules(raw, state)  # (N * K, V), (N * K,) or None
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
         cover = attn[:, :, read].nanmean(dim=2) if beta > 0 else None  # (N, K, S); NaN: heads the layer lacks
+        if beta > 0 and track is not None:  # the step returned every layer, for the coverage
+            attn = track.mean(attn[:, :, track.layer])  # (N, K, 1, 1, S)
         c = candidates(lp, beam, K, state)  # (N, C) each
         is_eos = c.token.eq(eos)
         ended = is_eos & c.score.isfinite() & c.listed

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from xattn.attention import DecoderCache, stack_layers
 from xattn.config import DecodeConfig
+from xattn.errors import ParameterError
 from xattn.inference import linear_rows
 from xattn.model import EncoderOutput, HeadMask, Transformer
 
@@ -38,12 +39,37 @@ def done(value: R) -> Steps[R]:
     yield  # a generator function: the first next() returns `value`
 
 
+@dataclass(frozen=True)
+class Tracked:
+    """The cross-attention a search tracks for its hypotheses: the mean of `heads` (None: all it has) of decoder
+    layer `layer`, kept as one layer of one head, so only that layer's weights are computed and carried."""
+    layer: int
+    heads: tuple[int, ...] | None = None
+
+    def checked(self, cfg) -> Tracked:
+        """Itself, if the model of ModelConfig `cfg` has that layer and those heads; else a ParameterError."""
+        heads = cfg.heads_per_layer("cross")
+        if not 0 <= self.layer < len(heads) or heads[self.layer] == 0:
+            raise ParameterError("attention_heads", f"layer {self.layer} is not a decoder layer with cross-attention "
+                                 f"heads (heads per layer: {heads})")
+        if bad := [h for h in self.heads or () if not 0 <= h < heads[self.layer]]:
+            raise ParameterError("attention_heads", f"layer {self.layer} has no head {bad[0]} (0 to "
+                                 f"{heads[self.layer] - 1})")
+        return self
+
+    def mean(self, weights: Tensor) -> Tensor:
+        """(..., H, S) the heads of layer `layer` (NaN for heads a pruned layer lacks) -> (..., 1, 1, S)."""
+        chosen = weights if self.heads is None else weights[..., list(self.heads), :]
+        return chosen.float().nanmean(dim=-2).unsqueeze(-2).unsqueeze(-2)
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]                       # generated ids, EOS excluded
     score: float                            # the ranking score (normalised, penalties included)
     log_prob: float                         # sum of token log-probabilities, EOS included
-    cross_attention: Tensor | None = None   # (L, H, len(tokens) + 1, S) when tracked during search
+    cross_attention: Tensor | None = None   # (L, H, len(tokens) + 1, S) when tracked during search ((1, 1, ...)
+    #   with Tracked)
     relaxed: bool = False                   # ended early: the constraints left no token but EOS (processors.py)
 
 
@@ -53,22 +79,28 @@ def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 
 def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None,
-              vocab: Tensor | None = None) -> Step:
+              vocab: Tensor | None = None, track: Tracked | None = None) -> Step:
     """A `Step` over the model's decoder (with `head_mask`, see Transformer.encode); with `need_weights` it
-    also returns this step's cross-attention. `vocab`: sorted target ids (a shortlist's candidates), the only
-    ones the step scores: its log-probabilities then have one column per id of `vocab` (processors.Columns)."""
+    also returns this step's cross-attention, every layer's (N, L, H, S) or, with `track`, the mean of its
+    heads (N, 1, 1, S). `vocab`: sorted target ids (a shortlist's candidates), the only ones the step scores:
+    its log-probabilities then have one column per id of `vocab` (processors.Columns)."""
     output = restricted(model.generator, vocab) if vocab is not None else None
+    layers = (track.layer,) if need_weights and track is not None else ()
+    every = need_weights and not layers
+    one_layer = {"cross_layers": layers} if layers else {}  # the decoder's own call otherwise
 
     def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
         if output is None:
-            out = model.decode(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
+            out = model.decode(tokens, None, cache=cache, need_weights=every, head_mask=head_mask, **one_layer)
             logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
         else:
-            out = model.decode_states(tokens, None, cache=cache, need_weights=need_weights, head_mask=head_mask)
+            out = model.decode_states(tokens, None, cache=cache, need_weights=every, head_mask=head_mask, **one_layer)
             logits = output(out.states[:, -1]).float()  # (N, len(vocab))
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
         if not need_weights:
             return log_probs, None
+        if layers:
+            return log_probs, track.mean(out.cross_attn[track.layer][:, :, -1])  # (N, 1, 1, S)
         return log_probs, stack_layers(out.cross_attn)[:, :, :, -1].float()  # (N, L, H, S)
     return step
 
