@@ -32,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
+from serve_guards import rss_mb
 
 MODEL: list[str] = []
 MODES = {"greedy": (1, False), "beam5": (5, False), "greedy_shortlist": (1, True)}
@@ -203,6 +204,8 @@ def throughput(args, model: Path) -> None:
                 parts += [(f"c{c}", ["--client", url, str(texts_file), beam, str(c), shortlist]) for c in CONCURRENCY]
                 for name, worker in (parts if r % 2 == 0 else parts[::-1]):
                     figures = run_worker(worker, args.threads if name in ("offline", "direct") else 1)
+                    if name.startswith("c"):
+                        figures["server_rss_mb_after"] = rss_mb(server.pid)
                     runs[mode][name].append(figures)
                     print(f"repeat {r + 1} {mode} {name}: {figures}", flush=True)
     finally:
@@ -218,7 +221,9 @@ def throughput(args, model: Path) -> None:
                          "server": {f"c{c}": {"sentences_per_s": med(f"c{c}", "sentences_per_s"),
                                               "share_of_offline": round(med(f"c{c}", "sentences_per_s") / offline, 3),
                                               "p50_ms": med(f"c{c}", "p50_ms"), "p99_ms": med(f"c{c}", "p99_ms"),
-                                              "client_cpu_s": med(f"c{c}", "client_cpu_s")} for c in CONCURRENCY},
+                                              "client_cpu_s": med(f"c{c}", "client_cpu_s"),
+                                              "server_rss_mb_after": max(x["server_rss_mb_after"] for x in parts[f"c{c}"])}
+                                    for c in CONCURRENCY},
                          "same_translations_as_offline": all(x["answers_sha"] == parts["offline"][0]["answers_sha"]
                                                               for name in parts for x in parts[name])}
         summary[mode]["c1_p50_over_direct"] = round(summary[mode]["server"]["c1"]["p50_ms"] / summary[mode]["direct_p50_ms"], 3)
