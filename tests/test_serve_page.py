@@ -1,7 +1,8 @@
 """The page of `xattn serve` in a real browser (Debian's Chromium through Playwright) against a live server on
 127.0.0.1 with a tiny model: translating, what a new answer or an error replaces, the settings, the keyboard,
 the clipboard, the heatmap (heatmap.js, shared with `xattn attention -o x.html`) and the layout at desktop and
-phone widths."""
+phone widths; with two models, the language pair picker (each pair's model answers and drives the heatmap and the
+settings) and detecting the language."""
 import json
 import urllib.request
 
@@ -10,6 +11,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
 
 from test_serve_live import post, serving  # noqa: E402
+from test_serve_models import alone  # noqa: E402  (what a model gives a text by itself)
 
 HINT = "hover over or tap a cell, or Tab into the map and use the arrow keys"
 LONG = "sieben hundert drei und zwanzig tausend neun hundert neun und neunzig"
@@ -33,7 +35,7 @@ def open_page(browser, server, guard):
         contexts.append(context)
         page = guard(context.new_page(), lambda u: u.startswith(url), lambda u: u.endswith("/translate"))
         page.goto(url + "/")
-        page.wait_for_selector("#langs:not(:empty)")  # /info has arrived: limits and defaults are set
+        page.wait_for_selector("#pair option", state="attached")  # /info has arrived: pairs, limits, defaults set
         return page
 
     yield open_
@@ -326,3 +328,173 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
         page.fill("#key", "wrong")
         translate(page, "drei")
         assert "Invalid API key" in page.text_content("#error") and page.locator("#result").is_hidden()
+
+
+# ------------------------------------------------------------------------------ several models
+
+GERMAN = "Ein Mann in einem blauen Hemd steht auf einer Leiter."
+ENGLISH = "A man in a blue shirt is standing on a ladder."
+
+
+@pytest.fixture(scope="module")
+def en_de_model(tmp_path_factory):
+    """An en→de numbers model unlike numbers_model in what the page shows: 3 decoder layers of 4 heads (the links
+    from layer 1, not 0), beam 3."""
+    from tests.conftest import trained_numbers
+
+    return trained_numbers(tmp_path_factory.mktemp("pairs") / "en-de", "data.src_lang=en", "data.tgt_lang=de",
+                           "model.n_decoder_layers=3", "model.n_heads=4", "decode.beam_size=3")
+
+
+@pytest.fixture(scope="module")
+def pairs(numbers_model, en_de_model, tmp_path_factory):
+    """A server of two models, de→en (numbers_model) and en→de: its URL and /info's model entries by pair."""
+    log = tmp_path_factory.mktemp("pairs-server") / "server.log"
+    with serving([numbers_model, en_de_model], log, "--no-access-log") as url:
+        models = json.load(urllib.request.urlopen(url + "/info"))["models"]
+        yield url, {(m["source"], m["target"]): m for m in models}
+
+
+def sending(page) -> list[dict]:
+    """The bodies of the page's /translate requests, as they go."""
+    sent = []
+    page.on("request", lambda r: r.url.endswith("/translate") and sent.append(r.post_data_json))
+    return sent
+
+
+def follows(page, model: dict, beam: str | None = None) -> None:
+    """The heatmap and the settings are `model`'s: its layers and heads, opened on its links' layer; its beam
+    width (or `beam`)."""
+    layer = model["alignment"]["layer"]
+    assert page.input_value("#xa-layer") == str(layer)
+    assert page.locator("#xa-layer option").all_text_contents() == [
+        f"layer {i}" + (" (links)" if i == layer else "") for i in range(model["layers"])]
+    assert page.locator("#xa-head option").count() == 1 + model["heads"][layer]
+    assert page.input_value("#beam") == (str(model["decode"]["beam_size"]) if beam is None else beam)
+
+
+def test_each_pair_translates_with_its_own_model_and_the_page_follows_it(open_page, pairs, numbers_model,
+                                                                         en_de_model):
+    url, models = pairs
+    page = open_page(1280, url)
+    sent = sending(page)
+    assert page.locator("#pair-field").is_visible() and page.text_content("#langs") == ""
+    assert page.locator("#pair option").all_text_contents() == ["German → English", "English → German",
+                                                                "Detect the language"]
+    assert models["en", "de"]["alignment"]["layer"] != models["de", "en"]["alignment"]["layer"]
+    for pair, directory, text, names in ((("de", "en"), numbers_model, "sieben hundert drei", ("German", "English")),
+                                         (("en", "de"), en_de_model, "seven hundred three", ("English", "German")),
+                                         (("de", "en"), numbers_model, "vier und zwanzig", ("German", "English"))):
+        page.select_option("#pair", label=" → ".join(names))
+        assert page.input_value("#beam") == str(models[pair]["decode"]["beam_size"])  # before anything is sent
+        assert (page.text_content("#source-name"), page.text_content("#target-name")) == names
+        translate(page, text)
+        assert (sent[-1]["source"], sent[-1]["target"]) == pair and "beam_size" not in sent[-1]  # the model's own
+        assert page.text_content("#translation") == alone(directory, text)
+        assert page.get_attribute("#translation", "lang") == pair[1] and page.get_attribute("#text", "lang") == pair[0]
+        assert page.locator("#detected").is_hidden() and page.locator("#links line.link").count() > 0
+        follows(page, models[pair])
+    # 3, en→de's own beam, is one the user sets on de→en (its own is 2): sent, and checked as such
+    page.fill("#beam", "3")
+    translate(page, "drei")
+    assert sent[-1]["beam_size"] == 3
+    page.fill("#alternatives", "3")
+    page.click("#go")
+    assert page.text_content("#error").endswith("make it 4 or more (or the model's own, 2).")
+
+
+def test_another_pair_clears_the_answer_and_keeps_the_text(open_page, pairs):
+    url, _ = pairs
+    page = open_page(1280, url)
+    page.fill("#alternatives", "1")
+    translate(page, "drei")
+    assert page.locator("#result").is_visible() and page.locator("td.xa-cell").count() > 0
+    page.select_option("#pair", label="English → German")
+    assert page.input_value("#text") == "drei" and page.locator("#placeholder").is_visible()
+    assert page.locator("#result").is_hidden() and page.text_content("#translation") == ""
+    assert page.locator("#alts li").count() == 0 and page.locator("#attention").is_hidden()
+    assert page.locator("#xa-map").count() == 0 and page.locator("#links text").count() == 0
+    assert page.locator("#copy").is_disabled() and page.locator("#stale").is_hidden()
+    # an answer still coming when the pair changes is the last pair's: dropped, and the button free again
+    held = []
+    page.route("**/translate", lambda route: held.append(route))
+    page.click("#go")
+    page.wait_for_selector("#busy:not([hidden])")
+    page.select_option("#pair", label="German → English")
+    assert page.is_enabled("#go") and page.locator("#busy").is_hidden()
+    with page.expect_response("**/translate"):
+        held[0].continue_()
+    page.unroute("**/translate")
+    assert page.locator("#result").is_hidden() and page.locator("#placeholder").is_visible()
+    translate(page, "drei")  # the pair picked now answers
+    assert page.locator("#result").is_visible() and page.locator("#alts li").count() == 1
+
+
+def test_detecting_the_language_goes_to_its_model_and_says_which(open_page, pairs, numbers_model, en_de_model):
+    url, models = pairs
+    page = open_page(1280, url)
+    sent = sending(page)
+    page.select_option("#pair", "auto")
+    assert page.text_content("#source-name") == "Text (its language is detected)"
+    assert page.get_attribute("#text", "lang") is None
+    for text, directory, pair, name in ((GERMAN, numbers_model, ("de", "en"), "German"),
+                                        (ENGLISH, en_de_model, ("en", "de"), "English")):
+        translate(page, text)
+        assert sent[-1]["source"] == "auto" and "target" not in sent[-1]
+        assert page.text_content("#translation") == alone(directory, text)
+        assert page.text_content("#detected").startswith(f"Detected: {name} (confidence ")
+        assert page.get_attribute("#translation", "lang") == pair[1]
+        follows(page, models[pair], beam="")  # the two models' beams differ: empty, each model's own
+        assert "beam_size" not in sent[-1] and page.locator("#beam-own").is_visible()
+    page.fill("#beam", "3")  # a beam the user sets goes to whichever model answers
+    translate(page, "drei")
+    assert sent[-1]["beam_size"] == 3 and page.locator("#result").is_visible()
+    page.fill("#beam", "0")
+    page.click("#go")
+    assert page.text_content("#error") == "Beam width: a whole number from 1 to 16 on this server, or empty for " \
+        "each model's own."
+    page.fill("#beam", "")
+    # no letters: no language a model here reads; the 400 shows as any error does
+    translate(page, "123 456")
+    error = page.text_content("#error")
+    assert error.startswith("Source language: the texts were detected as 'und', which no model here translates")
+    assert error.endswith("pick the languages above instead of detecting them.")
+    assert page.locator("#result").is_hidden() and page.locator("#detected").is_hidden()
+    assert page.locator("#attention").is_hidden()
+
+
+@pytest.mark.parametrize("width", [1280, 390, 360])
+def test_the_pair_picker_fits_every_width(open_page, pairs, width):
+    url, _ = pairs
+    page = open_page(width, url)
+    for pair in ("auto", "0"):
+        page.select_option("#pair", pair)
+        translate(page, "sieben hundert drei und zwanzig")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        box = page.locator("#pair").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width and page.locator("#pair").is_visible()
+        assert page.evaluate(INSIDE, width) == []
+
+
+def test_while_a_model_loads_the_page_waits_for_every_one(browser, guard, pairs):
+    url, _ = pairs
+    page = guard(browser.new_page(), lambda u: u.startswith(url), lambda u: u.endswith("/info"))
+    loading = [2]  # /info answers 503 twice as the server does while en→de loads, then the server's own answer
+
+    def info(route):
+        if loading[0]:
+            loading[0] -= 1
+            route.fulfill(status=503, headers={"Retry-After": "1"}, content_type="application/json",
+                          body=json.dumps({"error": "the en→de model is loading", "error_type": "unavailable"}))
+        else:
+            route.continue_()
+    page.route("**/info", info)
+    page.goto(url + "/")
+    waiting = "The server is not ready: the en→de model is loading; waiting for it…"
+    page.wait_for_selector(f"#status:text-is('{waiting}')")
+    assert page.locator("#pair-field").is_hidden()
+    page.wait_for_selector("#pair-field:not([hidden])", timeout=10000)
+    assert page.text_content("#status") == "" and loading == [0]
+    translate(page, "drei")
+    assert page.text_content("#translation")
+    page.close()

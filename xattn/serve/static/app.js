@@ -1,23 +1,40 @@
-// The page of `xattn serve`: the text and its translation side by side, the settings that apply to the chosen
-// way of translating, the cross-attention (heatmap.js, shared with `xattn attention -o x.html`) and the word
-// alignment. A new answer or an error replaces everything the last one showed. No framework.
+// The page of `xattn serve`: the language pair (one per model served), the text and its translation side by
+// side, the settings that apply to the chosen way of translating, the cross-attention (heatmap.js, shared with
+// `xattn attention -o x.html`) and the word alignment. A new answer, an error or another pair replaces everything
+// the last answer showed. No framework.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 const FIELDS = {q: "Text", beam_size: "Beam width", alternatives: "Other translations", temperature: "Temperature",
-                top_p: "Top-p", sampling: "Sampling"};  // the API's field names as the page calls them
-let info = null;     // GET /info: languages, heads per layer, the alignment layer, decoding defaults, limits
-let shown = null;    // what the page shows: {text, result}; null when nothing is
-let heatmap = null;  // the heatmap last drawn (the layer and head picked there are kept for the next one)
+                top_p: "Top-p", sampling: "Sampling", source: "Source language",
+                target: "Target language"};  // the API's field names as the page calls them
+const AUTO = "auto";  // the pair picker's value for "detect the language" (the API's source: auto)
+let server = null;   // GET /info: each model (languages, heads per layer, alignment layer, decoding defaults), limits
+let chosen = null;   // the model of the pair picked; null to detect the language (the answer says which model)
+let names = {};      // language names by code (GET /languages)
+let shown = null;    // what the page shows: {text, result, model}; null when nothing is
+let heatmap = null;  // the heatmap last drawn and its model: {viewer, model} (its layer and head open the next one)
 let ticket = 0;      // the latest translation asked for: an answer to an earlier one is dropped
+
+const name = (code) => names[code] || code;
+const candidates = () => chosen ? [chosen] : server.models;  // the models that may answer
+const attends = (model) => model.heads.some((n) => n > 0);   // a model whose every cross head was pruned has none
 
 // ---------------------------------------------------------------------------------------------- settings
 
 const sampling = () => $("strategy-sample").checked;
 
+// The decoding defaults of the pair picked; to detect the language, those of the models that may answer where they
+// agree, null where they differ.
+function defaults() {
+  const all = candidates().map((m) => m.decode);
+  return Object.fromEntries(Object.keys(all[0]).map((key) =>
+    [key, all.every((d) => d[key] === all[0][key]) ? all[0][key] : null]));
+}
+
 function mostAlternatives() {  // what the server's limits allow: n-best of a beam, or samples
-  if (!info) return 7;
-  const l = info.limits;
+  if (!server) return 7;
+  const l = server.limits;
   return (sampling() ? l.max_samples : Math.min(l.max_n_best, l.max_beam)) - 1;
 }
 
@@ -42,32 +59,39 @@ function alternativesChanged() {
 function problem(text) {
   if (!text.trim()) return {field: "text", message: "Type a text to translate first."};
   const chars = [...text].length;  // characters as the server counts them (code points)
-  if (info && chars > info.limits.max_chars) {
-    return {field: "text", message: `Text: ${chars} characters, over the limit of ${info.limits.max_chars} on this ` +
-            `server; shorten it by ${chars - info.limits.max_chars}.`};
+  const most = server ? server.limits.max_chars : Infinity;
+  if (chars > most) {
+    return {field: "text", message: `Text: ${chars} characters, over the limit of ${most} on this server; shorten ` +
+            `it by ${chars - most}.`};
   }
   const number = (id) => { const v = $(id).value.trim(); return v === "" ? NaN : Number(v); };
+  const mostBeam = server ? server.limits.max_beam : 16;
   const checks = sampling() ? [
     ["temperature", (v) => v > 0, "Temperature: a number above 0 (1 samples as the model predicts)."],
     ["top-p", (v) => v > 0 && v <= 1, "Top-p: a number above 0, at most 1 (1 keeps every word)."],
-  ] : [["beam", (v) => Number.isInteger(v) && v >= 1 && v <= (info ? info.limits.max_beam : 16),
-        `Beam width: a whole number from 1 to ${info ? info.limits.max_beam : 16} on this server.`]];
+  ] : [["beam", (v) => (isNaN(v) && eachOwn()) || Number.isInteger(v) && v >= 1 && v <= mostBeam,
+        `Beam width: a whole number from 1 to ${mostBeam} on this server` +
+        (eachOwn() ? ", or empty for each model's own." : ".")]];
   checks.push(["alternatives", (v) => Number.isInteger(v) && v >= 0 && v <= mostAlternatives(),
                `Other translations: a whole number from 0 to ${mostAlternatives()} on this server.`]);
   const alternatives = number("alternatives"), beam = number("beam");
   if (!sampling() && ownBeam()) {  // a beam the user set must hold the alternatives too
+    const own = server && defaults().beam_size;
     checks.push(["beam", () => beam >= alternatives + 1, `Beam width: ${beam} keeps ${beam} translations, too few ` +
-                 `for ${alternatives} other ones; make it ${alternatives + 1} or more (or the model's own, ` +
-                 `${info.decode.beam_size}).`]);
+                 `for ${alternatives} other ones; make it ${alternatives + 1} or more` +
+                 (own ? ` (or the model's own, ${own}).` : eachOwn() ? " (or empty: each model's own)." : ".")]);
   }
   const bad = checks.find(([id, ok]) => !ok(number(id)));
   return bad ? {field: bad[0], message: bad[2]} : null;
 }
 
-const ownBeam = () => !info || Number($("beam").value) !== info.decode.beam_size;  // not the model's default
+// A beam width the user set: not the model's own (nor empty, each model's own)
+const ownBeam = () => !server || ($("beam").value.trim() !== "" && Number($("beam").value) !== defaults().beam_size);
+// Detecting the language between models of different beam widths: an empty beam width is each model's own
+const eachOwn = () => server !== null && defaults().beam_size === null;
 
 function counted() {  // the character counter, and whether what is shown is still the text's translation
-  const text = $("text").value, chars = [...text].length, most = info ? info.limits.max_chars : null;
+  const text = $("text").value, chars = [...text].length, most = server ? server.limits.max_chars : null;
   $("count").textContent = most === null ? `${chars} characters` : `${chars} / ${most} characters` +
     (chars > most ? `: ${chars - most} too many` : "");
   $("count").classList.toggle("over", most !== null && chars > most);
@@ -78,10 +102,11 @@ function counted() {  // the character counter, and whether what is shown is sti
 
 // ---------------------------------------------------------------------------------------------- translating
 
-function request(text) {
-  const attention = !info || info.heads.some((n) => n > 0);  // a model whose every cross head was pruned has none
-  const body = {q: text, attention: attention ? "full" : "none", alignment: attention,
-                alternatives: Number($("alternatives").value), sampling: sampling()};
+function request(text) {  // to detect the language: attention only if every model that may answer has some
+  const attention = !server || candidates().every(attends);
+  const body = {q: text, source: chosen ? chosen.source : AUTO, attention: attention ? "full" : "none",
+                alignment: attention, alternatives: Number($("alternatives").value), sampling: sampling()};
+  if (chosen) body.target = chosen.target;  // else the detected source's one target here (or the server asks)
   if (sampling()) Object.assign(body, {temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
   else if (ownBeam()) body.beam_size = Number($("beam").value);  // left out, the server widens it for alternatives
   return body;
@@ -104,13 +129,21 @@ async function translate(event) {
       [reply, data] = await post(body);
     }
     if (mine !== ticket) return;
-    if (!reply.ok) fail(plain(data, reply.status));
-    else show(text, data.results[0], body.attention);
+    if (!reply.ok) fail(plain(data, reply.status) + (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ?
+                                                      ": pick the languages above instead of detecting them." : ""));
+    else show(text, data, body.attention, answering(data));
   } catch (e) {
     if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
   } finally {
     if (mine === ticket) busy(false);
   }
+}
+
+const LANGUAGE_ERRORS = ["unsupported_language", "language_required"];
+
+function answering(data) {  // the model that answered: the one picked, or the one of the language detected
+  if (chosen || !server || !data.detectedLanguage) return chosen;
+  return server.models.find((m) => m.source === data.detectedLanguage.language) || null;
 }
 
 async function post(body) {
@@ -146,6 +179,7 @@ function clear() {  // nothing of the last answer stays: text, alternatives, hea
   $("others").hidden = true;
   $("copy").disabled = true;
   $("error").hidden = true;
+  $("detected").hidden = true;
   $("attention").hidden = true;
   $("no-attention").hidden = true;
   $("xa-view").replaceChildren();
@@ -160,13 +194,18 @@ function fail(message) {
   $("error").hidden = false;
 }
 
-function show(text, result, kind) {
+function show(text, data, kind, model) {  // model: the one that answered (null before /info)
   clear();
-  shown = {text, result};
+  const result = data.results[0], detected = data.detectedLanguage;
+  shown = {text, result, model};
   $("placeholder").hidden = true;
   $("result").hidden = false;
+  if (detected) {
+    $("detected").textContent = `Detected: ${name(detected.language)} (confidence ${Math.round(detected.confidence)}%)`;
+    $("detected").hidden = false;
+  }
   $("translation").textContent = result.translatedText;
-  if (info) $("translation").lang = info.target;
+  if (model) $("translation").lang = model.target;
   const alternatives = (result.alternatives || []).map((a) => a.translatedText);
   $("alts").replaceChildren(...alternatives.map((a) => {
     const li = document.createElement("li");
@@ -179,10 +218,10 @@ function show(text, result, kind) {
   counted();
   if (kind === "none") { $("no-attention").hidden = false; return; }
   $("attention").hidden = false;  // before drawing: the heatmap and the links measure what they draw
-  const previous = heatmap && heatmap.choice();
-  const first = info && info.alignment ? info.alignment.layer : result.attention.length - 1;
-  heatmap = XattnHeatmap.mount($("xa-view"), {views: [attentionView(result, kind)],
-                                             initial: previous || {layer: first, head: "mean"}});
+  const previous = heatmap && heatmap.model === model && heatmap.viewer.choice();
+  const first = model && model.alignment ? model.alignment.layer : result.attention.length - 1;
+  heatmap = {model, viewer: XattnHeatmap.mount($("xa-view"), {views: [attentionView(result, kind, model)],
+                                                            initial: previous || {layer: first, head: "mean"}})};
   drawLinks();
 }
 
@@ -190,15 +229,15 @@ function show(text, result, kind) {
 
 // The answer's attention (full: L x H x T x S, null for a head a pruned layer lacks; mean: L x T x S, null for
 // a layer without heads) as a heatmap.js view, with the alignment's word links marked on their pieces' cells.
-function attentionView(result, kind) {
+function attentionView(result, kind, model) {
   const scaled = (m) => m.flat().map((x) => Math.round(x * XattnHeatmap.SCALE));
   const layers = kind === "mean" ? result.attention.map((m) => m[0][0] === null ? [] : [m]) :
     result.attention.map((layer) => layer.filter((h) => h[0][0] !== null));
   const mean = layers.map((heads) => heads.length === 0 ? null : scaled(heads[0].map((row, t) => row.map(
     (_, s) => heads.reduce((sum, h) => sum + h[t][s], 0) / heads.length))));
-  const heads = kind === "mean" ? layers.map((h, l) => h.length && info ? info.heads[l] : h.length) :
+  const heads = kind === "mean" ? layers.map((h, l) => h.length && model ? model.heads[l] : h.length) :
     layers.map((h) => h.length);
-  const where = info && info.alignment;
+  const where = model && model.alignment;
   return {name: "cross-attention", kind: "cross", rows: result.target_tokens, cols: result.source_tokens,
           layers: layers.length, heads, w: kind === "mean" ? null : layers.map((hs) => hs.map(scaled)), mean,
           masked: null, links: linkCells(result), pieces: true,
@@ -237,7 +276,7 @@ function drawLinks() {
   const svg = $("links"), result = shown && shown.result;
   svg.replaceChildren();
   if (!result || !result.alignment) return;
-  const where = info && info.alignment;
+  const where = shown.model && shown.model.alignment;
   $("links-note").textContent = "Each line links a word of the text to a word of the translation" +
     (where ? `, read from layer ${where.layer} of the cross-attention (the ${where.method} method).` : ".");
   const label = (word) => svg.appendChild(el("text", {}, word));
@@ -307,12 +346,12 @@ function keys(event) {  // Ctrl+Enter (Cmd+Enter on a Mac) translates from anywh
   if (!$("go").disabled) $("form").requestSubmit();
 }
 
-async function model() {  // GET /info, again each second while the model loads
+async function load() {  // GET /info, again each second while a model loads (it waits for every one)
   for (;;) {
     try {
       const reply = await fetch("/info");
       const data = await reply.json();
-      if (reply.ok) { ready(data); return; }
+      if (reply.ok) { await ready(data); return; }
       $("status").textContent = plain(data, reply.status) + (reply.status === 503 ? "; waiting for it…" : "");
       if (reply.status !== 503) return;
     } catch (e) {
@@ -322,25 +361,45 @@ async function model() {  // GET /info, again each second while the model loads
   }
 }
 
-async function ready(data) {  // the model's languages, limits and decoding defaults
-  info = data;
+async function ready(data) {  // the models, the limits, whether a key is needed; the first pair picked
+  try {
+    names = Object.fromEntries((await (await fetch("/languages")).json()).map((l) => [l.code, l.name]));
+  } catch (e) { /* the codes stand for the names */ }
+  server = data;
   $("status").textContent = "";
-  $("langs").textContent = `${info.source} → ${info.target}`;
-  $("key-field").hidden = !info.api_key_required;
-  $("beam").max = info.limits.max_beam;
-  $("beam").value = info.decode.beam_size;
-  $("temperature").value = info.decode.temperature;
-  $("top-p").value = info.decode.top_p;
-  $(info.decode.sampling ? "strategy-sample" : "strategy-beam").checked = true;
+  $("key-field").hidden = !server.api_key_required;
+  $("beam").max = server.limits.max_beam;
+  const several = server.models.length > 1;  // one model: its languages in the heading, nothing to pick
+  const pairs = server.models.map((m, i) => new Option(`${name(m.source)} → ${name(m.target)}`, String(i)));
+  $("pair").replaceChildren(...pairs, ...several ? [new Option("Detect the language", AUTO)] : []);
+  $("pair-field").hidden = !several;
+  if (!several) $("langs").textContent = `${server.models[0].source} → ${server.models[0].target}`;
+  pick();
+}
+
+function pick() {  // the pair picked: its languages, and its model's decoding defaults in the settings
+  chosen = $("pair").value === AUTO ? null : server.models[Number($("pair").value)];
+  $("source-name").textContent = chosen ? name(chosen.source) : "Text (its language is detected)";
+  $("target-name").textContent = chosen ? name(chosen.target) : "Translation";
+  if (chosen) $("text").lang = chosen.source;
+  else $("text").removeAttribute("lang");
+  const own = defaults(), first = candidates()[0].decode;  // where the models differ, the first one's is shown
+  $("beam").value = own.beam_size ?? "";  // but the beam width: each model's own
+  $("beam").placeholder = eachOwn() ? "own" : "";
+  $("beam-own").hidden = !eachOwn();
+  $("temperature").value = own.temperature ?? first.temperature;
+  $("top-p").value = own.top_p ?? first.top_p;
+  $(own.sampling ? "strategy-sample" : "strategy-beam").checked = true;
   strategyChanged();
   counted();
-  try {
-    const languages = await (await fetch("/languages")).json();
-    const name = (code) => (languages.find((l) => l.code === code) || {name: code}).name;
-    $("source-name").textContent = name(info.source);
-    $("target-name").textContent = name(info.target);
-    $("text").lang = info.source;
-  } catch (e) { /* the codes in the heading say it too */ }
+}
+
+function pairChanged() {  // as a new answer does, another pair clears all the last answer showed; the text stays
+  ticket++;  // an answer still to come is the last pair's: dropped
+  busy(false);
+  pick();
+  clear();
+  $("placeholder").hidden = false;
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -350,9 +409,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("alternatives").addEventListener("input", alternativesChanged);
   for (const id of ["strategy-beam", "strategy-sample"]) $(id).addEventListener("change", strategyChanged);
   $("copy").addEventListener("click", copy);
+  $("pair").addEventListener("change", pairChanged);
   if (/Mac|iPhone|iPad/.test(navigator.platform)) $("keys").textContent = "\u2318+Enter translates";
   addEventListener("resize", drawLinks);
   strategyChanged();
   counted();
-  model();
+  load();
 });
