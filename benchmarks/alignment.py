@@ -1,4 +1,5 @@
-"""Word alignment from cross-attention, scored by AER on the Hansards en-fr gold, beside eflomal.
+"""Word alignment from cross-attention, scored by AER on the Hansards en-fr gold, beside eflomal; and the same
+models trained again with guided alignment (issue 23).
 
 Models: Multi30k en->fr and fr->en (presets multi30k-en-fr, multi30k-fr-en, trained by `cached_model` with
 MODEL below; the fr->en one is also the transfer parent). Gold: ../shared/data/alignment/hansards-en-fr,
@@ -13,70 +14,51 @@ settings, (i) priors from Multi30k only and (ii) Multi30k + the 447 sentences, b
 symmetrised with xattn's own symmetrisation. Speed: `xattn align` pairs per second, and translate with
 --alignment against plain translate on Multi30k test_2016_flickr (fr), beam 5, one process, model loaded once.
 
-usage: python benchmarks/alignment.py [--repeats 3] [--workdir DIR]
+Guided rows (alignment_guided.py): both directions trained again with guided alignment, guided by eflomal's
+links or by the baseline models' own, inductive (Multi30k only) or transductive (the 447 pairs join the
+training data); their AER rows beside eflomal in the same data setting, their BLEU on test_2016_flickr against
+the baseline's, and translate --alignment's time with a guided head. Every model goes through cached_model
+(resumed when cut short), and eflomal's runs and the links files are kept in the benchmark cache by a hash of
+their content, so running the command again after an interruption goes on where it stopped.
+
+usage: python benchmarks/alignment.py [--repeats 3] [--workdir DIR] [--weights 0.05 ...] [--upsample 10 ...]
+       python benchmarks/alignment.py --smoke DIR     # the whole pipeline on tiny budgets, all files in DIR
+       python benchmarks/alignment.py --table         # the README table from results/alignment.json
 """
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
+import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, cached_model, data_dir, model_fingerprint, write_result
-from eflomal_peer import HANSARDS, eflomal_alignments, eflomal_version, load_hansards, normalise, unseen_rate
+import common
+from alignment_guided import (GUIDE_SYM, PRESETS, SETTINGS, UPSAMPLE, WEIGHTS, TrainingText, cli_speed, eflomal_run,
+                              guided_systems, moonshot, report, test_bleu)
+from alignment_scoring import THRESHOLDS, TUNE, Direction, both, describe, symmetrised, symmetrised_rows
+from common import RESULTS, cached_model, data_dir, model_fingerprint, write_result
+from eflomal_peer import HANSARDS, eflomal_version, load_hansards, normalise, unseen_rate
 
 import xattn
 from xattn.analysis import choice as stored_choice
-from xattn.analysis.aer import score
-from xattn.analysis.alignment import (SYMMETRISATIONS, AlignSettings, align_pairs, attention_links, flip,
-                                      format_links, links_from_weights, read_alignments, symmetrise, word_attention)
+from xattn.analysis.alignment import AlignSettings, align_pairs, attention_links, format_links, read_alignments
 from xattn.analysis.heads import candidates, rank_alignment_heads
-from xattn.analysis.maps import HeadChoice, PairAttention, teacher_forced
+from xattn.analysis.maps import HeadChoice, PairAttention
 from xattn.datasets import load_pairs
+from xattn.io import read_lines
 
 MODEL = ["train.max_steps=1600", "train.max_minutes=0", "train.warmup=600", "train.eval_every=400"]
 """Both directions: 1,600 steps of 4,096 tokens (about 40 minutes each on 1 thread of the 2-core CPU)."""
-TUNE = 100
-THRESHOLDS = (None, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
-
-
-def aer(links, gold, part: slice) -> dict:
-    s = score(links[part], gold[part])
-    return {"aer": round(100 * s.aer, 2), "precision": round(100 * s.precision, 2), "recall": round(100 * s.recall, 2)}
-
-
-def both(links, gold) -> dict:
-    """AER on the tuning pairs and on the reported pairs."""
-    return {"tune": aer(links, gold, slice(0, TUNE)), "test": aer(links, gold, slice(TUNE, None))}
-
-
-class Direction:
-    """One model reading the pairs in its own direction, with its links turned to (English, French)."""
-
-    def __init__(self, name: str, model_dir: Path, src: list[str], tgt: list[str], english_first: bool):
-        self.name, self.model_dir, self.flip = name, model_dir, not english_first
-        self.translator = xattn.load(model_dir)
-        self.pairs: list[PairAttention] = teacher_forced(self.translator, src, tgt, ("cross",))
-        self.words = {m: [word_attention(p, m) for p in self.pairs] for m in ("shift", "naive")}
-
-    def links(self, settings: AlignSettings) -> list[set]:
-        out = []
-        for pair, weights in zip(self.pairs, self.words[settings.method]):
-            links = links_from_weights(settings.choice.select(weights), pair.src_words, pair.tgt_words, settings)
-            out.append(flip(links) if self.flip else links)
-        return out
-
-    def best(self, grid, gold) -> tuple[AlignSettings, dict]:
-        """The settings of `grid` with the lowest AER on the tuning pairs."""
-        scored = [(aer(self.links(s), gold, slice(0, TUNE))["aer"], i, s) for i, s in enumerate(grid)]
-        _, _, settings = min(scored, key=lambda x: (x[0], x[1]))
-        return settings, both(self.links(settings), gold)
-
-
-def describe(s: AlignSettings) -> dict:
-    return {"method": s.method, **s.choice.to_dict(), "threshold": s.threshold, "eos": s.eos, "punct": s.punct}
+SMOKE = ["train.max_steps=20", "train.max_minutes=0", "train.warmup=10", "train.eval_every=10",
+         "model.d_model=32", "model.d_ff=64", "data.vocab_size=300"]
+"""--smoke: every model a 20-step toy, to see the pipeline run end to end (its figures mean nothing)."""
+SMOKE_PAIRS = {"train": 50, "val": 20, "test_2016_flickr": 20}
+SMOKE_HANSARDS = TUNE + 50
+"""--smoke: the Hansards pairs read (the first 100 tune, the next 50 are reported)."""
 
 
 def direction_rows(d: Direction, gold) -> dict:
@@ -105,22 +87,17 @@ def direction_rows(d: Direction, gold) -> dict:
             "tuned": {**describe(tuned), **tuned_aer}, "_tuned_settings": tuned}
 
 
-def eflomal_rows(en: list[str], fr: list[str], gold, workdir: Path) -> dict:
-    train = load_pairs("multi30k", "en", "fr", "train", data_dir())
-    train_en = [normalise(e, "en") for e, _ in train]
-    train_fr = [normalise(f, "fr") for _, f in train]
+def eflomal_rows(runs: dict, train: TrainingText, en: list[str], fr: list[str], gold) -> dict:
+    """eflomal's rows in each setting, from its runs (alignment_guided.eflomal_run); seconds: its commands'."""
     rows = {}
     for setting in ("priors", "concat"):
-        start = time.perf_counter()
-        forward, backward = eflomal_alignments(train_en, train_fr, en, fr, setting, workdir / setting)
-        seconds = time.perf_counter() - start
-        sym = {m: [symmetrise(f, b, m, len(e.split()), len(r.split())) for f, b, e, r in zip(forward, backward, en, fr)]
-               for m in SYMMETRISATIONS}
-        best = min(SYMMETRISATIONS, key=lambda m: (aer(sym[m], gold, slice(0, TUNE))["aer"], m))
-        rows[setting] = {"forward": both(forward, gold), "backward": both(backward, gold),
-                         **{m: both(sym[m], gold) for m in SYMMETRISATIONS},
-                         "chosen_symmetrisation": best, "chosen": both(sym[best], gold), "seconds": round(seconds, 1)}
-    rows["unseen_rate"] = {"en": round(100 * unseen_rate(train_en, en), 2), "fr": round(100 * unseen_rate(train_fr, fr), 2)}
+        run = runs[setting]
+        sym = symmetrised_rows(symmetrised(run.forward, run.backward, en, fr), gold)
+        rows[setting] = {"forward": both(run.forward, gold), "backward": both(run.backward, gold), **sym,
+                         "chosen": sym[sym["chosen_symmetrisation"]], "seconds": run.seconds,
+                         "workdir": str(run.workdir)}
+    rows["unseen_rate"] = {"en": round(100 * unseen_rate(train.norm_en, en), 2),
+                           "fr": round(100 * unseen_rate(train.norm_fr, fr), 2)}
     return rows
 
 
@@ -160,29 +137,66 @@ def speed(d: Direction, settings: AlignSettings, src: list[str], tgt: list[str],
             "translate_sentences": len(texts), "alignment_over_plain": round(med["aligned"] / med["plain"], 3)}
 
 
-def main() -> None:
+def smoke_setup(folder: Path) -> None:
+    """Point this run at `folder`: a Multi30k copy cut to SMOKE_PAIRS (en, fr), and a benchmark cache and a
+    prepared-data cache of its own, so a smoke run never touches the real ones."""
+    data = folder / "multi30k"
+    data.mkdir(parents=True, exist_ok=True)
+    for split, n in SMOKE_PAIRS.items():
+        for lang in ("en", "fr"):
+            lines = read_lines(Path(data_dir()) / f"{split}.{lang}.gz")[:n]
+            with gzip.open(data / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+    os.environ["XATTN_DATA"] = str(data)
+    os.environ["XDG_CACHE_HOME"] = str(folder / "xdg")
+    common.use_cache(folder / "bench")
+
+
+def baseline_rows(directions: dict, en: list[str], fr: list[str], gold) -> tuple[dict, dict, dict, dict]:
+    """Today's rows of both directions, their tuned settings, their tuned links symmetrised (every method),
+    and the symmetrised rows."""
+    rows = {name: direction_rows(d, gold) for name, d in directions.items()}
+    tuned = {n: rows[n].pop("_tuned_settings") for n in directions}
+    sym = symmetrised(*(directions[n].links(tuned[n]) for n in ("en->fr", "fr->en")), en, fr)
+    return rows, tuned, sym, symmetrised_rows(sym, gold)
+
+
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workdir", type=Path, default=None, help="eflomal's files (default: a temporary folder)")
-    args = parser.parse_args()
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="eflomal's runs, kept by a hash of their inputs (default: the benchmark cache)")
+    parser.add_argument("--weights", type=float, nargs="+", default=list(WEIGHTS),
+                        help="alignment.weight (lambda) of the guided models; more than one is a grid chosen on "
+                             "the first 100 pairs")
+    parser.add_argument("--upsample", type=float, nargs="+", default=list(UPSAMPLE),
+                        help="copies of the 447 pairs an epoch draws in the transductive setting (a grid likewise)")
+    parser.add_argument("--smoke", type=Path, metavar="DIR",
+                        help="tiny budgets and data (SMOKE, SMOKE_PAIRS, SMOKE_HANSARDS), every file (caches, "
+                             "result) in DIR")
+    parser.add_argument("--table", action="store_true",
+                        help="print the README's guided table from results/alignment.json (with --smoke, DIR's)")
+    return parser.parse_args()
 
-    en_fr, fr_en = cached_model("multi30k-en-fr", MODEL), cached_model("multi30k-fr-en", MODEL)
+
+def hansards(smoke: bool) -> tuple[list[str], list[str], list]:
+    """The Hansards pairs as every system reads them (normalised English, French) and their gold links."""
     raw_en, raw_fr = load_hansards()
     en, fr = [normalise(e, "en") for e in raw_en], [normalise(f, "fr") for f in raw_fr]
     gold = read_alignments(HANSARDS / "gold.talp", one_indexed=True,
                            lengths=[(len(e.split()), len(f.split())) for e, f in zip(en, fr)])
-    directions = {"en->fr": Direction("en->fr", en_fr, en, fr, english_first=True),
-                  "fr->en": Direction("fr->en", fr_en, fr, en, english_first=False)}
-    rows = {name: direction_rows(d, gold) for name, d in directions.items()}
-    forward, backward = (directions[n].links(rows[n].pop("_tuned_settings")) for n in ("en->fr", "fr->en"))
-    sym = {m: [symmetrise(f, b, m, len(e.split()), len(r.split())) for f, b, e, r in zip(forward, backward, en, fr)]
-           for m in SYMMETRISATIONS}
-    best = min(SYMMETRISATIONS, key=lambda m: (aer(sym[m], gold, slice(0, TUNE))["aer"], m))
-    symmetrised = {**{m: both(sym[m], gold) for m in SYMMETRISATIONS}, "chosen_symmetrisation": best}
+    return tuple(x[:SMOKE_HANSARDS] for x in (en, fr, gold)) if smoke else (en, fr, gold)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        peer = eflomal_rows(en, fr, gold, args.workdir or Path(tmp))
-    ours = symmetrised[best]["test"]["aer"]
+
+def unguided(args, baseline: dict, en: list[str], fr: list[str], gold, runs: dict, train: TrainingText) -> dict:
+    """Today's figures (the baseline models' rows, eflomal's, the bars, the speed), and in "_tuned" and "_sym"
+    the baseline's tuned settings and symmetrised links, which self-guidance starts from."""
+    directions = {"en->fr": Direction("en->fr", baseline["en->fr"], en, fr, english_first=True),
+                  "fr->en": Direction("fr->en", baseline["fr->en"], fr, en, english_first=False)}
+    rows, tuned, sym, symmetrised_baseline = baseline_rows(directions, en, fr, gold)
+    best = symmetrised_baseline["chosen_symmetrisation"]
+    peer = eflomal_rows(runs, train, en, fr, gold)
+    ours = symmetrised_baseline[best]["test"]["aer"]
     bars = {
         **{f"shift below naive at the chosen layer, {n}":
            rows[n]["layers"][f"shift layer {rows[n]['chosen_layer']}"]["test"]["aer"]
@@ -193,19 +207,62 @@ def main() -> None:
         "gap to eflomal (ii), AER points": round(ours - peer["concat"]["chosen"]["test"]["aer"], 2),
     }
     fr_model = directions["fr->en"]
-    cfg = fr_model.translator.model.cfg
-    timing = speed(fr_model, stored_choice.settings_for(fr_en, cfg), fr, en,
+    timing = speed(fr_model, stored_choice.settings_for(baseline["fr->en"], fr_model.translator.model.cfg), fr, en,
                    args.repeats)
-    path = write_result("alignment", {
-        "gold": str(HANSARDS), "tune_pairs": TUNE, "test_pairs": len(en) - TUNE, "cache": str(CACHE),
-        "models": {"en->fr": model_fingerprint(en_fr), "fr->en": model_fingerprint(fr_en), "overrides": MODEL},
-        "unseen_words_percent": peer.pop("unseen_rate"),
-        "directions": rows, "symmetrised": symmetrised, "eflomal": {"version": eflomal_version(), **peer},
-        "bars": bars, "speed": timing, "device": str(fr_model.translator.device)})
-    print(path)
     print(f"xattn symmetrised ({best}) AER {ours:.1f} on {len(en) - TUNE} pairs; eflomal (i) "
           f"{peer['priors']['chosen']['test']['aer']:.1f}, (ii) {peer['concat']['chosen']['test']['aer']:.1f}",
           file=sys.stderr)
+    return {"unseen_words_percent": peer.pop("unseen_rate"), "directions": rows, "symmetrised": symmetrised_baseline,
+            "eflomal": {"version": eflomal_version(), **peer}, "bars": bars, "speed": timing,
+            "device": str(fr_model.translator.device), "_tuned": tuned, "_sym": sym}
+
+
+def guided(args, base: list[str], baseline: dict, en: list[str], fr: list[str], gold, runs: dict,
+           train: TrainingText, today: dict) -> dict:
+    """The guided systems (alignment_guided), their test BLEU beside the baseline's, and translate
+    --alignment's time with a guided head beside the baseline's."""
+    grid = {"weights": args.weights, "upsample": args.upsample}
+    tuned = today.pop("_tuned")
+    systems = guided_systems(baseline, tuned, today.pop("_sym")[GUIDE_SYM], runs, train, en, fr, gold, grid, base,
+                             common.CACHE / "alignment-guidance")
+    chosen_dirs = {name: system.pop("_model_dirs") for name, system in systems.items()}
+    texts = [f for f, _ in load_pairs("multi30k", "fr", "en", "test", data_dir())]
+    timed = {"baseline fr->en": baseline["fr->en"],
+             "inductive eflomal fr->en": chosen_dirs["inductive eflomal"]["fr->en"]}
+    trainings = len(PRESETS) * (1 + sum(len(system["variants"]) for system in systems.values()))
+    return {"guided": {"protocol": {"guidance_symmetrisation": GUIDE_SYM, "grid": grid, "settings": SETTINGS,
+                                    "alignment_section": "defaults: layer = second-to-last, heads [0]",
+                                    "self_links_settings": {n: describe(t) for n, t in tuned.items()},
+                                    "budget": {"overrides": base, "trainings": trainings}},
+                       "systems": systems, "moonshot": moonshot(systems, today["eflomal"])},
+            "bleu": test_bleu({"baseline": baseline, **chosen_dirs}),
+            "speed_guided": {name: cli_speed(d, texts, args.repeats) for name, d in timed.items()}}
+
+
+def main() -> None:
+    args = parse_args()
+    if args.table:
+        result = json.loads(((args.smoke or RESULTS) / "alignment.json").read_text())
+        if "guided" not in result:
+            raise SystemExit(f"{args.smoke or RESULTS}/alignment.json has no guided rows yet: run the benchmark first")
+        print("\n".join(report(result)))
+        return
+    if args.smoke:
+        smoke_setup(args.smoke)
+        args.repeats = 1
+    base = SMOKE if args.smoke else MODEL
+    baseline = {n: cached_model(p, base) for n, p in PRESETS.items()}
+    en, fr, gold = hansards(bool(args.smoke))
+    train = TrainingText.multi30k()
+    runs = {s: eflomal_run(train, en, fr, s, args.workdir or common.CACHE / "eflomal") for s in ("priors", "concat")}
+    today = unguided(args, baseline, en, fr, gold, runs, train)
+    new = guided(args, base, baseline, en, fr, gold, runs, train, today)
+    path = write_result("alignment", {
+        "gold": str(HANSARDS), "tune_pairs": TUNE, "test_pairs": len(en) - TUNE, "cache": str(common.CACHE),
+        "models": {**{n: model_fingerprint(d) for n, d in baseline.items()}, "overrides": base}, **today, **new},
+        args.smoke or RESULTS)
+    print(path)
+    print("\n".join(report(json.loads(path.read_text()))), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 CACHE = Path(os.environ.get("XATTN_BENCH_CACHE", Path.home() / ".cache" / "xattn" / "bench"))
-"""Benchmark models, outside the repository: one directory per preset and config hash."""
+"""Benchmark models, outside the repository: one directory per preset and config hash (`use_cache` moves it)."""
 NOT_IN_KEY = {"train": ("threads", "device", "log_every")}
 """Settings that do not change the model a run trains (with DataConfig.LOCATIONS)."""
+
+
+def use_cache(path: Path) -> None:
+    """Keep benchmark models in `path` from now on (a smoke run's own cache, say); read `common.CACHE`, not a copy."""
+    global CACHE
+    CACHE = Path(path)
 
 
 def data_dir() -> str:
@@ -57,14 +63,15 @@ def markdown_table(header: list[str], rows: list[list]) -> list[str]:
     return [lines[0], "|" + "---|" * len(header), *lines[1:]]
 
 
-def write_result(name: str, figures: dict) -> Path:
-    """benchmarks/results/NAME.json with commit (at the script's start), date, machine, command and the figures."""
+def write_result(name: str, figures: dict, folder: Path = RESULTS) -> Path:
+    """benchmarks/results/NAME.json (or FOLDER/NAME.json) with commit (at the script's start), date, machine,
+    command and the figures."""
     from xattn.io import atomic_write_text
 
     record = {"benchmark": name, "commit": START_COMMIT, "date": datetime.date.today().isoformat(),
               "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv]), **figures}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -132,7 +139,32 @@ def config_key(cfg) -> str:
         if body["data"].get(key) == default:
             body["data"].pop(key)
     body["train"] = {k: v for k, v in body["train"].items() if k not in NOT_IN_KEY["train"]}
+    body["data"].update(linked_contents(cfg.data))
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def linked_contents(data) -> dict:
+    """The files of DataConfig `data` that only newer runs name (data.train_links, data.corpora), by content:
+    they are locations (left out of the key above), but two runs guided by different links, or joined by other
+    corpora, train different models. {} without them, so the keys of earlier runs stay."""
+    from xattn.corpora import CorpusSpec
+
+    out = {}
+    if data.train_links:
+        out["train_links"] = file_sha256(data.train_links)
+    if data.corpora:
+        out["corpora"] = [{k: file_sha256(v) if k in CorpusSpec.LOCATIONS and v else v
+                           for k, v in entry.items()} for entry in data.corpora]
+    return out
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (a missing file is an error: a key must not be made of a name alone)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def cached_dir(preset: str, overrides: list[str] = ()) -> tuple[Path, object]:

@@ -16,6 +16,8 @@ Text goes through :func:`normalise` first, in the benchmark's caller as here: th
 tokenised in its own way (see ``../shared/data/alignment/README.md``) and the Multi30k captions are raw, so
 :func:`tokenise` reproduces the Hansards conventions on raw text, and leaves the already tokenised Hansards
 text token for token as it is (so the gold link indices stay valid; checked by ``__main__``).
+:func:`tokenise_words` also tells which word of the raw line each token comes from, so links eflomal finds
+between tokens become links between the raw words (:func:`word_links`) that a training corpus' links index.
 
 Tokenisation decisions, all made to match the Hansards test text:
 
@@ -83,6 +85,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from xattn.analysis.alignment import Links
+from xattn.words import split_words
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -169,16 +172,32 @@ def _chunk(chunk: str, last: bool, lang: str) -> list[str]:
     return lead + core + trail
 
 
-def tokenise(line: str, lang: str) -> list[str]:
-    """Lowercased Hansards-style tokens of one line of raw (or already tokenised) text; lang is 'en' or 'fr'."""
+def tokenise_words(line: str, lang: str) -> tuple[list[str], list[int]]:
+    """(:func:`tokenise`'s tokens of `line`, the word of `line` each token comes from): words as xattn.words
+    splits the raw line, which is what word links of a training corpus index (data.train_links). A word may
+    give several tokens (``man's`` -> ``man 's``, ``du`` -> ``de le``) and a token never spans two words."""
     if lang not in ("en", "fr"):
         raise ValueError(f"tokenise knows 'en' and 'fr', not {lang!r}")
-    chunks = _clean(line).lower().split()
-    tokens = [t for i, c in enumerate(chunks) for t in _chunk(c, i == len(chunks) - 1, lang)]
+    # _clean may turn a character inside a word into a space (an entity, U+00A0) and str.split splits at a few
+    # characters xattn.words keeps inside a word, so a word may hold several chunks
+    chunks = [(c, w) for w, word in enumerate(split_words(line)) for c in _clean(word).lower().split()]
+    tokens = [(t, w) for i, (c, w) in enumerate(chunks) for t in _chunk(c, i == len(chunks) - 1, lang)]
     if lang == "fr":
-        tokens = [e for i, t in enumerate(tokens)
-                  for e in (_FR_CONTRACTIONS[t] if t in _FR_CONTRACTIONS and tokens[i + 1:i + 2] != ["-"] else [t])]
-    return tokens
+        texts = [t for t, _ in tokens]
+        tokens = [(e, w) for i, (t, w) in enumerate(tokens)
+                  for e in (_FR_CONTRACTIONS[t] if t in _FR_CONTRACTIONS and texts[i + 1:i + 2] != ["-"] else [t])]
+    return [t for t, _ in tokens], [w for _, w in tokens]
+
+
+def tokenise(line: str, lang: str) -> list[str]:
+    """Lowercased Hansards-style tokens of one line of raw (or already tokenised) text; lang is 'en' or 'fr'."""
+    return tokenise_words(line, lang)[0]
+
+
+def word_links(links: Links, src_word_of: Sequence[int], tgt_word_of: Sequence[int]) -> Links:
+    """Links between tokens (as :func:`tokenise_words` makes them) -> links between the raw words they come
+    from: (i, j) becomes (src_word_of[i], tgt_word_of[j]); links of two tokens of the same words merge."""
+    return {(src_word_of[i], tgt_word_of[j]) for i, j in links}
 
 
 def normalise(line: str, lang: str) -> str:
@@ -254,9 +273,20 @@ def _write(path: Path, lines: Sequence[str]) -> None:
             f.write(line.strip() + "\n")
 
 
-def _read_links(path: Path, skip: int = 0) -> list[Links]:
+def _read_links(path: Path) -> list[Links]:
     lines = path.read_text(encoding="utf-8").split("\n")[:-1]
-    return [{tuple(map(int, link.split("-"))) for link in line.split()} for line in lines[skip:]]
+    return [{tuple(map(int, link.split("-"))) for link in line.split()} for line in lines]
+
+
+def run_links(workdir: str | Path, setting: str, train_pairs: int) -> tuple[list[Links], ...]:
+    """(training forward, training backward, test forward, test backward): the links a run of
+    :func:`eflomal_alignments` left in `workdir`, the training pairs' too. "priors": those of the run over the
+    training corpus alone, whose priors aligned the test pairs; "concat": the first `train_pairs` of the one run."""
+    work = Path(workdir)
+    if setting == "priors":
+        return tuple(_read_links(work / name) for name in ("train.fwd", "train.rev", "test.fwd", "test.rev"))
+    forward, backward = _read_links(work / "concat.fwd"), _read_links(work / "concat.rev")
+    return forward[:train_pairs], backward[:train_pairs], forward[train_pairs:], backward[train_pairs:]
 
 
 def eflomal_alignments(train_src: Sequence[str], train_tgt: Sequence[str], test_src: Sequence[str],
@@ -291,14 +321,12 @@ def eflomal_alignments(train_src: Sequence[str], train_tgt: Sequence[str], test_
         seeded &= _run([align, "--overwrite", "-s", str(work / "test.src"), "-t", str(work / "test.tgt"),
                         "-p", str(work / "train.priors"), "-f", str(work / "test.fwd"), "-r", str(work / "test.rev")],
                        seed, work, log)
-        forward, backward = _read_links(work / "test.fwd"), _read_links(work / "test.rev")
     else:
         _write(work / "concat.src", [*train_src, *test_src])
         _write(work / "concat.tgt", [*train_tgt, *test_tgt])
         seeded &= _run([align, "--overwrite", "-s", str(work / "concat.src"), "-t", str(work / "concat.tgt"),
                         "-f", str(work / "concat.fwd"), "-r", str(work / "concat.rev")], seed, work, log)
-        n = len(train_src)
-        forward, backward = _read_links(work / "concat.fwd", n), _read_links(work / "concat.rev", n)
+    _, _, forward, backward = run_links(work, setting, len(train_src))
     if not (len(forward) == len(backward) == len(test_src)):
         raise RuntimeError(f"eflomal wrote {len(forward)}/{len(backward)} link lines for {len(test_src)} pairs")
     for links, src, tgt in zip(forward, test_src, test_tgt):
