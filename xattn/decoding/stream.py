@@ -48,7 +48,7 @@ class SlotLayer:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's K/V (n, H, 1, Dh) at each row's own position; all positions held (n, H, T, Dh)."""
         c, n = self.cache, self.cache.n
-        rows = torch.arange(n, device=k.device)
+        rows = c.rows
         c.self_k[self.index][c.lengths[:n], rows] = k[:, :, 0]
         c.self_v[self.index][c.lengths[:n], rows] = v[:, :, 0]
         T = c.T
@@ -64,6 +64,9 @@ class SlotCache:
                  dtype: torch.dtype):
         self.heads, self.head_dim, self.device, self.dtype = (cross_heads, self_heads), head_dim, device, dtype
         self.C, self.S_cap, self.T_cap, self.n = 0, 0, 0, 0
+        self.S, self.T = 0, 0             # the longest source held, and positions + 1 of the furthest row: kept as
+        #   ints (a step reads them once per layer; taking them from the tensors would cost a sync each time)
+        self.rows = torch.arange(0, device=device)  # (n,)
         self.cross_k: list[Tensor] = []   # L x (C, H, S_cap, Dh)
         self.cross_v: list[Tensor] = []
         self.self_k: list[Tensor] = []    # L x (T_cap, C, H, Dh), time-major as LayerCache
@@ -74,14 +77,6 @@ class SlotCache:
         self.layers = [SlotLayer(self, i) for i in range(len(cross_heads))]
 
     # ------------------------------------------------------------------ what the model reads per step
-    @property
-    def S(self) -> int:
-        return int(self.source_len[: self.n].max()) if self.n else 0
-
-    @property
-    def T(self) -> int:
-        return int(self.lengths[: self.n].max()) + 1 if self.n else 0
-
     @property
     def src_mask(self) -> Tensor:
         return self.mask[: self.n, : self.S]
@@ -96,6 +91,13 @@ class SlotCache:
 
     def advance(self, steps: int) -> None:
         self.lengths[: self.n] += steps
+        self.T += steps if self.n else 0
+
+    def _measure(self) -> None:
+        """S, T and rows anew from the tensors, once the occupied rows have changed."""
+        self.S = int(self.source_len[: self.n].max()) if self.n else 0
+        self.T = int(self.lengths[: self.n].max()) + 1 if self.n else 0
+        self.rows = torch.arange(self.n, device=self.device)
 
     # ------------------------------------------------------------------ rows joining and leaving
     def reserve(self, rows: int, source: int, positions: int) -> None:
@@ -138,6 +140,7 @@ class SlotCache:
         self.source_len[rows] = S
         self.lengths[rows] = 0
         self.n += b
+        self._measure()
 
     def remove(self, slot: int) -> None:
         """Free `slot`: the last occupied slot moves into it."""
@@ -153,6 +156,7 @@ class SlotCache:
             for x in (self.mask, self.lengths, self.source_len):
                 x[slot] = x[last]
         self.n = last
+        self._measure()
 
 
 class Stream:
