@@ -23,15 +23,14 @@ import dataclasses
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
+import serve_guards
 from serve_guards import rss_mb
 
 MODEL: list[str] = []
@@ -137,23 +136,9 @@ def run_worker(args: list[str], threads: int) -> dict:
 
 
 def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
-                               str(threads), "--queue-size", "1024", "--no-access-log"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return server, url
-        except OSError:
-            time.sleep(0.1)
-    server.kill()
-    raise SystemExit("the server did not start")
+    """`xattn serve` with a queue deep enough for 128 clients, and its URL."""
+    server, port = serve_guards.start_server(model, threads, "--queue-size", "1024")
+    return server, f"http://127.0.0.1:{port}"
 
 
 def main() -> int:
