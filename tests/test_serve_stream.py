@@ -15,6 +15,7 @@ import xattn  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
+from tests.test_serve_turns import until  # noqa: E402
 
 
 def ready(c: TestClient) -> TestClient:
@@ -97,3 +98,62 @@ def test_a_request_whose_client_gave_up_leaves_the_batch():
 
     asyncio.run(main())
     assert sorted(streams.cancelled) == sorted(streams.added) and len(streams.added) == 2
+
+
+
+def test_requests_waiting_for_a_step_join_in_one_encoder_pass_and_a_failing_one_fails_alone():
+    class Streams:
+        """Steps wait for `go`; a text "bad" makes add fail; every sentence ends at its first step."""
+
+        def __init__(self):
+            self.go, self.adds, self.rows = threading.Event(), [], []
+
+        def streamable(self, settings):
+            return True
+
+        def open_stream(self, settings):
+            return self
+
+        def add(self, texts, tags):
+            if "bad" in texts:
+                raise ValueError("bad text")
+            self.adds.append(list(texts))
+            self.rows += zip(tags, texts)
+
+        def __len__(self):
+            return len(self.rows)
+
+        def step(self):
+            self.go.wait()
+            ended, self.rows = [(tag, text.upper()) for tag, text in self.rows], []
+            return ended
+
+        def cancel(self, tag):
+            return False
+
+    streams = Streams()
+
+    async def while_a_step_runs(batcher: Batcher, first: list[str], *later: list[str]) -> list:
+        """Submit `first`, and `later` while its step waits; then let the steps go."""
+        streams.go.clear()
+        running = asyncio.ensure_future(batcher.submit(first, "greedy"))
+        await until(lambda: streams.rows)
+        waiting = [asyncio.ensure_future(batcher.submit(q, "greedy")) for q in later]
+        await until(lambda: batcher.engine.waiting == len(later))
+        streams.go.set()
+        return await asyncio.gather(running, *waiting, return_exceptions=True)
+
+    async def main():
+        batcher = Batcher(lambda texts, settings: texts, streams=streams)
+        batcher.start()
+        try:
+            together = await while_a_step_runs(batcher, ["a"], ["b", "c"], ["d"])
+            apart = await while_a_step_runs(batcher, ["e"], ["bad"], ["f"])
+        finally:
+            await batcher.stop()
+        return together, apart
+
+    together, apart = asyncio.run(main())
+    assert together == [["A"], ["B", "C"], ["D"]]
+    assert apart[0] == ["E"] and isinstance(apart[1], ValueError) and apart[2] == ["F"]
+    assert streams.adds == [["a"], ["b", "c", "d"], ["e"], ["f"]]  # b, c, d in one pass; bad's failure alone

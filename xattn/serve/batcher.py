@@ -16,7 +16,8 @@ over several small batches; a lone client never waits. A
 sampling request is never merged with another: its random draws would then depend on its neighbours.
 
 Requests that `Streams.streamable` accepts (plain greedy search) skip the collector: their sentences join a
-continuous batch (Translator.stream) between two decoder steps, up to `max_batch` sentences at a time, and
+continuous batch (Translator.stream) between two decoder steps (those that arrived during a step in one encoder
+pass), up to `max_batch` sentences at a time, and
 each request is answered as soon as its last sentence ends, so a long sentence never holds up the others'
 answers, and nobody waits for a batch to fill. A request whose client gave up leaves the batch at the next step.
 The engine thread runs the model, one step of a continuous batch or of a call at a time, in fair turns (Engine).
@@ -228,15 +229,23 @@ class Streaming:
     def __len__(self) -> int:
         return len(self.stream)
 
-    def admit(self, job: Job) -> None:
+    def admit(self, jobs: list[Job]) -> None:
+        """`jobs` join the stream together: their sentences are encoded in one pass (one sentence at a time
+        would run the encoder at a fraction of its speed). A failure is tried again job by job, so that it goes
+        to the request that caused it alone."""
+        tags = [(id(job), i) for job in jobs for i in range(len(job.texts))]
         try:
-            job.results = [None] * len(job.texts)
-            tags = [(id(job), i) for i in range(len(job.texts))]
-            self.stream.add(job.texts, tags)
+            self.stream.add([text for job in jobs for text in job.texts], tags)
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
-            _resolve(job, e)
+            if len(jobs) > 1:
+                for job in jobs:
+                    self.admit([job])
+            else:
+                _resolve(jobs[0], e)
             return
-        self.rows.update({tag: (job, i) for i, tag in enumerate(tags)})
+        for job in jobs:
+            job.results = [None] * len(job.texts)
+        self.rows.update({(id(job), i): (job, i) for job in jobs for i in range(len(job.texts))})
 
     def drop_gone(self) -> None:
         for tag in [tag for tag, (job, _) in self.rows.items() if job.future.done()]:  # its client gave up
@@ -341,6 +350,7 @@ class Engine:
         """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
         larger alone); a batch that was empty starts with a fresh credit."""
         rows = sum(len(s.rows) for s in open_.values())
+        joining: dict[Hashable, list[Job]] = {}
         while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
             job = held.popleft()
             self.waiting -= 1
@@ -352,11 +362,13 @@ class Engine:
                 except Exception as e:  # noqa: BLE001 - handed to the request that caused it
                     _resolve(job, e)
                     continue
-            streaming = open_[job.settings]
+            joining.setdefault(job.settings, []).append(job)
+            rows += len(job.texts)
+        for settings, jobs in joining.items():
+            streaming = open_[settings]
             if not len(streaming):
                 streaming.used = fresh(active, streaming.used)
-            streaming.admit(job)
-            rows += len(job.texts)
+            streaming.admit(jobs)
 
 
 def fresh(active: list, used: float) -> float:
