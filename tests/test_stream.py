@@ -83,6 +83,27 @@ def test_long_sources_and_outputs_grow_the_pools():
         assert results[i].tokens == alone(model, src, cfg).tokens
 
 
+def test_the_pools_shrink_as_sentences_leave_and_the_rest_are_unchanged():
+    model, cfg = eos_model(3), xattn.DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2)
+    with torch.no_grad():
+        model.generator.bias[2] = -50.0  # each sentence runs to its own maximum length, so they leave one by one
+    srcs = sources(16, 11)
+    stream = Stream(model, cfg)
+    stream.add(pad_batch(srcs, model.cfg.pad_id), list(range(16)))
+    slots, results, late = [stream.cache.C], {}, None
+    while len(stream):
+        results.update(stream.step())
+        slots.append(stream.cache.C)
+        if late is None and 0 < len(stream) <= 4:  # a sentence joins the shrunken pools
+            late = sources(1, 99)[0]
+            stream.add(pad_batch([late], model.cfg.pad_id), [16])
+    assert slots[0] == 16 and min(slots) <= 4 and late is not None
+    assert stream.cache.C == 1  # empty: the least pools
+    for i, src in enumerate(srcs + [late]):
+        assert results[i].tokens == alone(model, src, cfg).tokens
+        assert results[i].log_prob == pytest.approx(alone(model, src, cfg).log_prob, abs=1e-4)
+
+
 def test_what_a_stream_cannot_decode():
     model = eos_model()
     assert streamable(xattn.DecodeConfig(beam_size=1), model)

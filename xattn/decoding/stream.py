@@ -103,26 +103,37 @@ class SlotCache:
     def reserve(self, rows: int, source: int, positions: int) -> None:
         """Room for `rows` more occupied slots, sources of `source` tokens and `positions` target positions."""
         C, S, T = max(self.C, self.n + rows), max(self.S_cap, source), max(self.T_cap, positions)
-        if (C, S, T) == (self.C, self.S_cap, self.T_cap):
-            return
-        C, S, T = (max(2 * old, new) if new > old else old for old, new in ((self.C, C), (self.S_cap, S), (self.T_cap, T)))
+        if (C, S, T) != (self.C, self.S_cap, self.T_cap):
+            self._resize(*(max(2 * old, new) if new > old else old
+                           for old, new in ((self.C, C), (self.S_cap, S), (self.T_cap, T))))
+
+    def shrink(self, positions: int) -> None:
+        """Smaller pools once at most a quarter of the slots are occupied: twice the rows held, the longest source
+        held, and `positions` (the most any row held may still need). So a server keeps the memory of its busiest
+        moment only while it is that busy (pools double when full and shrink to twice their rows at a quarter:
+        each row moved is paid for by the rows that came or went since)."""
+        if self.n <= self.C // 4:
+            self._resize(max(1, 2 * self.n), max(1, self.S), max(1, positions))
+
+    def _resize(self, C: int, S: int, T: int) -> None:
+        """Pools of C slots, S source and T target positions, holding what the occupied rows have written."""
         n, Dh = self.n, self.head_dim
 
-        def grown(old: Tensor | None, shape: tuple, keep: tuple) -> Tensor:
+        def moved(old: Tensor | None, shape: tuple, keep: tuple) -> Tensor:
             new = torch.zeros(shape, device=self.device, dtype=self.dtype)
             if old is not None:
                 new[keep] = old[keep]
             return new
         cross, selfs = self.heads
-        keep_cross = (slice(0, n), slice(None), slice(0, self.S_cap))
-        keep_self = (slice(0, self.T_cap), slice(0, n))
+        keep_cross = (slice(0, n), slice(None), slice(0, min(S, self.S_cap)))
+        keep_self = (slice(0, min(T, self.T_cap)), slice(0, n))
         prior = lambda pools, i: pools[i] if pools else None  # noqa: E731
-        self.cross_k = [grown(prior(self.cross_k, i), (C, H, S, Dh), keep_cross) for i, H in enumerate(cross)]
-        self.cross_v = [grown(prior(self.cross_v, i), (C, H, S, Dh), keep_cross) for i, H in enumerate(cross)]
-        self.self_k = [grown(prior(self.self_k, i), (T, C, H, Dh), keep_self) for i, H in enumerate(selfs)]
-        self.self_v = [grown(prior(self.self_v, i), (T, C, H, Dh), keep_self) for i, H in enumerate(selfs)]
+        self.cross_k = [moved(prior(self.cross_k, i), (C, H, S, Dh), keep_cross) for i, H in enumerate(cross)]
+        self.cross_v = [moved(prior(self.cross_v, i), (C, H, S, Dh), keep_cross) for i, H in enumerate(cross)]
+        self.self_k = [moved(prior(self.self_k, i), (T, C, H, Dh), keep_self) for i, H in enumerate(selfs)]
+        self.self_v = [moved(prior(self.self_v, i), (T, C, H, Dh), keep_self) for i, H in enumerate(selfs)]
         mask = torch.zeros(C, S, dtype=torch.bool, device=self.device)
-        mask[:n, : self.S_cap] = self.mask[:n]
+        mask[:n, : min(S, self.S_cap)] = self.mask[:n, : min(S, self.S_cap)]
         self.mask = mask
         self.lengths = torch.cat([self.lengths[:n], self.lengths.new_zeros(C - n)])
         self.source_len = torch.cat([self.source_len[:n], self.source_len.new_zeros(C - n)])
@@ -229,7 +240,10 @@ class Stream:
         self.last[:n] = token
         ended = token.eq(self.model.cfg.eos_id).nonzero().squeeze(1).tolist()
         done = [(slot, self._hypothesis(slot)) for slot in ended]
-        return [(self._remove(slot), hyp) for slot, hyp in sorted(done, key=lambda x: -x[0])]
+        out = [(self._remove(slot), hyp) for slot, hyp in sorted(done, key=lambda x: -x[0])]
+        if out:
+            self._shrink()
+        return out
 
     @torch.inference_mode()
     def cancel(self, tag: Any) -> bool:
@@ -237,7 +251,12 @@ class Stream:
         if tag not in self.tags:
             return False
         self._remove(self.tags.index(tag))
+        self._shrink()
         return True
+
+    def _shrink(self) -> None:
+        n = self.cache.n
+        self.cache.shrink(int(self.max_len[:n].max()) + 1 if n else 1)
 
     def _hypothesis(self, slot: int) -> Hypothesis:
         mc = self.model.cfg
