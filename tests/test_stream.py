@@ -104,6 +104,24 @@ def test_the_pools_shrink_as_sentences_leave_and_the_rest_are_unchanged():
         assert results[i].log_prob == pytest.approx(alone(model, src, cfg).log_prob, abs=1e-4)
 
 
+def test_more_rows_join_pools_that_shrank():
+    model, cfg = eos_model(4), xattn.DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2)
+    first, later = sources(16, 12), [s[:-1][:2] + [2] for s in sources(20, 13)]  # later: short sources
+    stream = Stream(model, cfg)
+    stream.add(pad_batch(first, model.cfg.pad_id), list(range(16)))
+    results = dict(stream.step())
+    kept = sorted((i for i in range(16) if i not in results), key=lambda i: len(first[i]))[:2]
+    for i in range(16):
+        if i not in kept:
+            stream.cancel(i)
+    assert stream.cache.C <= 4  # shrunk to the two shortest: fewer slots and positions than the first rows had
+    stream.add(pad_batch(later, model.cfg.pad_id), list(range(16, 36)))  # more slots than ever, fewer positions
+    while len(stream):
+        results.update(stream.step())
+    for i, src in zip(kept + list(range(16, 36)), [first[i] for i in kept] + later):
+        assert results[i].tokens == alone(model, src, cfg).tokens
+
+
 def test_what_a_stream_cannot_decode():
     model = eos_model()
     assert streamable(xattn.DecodeConfig(beam_size=1), model)

@@ -213,8 +213,8 @@ class Stream:
         self.tags.extend(tags)
 
     def _fit(self, C: int, T: int) -> None:
-        if self.out.shape[0] < C or self.out.shape[1] < T:
-            out = self.out.new_full((C, T), self.model.cfg.pad_id)
+        if self.out.shape[0] < C or self.out.shape[1] < T:  # never smaller on either side: the pools may have shrunk
+            out = self.out.new_full((max(C, self.out.shape[0]), max(T, self.out.shape[1])), self.model.cfg.pad_id)
             out[: self.out.shape[0], : self.out.shape[1]] = self.out
             self.out = out
         for name in ("max_len", "log_prob", "relaxed", "last"):
