@@ -3,8 +3,8 @@
 Model: Multi30k de->en, trained to its preset's budget (the model of decode_speed.py, in the benchmark cache). Sentences:
 test_2016_flickr (de), 1,000, sent one per request, naming source and target as LibreTranslate's API requires
 (`source: auto`, the default, would add language identification to every request). Every part runs in its own
-process with THREADS PyTorch threads: the server (`xattn serve`), the offline baseline (one `Translator.translate` call over all the
-sentences, same settings), the direct single-sentence baseline (`translate([s])` per sentence, in one
+process with THREADS PyTorch threads: the server (`xattn serve`), the offline baseline (one `Translator.translate`
+call over all the sentences, same settings), the direct single-sentence baseline (`translate([s])` per sentence, in one
 process) and the client (a single-threaded asyncio process keeping CONCURRENCY requests in flight, whose CPU
 time is reported). Greedy, beam 5, and greedy over the model's lexical shortlist (`shortlist: true` in each
 request, DecodeConfig.shortlist offline; counted with `xattn shortlist` when the model has none); concurrency

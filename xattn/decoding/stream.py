@@ -107,13 +107,18 @@ class SlotCache:
             self._resize(*(max(2 * old, new) if new > old else old
                            for old, new in ((self.C, C), (self.S_cap, S), (self.T_cap, T))))
 
+    @property
+    def shrinkable(self) -> bool:
+        """At most a quarter of the slots are occupied, and the pools are larger than `shrink` would make them."""
+        return self.n <= self.C // 4 and max(1, 2 * self.n) < self.C
+
     def shrink(self, positions: int) -> None:
-        """Smaller pools once at most a quarter of the slots are occupied: twice the rows held, the longest source
-        held, and `positions` (the most any row held may still need). So a server keeps the memory of its busiest
-        moment only while it is that busy (pools double when full and shrink to twice their rows at a quarter:
-        each row moved is paid for by the rows that came or went since)."""
-        if self.n <= self.C // 4:
-            self._resize(max(1, 2 * self.n), max(1, self.S), max(1, positions))
+        """Smaller pools (when `shrinkable`): twice the rows held, the longest source held, and `positions` (the
+        most any row held may still need). So a server keeps the memory of its busiest moment only while it is that
+        busy (pools double when full and shrink to twice their rows at a quarter: each row moved is paid for by the
+        rows that came or went since); pools already that small are left alone, so a lone client's pools are not
+        made anew for every sentence."""
+        self._resize(max(1, 2 * self.n), max(1, self.S), max(1, positions))
 
     def _resize(self, C: int, S: int, T: int) -> None:
         """Pools of C slots, S source and T target positions, holding what the occupied rows have written."""
@@ -255,8 +260,9 @@ class Stream:
         return True
 
     def _shrink(self) -> None:
-        n = self.cache.n
-        self.cache.shrink(int(self.max_len[:n].max()) + 1 if n else 1)
+        n, cache = self.cache.n, self.cache
+        if cache.shrinkable:  # the rows' longest output is read (a sync) only then
+            cache.shrink(int(self.max_len[:n].max()) + 1 if n else 1)
 
     def _hypothesis(self, slot: int) -> Hypothesis:
         mc = self.model.cfg

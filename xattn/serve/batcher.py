@@ -233,9 +233,9 @@ class Streaming:
         """`jobs` join the stream together: their sentences are encoded in one pass (one sentence at a time
         would run the encoder at a fraction of its speed). A failure is tried again job by job, so that it goes
         to the request that caused it alone."""
-        tags = [(id(job), i) for job in jobs for i in range(len(job.texts))]
+        rows = {(id(job), i): (job, i) for job in jobs for i in range(len(job.texts))}  # tag -> (job, text index)
         try:
-            self.stream.add([text for job in jobs for text in job.texts], tags)
+            self.stream.add([text for job in jobs for text in job.texts], list(rows))
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
             if len(jobs) > 1:
                 for job in jobs:
@@ -245,7 +245,7 @@ class Streaming:
             return
         for job in jobs:
             job.results = [None] * len(job.texts)
-        self.rows.update({(id(job), i): (job, i) for job in jobs for i in range(len(job.texts))})
+        self.rows.update(rows)
 
     def drop_gone(self) -> None:
         for tag in [tag for tag, (job, _) in self.rows.items() if job.future.done()]:  # its client gave up
