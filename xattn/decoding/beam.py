@@ -35,7 +35,7 @@ class Beam:
     sentence: Tensor                # (N,) index into the batch
     log_prob: Tensor                # (N, K) cumulative, -inf = dead slot
     tokens: Tensor                  # (N, K, T) generated so far, pad after
-    attention: Tensor | None        # (N, K, T, L, H, S) cross-attention so far, when tracked
+    attention: Tensor | None        # (N, K, t, L, H, S) cross-attention of the t steps so far, when tracked
     coverage: Tensor | None         # (N, K, S) attention mass per source token, with a coverage penalty
     greedy: Tensor                  # (N,) bool: slot 0 is the greedy path, still active
 
@@ -50,9 +50,8 @@ class Beam:
         tokens = gather_slots(self.tokens, parent).clone()
         tokens[:, :, t] = token
         attention = gather_slots(self.attention, parent)
-        if attention is not None:
-            attention = attention.clone()
-            attention[:, :, t] = gather_slots(attn, parent)
+        if attention is not None:  # grows by one step: a step copies the positions filled, not all T
+            attention = torch.cat([attention, gather_slots(attn, parent).unsqueeze(2)], dim=2)
         coverage = gather_slots(self.coverage, parent)
         if coverage is not None:
             coverage = coverage + gather_slots(cover, parent)
@@ -67,7 +66,7 @@ class Finished:
     log_prob: Tensor                # (B, K)
     penalty: Tensor                 # (B, K) coverage penalty included in the score
     relaxed: Tensor                 # (B, K) bool: ended by the constraints' last resort
-    attention: Tensor | None        # (B, K, T, L, H, S)
+    attention: Tensor | None        # (B, K, T, L, H, S); a slot's positions past its hypothesis' end are stale
 
     def add(self, candidates: Beam, score: Tensor, penalty: Tensor, relaxed: Tensor) -> None:
         """Merge finished candidates (their sentences' rows of `candidates`) ranked by score (N, C); on equal
@@ -80,8 +79,10 @@ class Finished:
         self.penalty[rows] = torch.cat([self.penalty[rows], penalty], 1).gather(1, index)
         self.relaxed[rows] = torch.cat([self.relaxed[rows], relaxed], 1).gather(1, index)
         self.tokens[rows] = gather_slots(torch.cat([self.tokens[rows], candidates.tokens], 1), index)
-        if self.attention is not None:
-            self.attention[rows] = gather_slots(torch.cat([self.attention[rows], candidates.attention], 1), index)
+        if self.attention is not None:  # every hypothesis finished so far is at most as long as the candidates
+            t = candidates.attention.shape[2]
+            merged = torch.cat([self.attention[rows, :, :t], candidates.attention], 1)
+            self.attention[rows, :, :t] = gather_slots(merged, index)
 
     def kth(self, rows: Tensor, k: int) -> Tensor:
         """(N,) the k-th best kept score of sentences `rows` (-inf while fewer than k have finished)."""
@@ -145,14 +146,14 @@ def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: b
     L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as attention.stack_layers
     if tracked is not None:  # one layer's heads' mean
         L, H = 1, 1
-    attention = torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None
+    so_far = torch.zeros(B, K, 0, L, H, src.shape[1], device=device) if track else None  # grows a step at a time
     coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
     greedy = torch.ones(B, dtype=torch.bool, device=device)
-    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, attention, coverage, greedy)
+    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, so_far, coverage, greedy)
     finished = Finished(tokens.clone(), torch.full((B, K), NEG_INF, device=device), torch.zeros(B, K, device=device),
                         torch.zeros(B, K, device=device), torch.zeros(B, K, dtype=torch.bool, device=device),
-                        attention.clone() if track else None)
+                        torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None)
     return beam, finished
 
 
