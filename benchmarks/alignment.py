@@ -112,8 +112,7 @@ def speed(d: Direction, settings: AlignSettings, src: list[str], tgt: list[str],
 
     def aligned():
         results = tr.translate(texts, cfg, return_attention=True, attention_from="rescore")
-        pairs = [PairAttention.from_translation(r, t, n, tr.tokenizers.src)
-                 for n, (r, t) in enumerate(zip(results, texts), 1)]
+        pairs = PairAttention.from_translations(results, texts, tr.tokenizers.src, range(1, len(texts) + 1))
         return [f"{r.text} ||| {format_links(attention_links(p, settings))}" for r, p in zip(results, pairs)]
 
     times: dict = {align_pairs: [], plain: [], aligned: []}

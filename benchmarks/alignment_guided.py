@@ -267,7 +267,7 @@ def cli_speed(model_dir: Path, texts: list[str], repeats: int) -> dict:
 
     def aligned():
         results = tr.translate(texts, cfg, return_attention=True, attention_heads=links.heads)
-        return [f"{r.text} ||| {links(r, t, i)}" for i, (r, t) in enumerate(zip(results, texts))]
+        return [f"{r.text} ||| {line}" for r, line in zip(results, links(results, texts, range(1, len(texts) + 1)))]
 
     tr.translate(texts[:50], cfg)  # warm up
     times: dict = {plain: [], aligned: []}

@@ -40,8 +40,7 @@ def translate(tr, split: str):
     pairs = load_pairs("multi30k", "de", "en", split, data_dir())
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     results = tr.translate(sources, xattn.DecodeConfig(beam_size=5), return_attention=True, attention_from="rescore")
-    tok = tr.tokenizers.src
-    maps = [PairAttention.from_translation(r, s, n, tok) for n, (r, s) in enumerate(zip(results, sources), 1)]
+    maps = PairAttention.from_translations(results, sources, tr.tokenizers.src, range(1, len(sources) + 1))
     return sources, maps, np.array(sentence_chrf([r.text for r in results], refs))
 
 

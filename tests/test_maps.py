@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 import xattn
 from xattn.analysis.alignment import AlignSettings, attention_links, links_from_weights, word_attention
 from xattn.analysis.maps import (HeadChoice, PairAttention, TextWords, UNK_SURFACE, merge_words, piece_words,
-                                 teacher_forced, word_membership)
+                                 teacher_forced, word_membership, word_memberships)
 from xattn.errors import XattnError
 
 
@@ -90,6 +90,23 @@ def test_word_view_rows_sum_to_one_and_links_mark_cells():
 def test_text_must_match_the_tokenizer_words():
     with pytest.raises(XattnError, match="line 7: the source tokenizer splits this source into 2 words"):
         PairAttention.build(["▁a", "▁b", "</s>"], ["</s>"], np.ones((1, 1, 1, 3)) / 3, src=TextWords("ab"), line=7)
+
+
+def test_memberships_of_many_lines_are_those_of_each_line(translator):
+    """One call into the tokenizer for every line's words gives each line's membership as encoding it alone
+    does, a line whose pieces are not its words' pieces in a row (None) and an empty line included."""
+    tok = translator.tokenizers.src
+    texts = ["drei´s hundert \u200b vier", "", "zwei und zwanzig", "vier hundert"]
+    results = translator.translate(texts, xattn.DecodeConfig(beam_size=1), return_attention=True)
+    pieces = [r.src_tokens for r in results]
+    pieces[3] = [*pieces[2]]  # line 4 with line 3's pieces: not its words
+    batched = word_memberships(tok, texts, pieces)
+    assert batched == [word_membership(tok, t, p) for t, p in zip(texts, pieces)]
+    assert batched[1] == [-1] and batched[3] is None and batched[0] is not None
+    pairs = PairAttention.from_translations(results, texts, tok, [1, 2, 3, 4])
+    one = [PairAttention.from_translation(r, t, n, tok) for n, (r, t) in enumerate(zip(results, texts), 1)]
+    assert [(p.src_words, p.src_word_of, p.tgt_word_of) for p in pairs] == \
+        [(p.src_words, p.src_word_of, p.tgt_word_of) for p in one]
 
 
 def test_words_whose_characters_normalise_to_spaces(translator):

@@ -144,7 +144,7 @@ def word_attention(pair: PairAttention, method: str = "shift", choice: HeadChoic
     for s, w in enumerate(pair.src_word_of):
         src_member[w if w >= 0 else n_src, s] = 1.0
     average = tgt_member / np.maximum(tgt_member.sum(axis=1, keepdims=True), 1.0)
-    return np.einsum("wn,...ns,vs->...wv", average, rows, src_member)
+    return average @ rows @ src_member.T  # (..., T_w, S_w + 1)
 
 
 def is_punctuation(word: str) -> bool:

@@ -181,11 +181,20 @@ def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[
 def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | None:
     """Word index of each of `pieces` (the line's pieces + </s>), from encoding its words (xattn.words) one by
     one; None when the line's pieces are not its words' pieces in a row."""
-    words = split_words(text)
-    per_word = [tokenizer.pieces(ids) for ids in tokenizer.encode_batch(words)] if words else []
-    if [p for word in per_word for p in word] != list(pieces[:-1]):
-        return None
-    return [w for w, word in enumerate(per_word) for _ in word] + [-1]
+    return word_memberships(tokenizer, [text], [pieces])[0]
+
+
+def word_memberships(tokenizer, texts: Sequence[str], pieces: Sequence[Sequence[str]]) -> list[list[int] | None]:
+    """word_membership of each line, the words of all lines encoded in one call (a call into the tokenizer
+    costs as much as a hundred words)."""
+    words = [split_words(text) for text in texts]
+    encoded = iter(tokenizer.encode_batch([w for line in words for w in line]))
+    out: list[list[int] | None] = []
+    for line_words, line_pieces in zip(words, pieces, strict=True):
+        per_word = [tokenizer.pieces(next(encoded)) for _ in line_words]
+        spelled = [p for word in per_word for p in word] == list(line_pieces[:-1])
+        out.append([w for w, word in enumerate(per_word) for _ in word] + [-1] if spelled else None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -265,11 +274,25 @@ class PairAttention:
         """The attention a Translation carries (translate with return_attention=True; return_self_attention
         for decoder-self). `source`: the translated line, whose words (xattn.words) are the source words;
         with its `tokenizer` (translator.tokenizers.src) each word's pieces are known exactly."""
+        if source is None:
+            return cls._of(translation, None, line)
+        return cls.from_translations([translation], [source], tokenizer, [line])[0]
+
+    @classmethod
+    def from_translations(cls, translations: Sequence[Translation], sources: Sequence[str], tokenizer=None,
+                          lines: Sequence[int | None] | None = None) -> list[PairAttention]:
+        """from_translation of each translation and its source line (`lines`: their numbers, for errors), the
+        sources' words encoded in one call into the tokenizer."""
+        lines = lines if lines is not None else [None] * len(sources)
+        members = (word_memberships(tokenizer, sources, [t.src_tokens for t in translations]) if tokenizer
+                   else [None] * len(sources))
+        return [cls._of(t, TextWords(source, member), line)
+                for t, source, member, line in zip(translations, sources, members, lines, strict=True)]
+
+    @classmethod
+    def _of(cls, translation: Translation, src: TextWords | None, line: int | None) -> PairAttention:
         if translation.cross_attention is None:
             raise XattnError("this Translation carries no attention; translate with return_attention=True")
-        src = None
-        if source is not None:
-            src = TextWords(source, word_membership(tokenizer, source, translation.src_tokens) if tokenizer else None)
         return cls.build(translation.src_tokens, translation.tgt_tokens, translation.cross_attention,
                          translation.self_attention, None, src, line=line)
 

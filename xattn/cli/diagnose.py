@@ -59,8 +59,8 @@ def run(args) -> int:
         results = translator.translate(sources, decode_config(args, translator.decode_config),
                                        return_attention=True, attention_from="rescore")
         hyps = [r.text for r in results]
-        tok = translator.tokenizers.src
-        pairs = [PairAttention.from_translation(r, s, n, tok) for n, (r, s) in enumerate(zip(results, sources), 1)]
+        pairs = PairAttention.from_translations(results, sources, translator.tokenizers.src,
+                                                range(1, len(sources) + 1))
     else:
         pairs = teacher_forced(translator, sources, hyps, ("cross",))
     diagnoses = [diagnose(pair, choice, thresholds) for pair in pairs]

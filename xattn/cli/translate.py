@@ -175,12 +175,15 @@ def input_batches(args) -> Iterator[list[str]]:
 def output_lines(results, texts: list[str], offset: int, scores: bool, links) -> list[str]:
     """The printed lines of `results` (translations of `texts`, input lines offset + 1, ...)."""
     if any(r.alternatives for r in results):
-        return [f"{offset + i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {links(alt, texts[i], offset + i)}"
-                                                                     if links else "")
-                for i, r in enumerate(results) for alt in r.alternatives]
+        rows = [(i, alt) for i, r in enumerate(results) for alt in r.alternatives]
+        aligned = links([alt for _, alt in rows], [texts[i] for i, _ in rows],
+                        [offset + i + 1 for i, _ in rows]) if links else None
+        return [f"{offset + i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {aligned[k]}" if links else "")
+                for k, (i, alt) in enumerate(rows)]
     if scores or links:
-        return [" ||| ".join([r.text] + ([f"{r.score:.4f}"] if scores else []) +
-                             ([links(r, texts[i], offset + i)] if links else [])) for i, r in enumerate(results)]
+        aligned = links(results, texts, [offset + i + 1 for i in range(len(results))]) if links else None
+        return [" ||| ".join([r.text] + ([f"{r.score:.4f}"] if scores else []) + ([aligned[i]] if links else []))
+                for i, r in enumerate(results)]
     return [r.text for r in results]
 
 
@@ -195,9 +198,10 @@ def note_relaxed(lines: list[int], where: str) -> None:
 
 
 def alignment_of(args, translator):
-    """(Translation, its input line, index) -> its Pharaoh links, with the settings of the flags; `.heads`: the
-    (layer, heads) whose attention the search is to track (translate's attention_heads), which the links read.
-    They are those of a teacher-forced pass over the translation (see the README's Word alignment)."""
+    """(Translations, their input lines, their line numbers) -> their Pharaoh links, with the settings of the
+    flags; `.heads`: the (layer, heads) whose attention the search is to track (translate's attention_heads),
+    which the links read. They are those of a teacher-forced pass over the translation (see the README's Word
+    alignment)."""
     from xattn.analysis.alignment import attention_links, format_links
     from xattn.analysis.maps import HeadChoice, PairAttention
 
@@ -205,11 +209,11 @@ def alignment_of(args, translator):
     tracked = dataclasses.replace(settings, choice=HeadChoice(0))  # the one "layer" the search kept
     where = args.input or "stdin"
 
-    def links(translation, line: str, index: int) -> str:
+    def links(translations: list, lines: list[str], numbers: list[int]) -> list[str]:
         try:
-            pair = PairAttention.from_translation(translation, line, index + 1, translator.tokenizers.src)
+            pairs = PairAttention.from_translations(translations, lines, translator.tokenizers.src, numbers)
         except XattnError as e:
             raise XattnError(f"{where}: {e}") from None
-        return format_links(attention_links(pair, tracked))
+        return [format_links(attention_links(pair, tracked)) for pair in pairs]
     links.heads = (settings.choice.layer, settings.choice.heads)
     return links

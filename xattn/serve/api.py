@@ -267,7 +267,8 @@ def rounded(a: np.ndarray, digits: int = 4) -> list:
 
 
 def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
-    """One item of `results`: score, tokens and words of both sides, attention and alignment when asked."""
+    """One item of `results`: score, tokens and words of both sides, attention and alignment (`links`, its word
+    links, when asked)."""
     out = {"translatedText": translation.text, "score": round(float(translation.score), 4),
            "source_tokens": translation.src_tokens, "target_tokens": translation.tgt_tokens,
            "source_words": split_words(text), "target_words": split_words(translation.text)}
@@ -279,7 +280,7 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
             weights = head_mean(weights)  # over the heads each layer has
         out["attention"] = rounded(weights)
     if req.alignment:
-        out["alignment"] = sorted([int(i), int(j)] for i, j in links(translation, text))
+        out["alignment"] = sorted([int(i), int(j)] for i, j in links)
     if translation.alternatives:
         out["alternatives"] = [{"translatedText": a.text, "score": round(float(a.score), 4)}
                                for a in translation.alternatives[1:]]
@@ -290,7 +291,8 @@ def response(req: TranslateRequest, texts: list[str], translations: list, links,
              detected: list[tuple[str, float]] | None = None) -> dict:
     """LibreTranslate's fields (translatedText, alternatives, detectedLanguage: `detected`, each text's language
     and confidence when the source was auto), then xattn's `results`."""
-    results = [result_of(t, text, req, links) for t, text in zip(translations, texts)]
+    aligned = links(translations, texts) if req.alignment else [None] * len(texts)
+    results = [result_of(t, text, req, found) for t, text, found in zip(translations, texts, aligned)]
     single = isinstance(req.q, str)
     body: dict = {"translatedText": results[0]["translatedText"] if single else [r["translatedText"] for r in results]}
     if req.alternatives:

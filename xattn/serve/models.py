@@ -69,12 +69,13 @@ class Model:
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
 
-    def links(self, translation, text: str):
+    def links(self, translations: list, texts: list[str]) -> list:
+        """The word links of each translation of `texts` (its words encoded in one call)."""
         from xattn.analysis.alignment import attention_links
         from xattn.analysis.maps import PairAttention
 
-        pair = PairAttention.from_translation(translation, text, None, self.translator.tokenizers.src)
-        return attention_links(pair, self.alignment)
+        pairs = PairAttention.from_translations(translations, texts, self.translator.tokenizers.src)
+        return [attention_links(pair, self.alignment) for pair in pairs]
 
     def details(self) -> dict:
         """What /info says of the loaded model besides its languages."""
