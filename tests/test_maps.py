@@ -149,6 +149,10 @@ def test_links_threshold_eos_and_punctuation():
     # match: the comma links only to the comma, words never to it
     weights[0] = [0.2, 0.7, 0.0, 0.1]
     assert links_from_weights(weights, src, tgt, AlignSettings(choice, punct="match")) == {(0, 0), (2, 1), (1, 2)}
+    # a target word whose every allowed weight is 0 (here all on </s>, dropped) links to nothing
+    weights[1] = [0.0, 0.0, 0.0, 1.0]
+    for settings in (AlignSettings(choice), AlignSettings(choice, threshold=0.3)):
+        assert links_from_weights(weights, src, tgt, settings) == {(1, 0), (1, 2)}
 
 
 def test_teacher_forced_is_the_model_reading_the_pair(translator):

@@ -165,15 +165,16 @@ def links_from_weights(weights: np.ndarray, src_words: Sequence[str], tgt_words:
             if settings.eos == "keep":
                 allowed[j, n_src] = True
     scores = np.where(allowed, weights, 0.0)
-    links: Links = set()
-    for j in range(len(tgt_words)):
-        total = scores[j].sum()
-        if total <= 0:
-            continue
-        row = scores[j] / total if settings.eos == "drop" or settings.punct == "match" else scores[j]
-        chosen = np.flatnonzero(row >= settings.threshold) if settings.threshold is not None else [int(row.argmax())]
-        links.update((int(i), j) for i in chosen if i < n_src)
-    return links
+    total = scores.sum(axis=1, keepdims=True)  # (T_w, 1)
+    live = total[:, 0] > 0  # target words with some allowed mass
+    if settings.eos == "drop" or settings.punct == "match":  # the allowed mass, renormalised
+        scores = scores / np.where(total > 0, total, 1.0)
+    if settings.threshold is None:
+        tgt = np.flatnonzero(live)
+        src = scores[tgt].argmax(axis=1)
+    else:
+        tgt, src = np.nonzero((scores >= settings.threshold) & live[:, None])
+    return {(int(i), int(j)) for i, j in zip(src.tolist(), tgt.tolist()) if i < n_src}
 
 
 def attention_links(pair: PairAttention, settings: AlignSettings) -> Links:

@@ -22,10 +22,14 @@ NEG_INF = float("-inf")
 
 
 def gather_slots(x: Tensor | None, index: Tensor) -> Tensor | None:
-    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index`."""
+    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index`. Whole rows of the
+    flattened (N * K, ...) are copied (index_select), several times quicker than an element-wise gather over
+    rows of tokens or attention."""
     if x is None:
         return None
-    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+    N, K = x.shape[:2]
+    rows = (torch.arange(N, device=index.device).unsqueeze(1) * K + index).view(-1)  # (N * K',)
+    return x.reshape(N * K, *x.shape[2:]).index_select(0, rows).view(N, index.shape[1], *x.shape[2:])
 
 
 @dataclass
