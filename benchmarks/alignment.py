@@ -227,7 +227,7 @@ def guided(args, base: list[str], baseline: dict, en: list[str], fr: list[str], 
     chosen_dirs = {name: system.pop("_model_dirs") for name, system in systems.items()}
     texts = [f for f, _ in load_pairs("multi30k", "fr", "en", "test", data_dir())]
     timed = {"baseline fr->en": baseline["fr->en"],
-             "inductive eflomal fr->en": chosen_dirs["inductive eflomal"]["fr->en"]}
+             **{f"{name} fr->en": dirs["fr->en"] for name, dirs in chosen_dirs.items()}}  # every guided head
     trainings = len(PRESETS) * (1 + sum(len(system["variants"]) for system in systems.values()))
     return {"guided": {"protocol": {"guidance_symmetrisation": GUIDE_SYM, "grid": grid, "settings": SETTINGS,
                                     "alignment_section": "defaults: layer = second-to-last, heads [0]",
