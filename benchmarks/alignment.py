@@ -225,7 +225,6 @@ def guided(args, base: list[str], baseline: dict, en: list[str], fr: list[str], 
     systems = guided_systems(baseline, tuned, today.pop("_sym")[GUIDE_SYM], runs, train, en, fr, gold, grid, base,
                              common.CACHE / "alignment-guidance")
     chosen_dirs = {name: system.pop("_model_dirs") for name, system in systems.items()}
-    texts = [f for f, _ in load_pairs("multi30k", "fr", "en", "test", data_dir())]
     timed = {"baseline fr->en": baseline["fr->en"],
              **{f"{name} fr->en": dirs["fr->en"] for name, dirs in chosen_dirs.items()}}  # every guided head
     trainings = len(PRESETS) * (1 + sum(len(system["variants"]) for system in systems.values()))
@@ -235,7 +234,7 @@ def guided(args, base: list[str], baseline: dict, en: list[str], fr: list[str], 
                                     "budget": {"overrides": base, "trainings": trainings}},
                        "systems": systems, "moonshot": moonshot(systems, today["eflomal"])},
             "bleu": test_bleu({"baseline": baseline, **chosen_dirs}),
-            "speed_guided": {name: cli_speed(d, texts, args.repeats) for name, d in timed.items()}}
+            "speed_guided": {name: cli_speed(d, args.repeats) for name, d in timed.items()}}
 
 
 def main() -> None:

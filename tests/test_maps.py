@@ -5,9 +5,10 @@ from hypothesis import given, settings, strategies as st
 
 import xattn
 from xattn.analysis.alignment import AlignSettings, attention_links, links_from_weights, word_attention
-from xattn.analysis.maps import (HeadChoice, PairAttention, TextWords, UNK_SURFACE, merge_words, piece_words,
-                                 teacher_forced, word_membership, word_memberships)
+from xattn.analysis.maps import HeadChoice, PairAttention, TextWords, merge_words, teacher_forced
+from xattn.analysis.pieces import UNK_SURFACE, piece_words, word_membership, word_memberships
 from xattn.errors import XattnError
+from xattn.words import is_separator, split_words
 
 
 def test_piece_words_golden():
@@ -35,6 +36,28 @@ def test_hypothesis_words_are_the_printed_words(translator):
     def check(ids):
         assert piece_words(tok.pieces(ids), f" {UNK_SURFACE} ")[0] == tok.decode(ids).split()
     check()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.text(alphabet=["a", "é", " ", "\u2581", "\t", "\u2028", "\x1c"], max_size=4), max_size=8))
+def test_piece_words_are_the_words_the_pieces_spell(pieces):
+    """Any pieces: the words are those of the text they spell, and each piece belongs to the word its first
+    word character joins (a piece that spells none: the next word, else the last)."""
+    words, word_of = piece_words(pieces)
+    text = "".join(pieces).replace("\u2581", " ")
+    assert words == split_words(text)
+    at = 0  # the word being spelled at each position of `text`
+    starts = []
+    for k, ch in enumerate(text):
+        starts.append(at)
+        if not is_separator(ch) and (k + 1 == len(text) or is_separator(text[k + 1])):
+            at += 1
+    offset = 0
+    for piece, word in zip(pieces, word_of):
+        spelled = [starts[offset + k] for k, ch in enumerate(piece.replace("\u2581", " ")) if not is_separator(ch)]
+        later = [starts[k] for k in range(offset, len(text)) if not is_separator(text[k])]
+        assert word == (spelled[0] if spelled else later[0] if later else len(words) - 1)
+        offset += len(piece)
 
 
 def test_merge_words_keeps_row_sums():

@@ -1,4 +1,5 @@
-"""Attention maps of sentence pairs: from a Translation, or teacher-forced for a given pair; pieces -> words.
+"""Attention maps of sentence pairs: from a Translation, or teacher-forced for a given pair; pieces merged into
+words (which pieces make a word: xattn.analysis.pieces).
 
 Shapes: L layers, H heads, S source positions (pieces + </s>), T target positions (pieces + </s>: position t
 predicts tgt_tokens[t]); R rows (queries) and C columns (keys) of a drawn map.
@@ -10,16 +11,14 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from xattn.analysis.pieces import BOS, UNK_SURFACE, piece_words, word_memberships
 from xattn.errors import ParameterError, XattnError
-from xattn.words import is_separator, split_words
+from xattn.words import split_words
 
 if TYPE_CHECKING:
     from xattn.translator import Translation, Translator
 
 KINDS = ("cross", "decoder-self", "encoder-self")
-EOS, BOS = "</s>", "<s>"
-WORD_START = "\u2581"  # SentencePiece's mark of a piece that starts a word
-UNK_PIECE, UNK_SURFACE = "<unk>", "\u2047"  # what SentencePiece prints for an unknown piece, without its spaces
 
 
 # ---------------------------------------------------------------------------------------- layers and heads
@@ -139,63 +138,6 @@ class AttentionMaps:
 
 
 # ---------------------------------------------------------------------------------------- pieces -> words
-
-SPECIALS = frozenset({EOS, BOS, "<pad>"})
-
-
-def piece_words(pieces: Sequence[str], unk_surface: str = UNK_SURFACE) -> tuple[list[str], list[int]]:
-    """SentencePiece pieces -> (words, word index of each piece; -1 for </s>, <s>).
-
-    A word (xattn.words) of the text the pieces spell ("\u2581" read as a space, an unknown piece as
-    `unk_surface`): for a hypothesis, the words of its printed text (its tokenizer decodes "<unk>" to " \u2047 ");
-    for a source, those of the line it was encoded from. A piece that spells no character (a lone "\u2581")
-    belongs to the word after it.
-    """
-    words: list[str] = []
-    word_of: list[int] = []
-    pending: list[int] = []  # pieces that spelled nothing yet
-    in_word = False
-    for piece in pieces:
-        if piece in SPECIALS:
-            word_of.append(-1)
-            in_word = False
-            continue
-        word_of.append(-2)
-        pending.append(len(word_of) - 1)
-        for ch in unk_surface if piece == UNK_PIECE else piece.replace(WORD_START, " "):
-            if is_separator(ch):
-                in_word = False
-                continue
-            if not in_word:
-                words.append("")
-                in_word = True
-            words[-1] += ch
-            for k in pending:
-                word_of[k] = len(words) - 1
-            pending = []
-    for k in pending:  # spelled nothing and no word follows: the word before, if any
-        word_of[k] = len(words) - 1
-    return words, word_of
-
-
-def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | None:
-    """Word index of each of `pieces` (the line's pieces + </s>), from encoding its words (xattn.words) one by
-    one; None when the line's pieces are not its words' pieces in a row."""
-    return word_memberships(tokenizer, [text], [pieces])[0]
-
-
-def word_memberships(tokenizer, texts: Sequence[str], pieces: Sequence[Sequence[str]]) -> list[list[int] | None]:
-    """word_membership of each line, the words of all lines encoded in one call (a call into the tokenizer
-    costs as much as a hundred words)."""
-    words = [split_words(text) for text in texts]
-    encoded = iter(tokenizer.encode_batch([w for line in words for w in line]))
-    out: list[list[int] | None] = []
-    for line_words, line_pieces in zip(words, pieces, strict=True):
-        per_word = [tokenizer.pieces(next(encoded)) for _ in line_words]
-        spelled = [p for word in per_word for p in word] == list(line_pieces[:-1])
-        out.append([w for w, word in enumerate(per_word) for _ in word] + [-1] if spelled else None)
-    return out
-
 
 @dataclass(frozen=True)
 class TextWords:

@@ -21,15 +21,20 @@ from xattn.decoding.processors import Columns, Constraints, StepState
 NEG_INF = float("-inf")
 
 
-def gather_slots(x: Tensor | None, index: Tensor) -> Tensor | None:
-    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index`. Whole rows of the
-    flattened (N * K, ...) are copied (index_select), several times quicker than an element-wise gather over
-    rows of tokens or attention."""
+def gather_slots(x: Tensor | None, index: Tensor, rows: Tensor | None = None) -> Tensor | None:
+    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index` (`rows`: slot_rows of it, when
+    several tensors take the same slots). Whole rows of the flattened (N * K, ...) are copied (index_select),
+    several times quicker than an element-wise gather over rows of tokens or attention."""
     if x is None:
         return None
     N, K = x.shape[:2]
-    rows = (torch.arange(N, device=index.device).unsqueeze(1) * K + index).view(-1)  # (N * K',)
+    rows = slot_rows(index, K) if rows is None else rows
     return x.reshape(N * K, *x.shape[2:]).index_select(0, rows).view(N, index.shape[1], *x.shape[2:])
+
+
+def slot_rows(index: Tensor, k: int) -> Tensor:
+    """index (N, K') of slots among `k` per sentence -> (N * K',) their rows in the flattened (N * k, ...)."""
+    return (torch.arange(index.shape[0], device=index.device).unsqueeze(1) * k + index).view(-1)
 
 
 @dataclass
@@ -51,14 +56,15 @@ class Beam:
     def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, attn: Tensor | None,
                cover: Tensor | None, greedy: Tensor) -> Beam:
         """Children of slots `parent` (N, C) adding `token` at position t, with this step's attention."""
-        tokens = gather_slots(self.tokens, parent).clone()
+        rows = slot_rows(parent, self.log_prob.shape[1])
+        tokens = gather_slots(self.tokens, parent, rows)  # a new tensor
         tokens[:, :, t] = token
-        attention = gather_slots(self.attention, parent)
-        if attention is not None:  # grows by one step: a step copies the positions filled, not all T
-            attention = torch.cat([attention, gather_slots(attn, parent).unsqueeze(2)], dim=2)
-        coverage = gather_slots(self.coverage, parent)
+        attention = None
+        if self.attention is not None:  # grows by one step: a step copies the positions filled, not all T
+            attention = gather_slots(torch.cat([self.attention, attn.unsqueeze(2)], dim=2), parent, rows)
+        coverage = gather_slots(self.coverage, parent, rows)
         if coverage is not None:
-            coverage = coverage + gather_slots(cover, parent)
+            coverage = coverage + gather_slots(cover, parent, rows)
         return Beam(self.sentence, log_prob, tokens, attention, coverage, greedy)
 
 
