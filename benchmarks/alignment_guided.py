@@ -45,7 +45,7 @@ from xattn.analysis import choice as stored_choice
 from xattn.analysis.alignment import (EOS_RULES, METHODS, PUNCT_RULES, AlignSettings, Links, align_pairs, flip,
                                       format_links, parse_links, symmetrise)
 from xattn.analysis.maps import HeadChoice
-from xattn.cli.common import ALIGNMENT_FLAGS
+from xattn.cli.common import ALIGNMENT_FLAGS, settle_loaded
 from xattn.cli.translate import alignment_of
 from xattn.datasets import load_pairs
 from xattn.evaluation import bleu
@@ -270,6 +270,7 @@ def timed_cli(model_dir: Path, texts: list[str], repeats: int) -> dict:
     (xattn.cli.translate.alignment_of: the model's stored head, followed during the search)."""
     cfg = xattn.DecodeConfig(beam_size=5)
     tr = xattn.load(model_dir)
+    settle_loaded()  # as the CLI does once its model is loaded
     links = alignment_of(argparse.Namespace(model=str(model_dir), input=None,
                                             **{flag: None for flag in ALIGNMENT_FLAGS}), tr)
 

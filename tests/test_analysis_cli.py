@@ -89,6 +89,25 @@ def test_translate_alignment_every_strategy(work, capsys):
             assert len(lines) == len(SRC)
 
 
+def test_translate_freezes_the_loaded_model_for_the_garbage_collector_and_thaws_it_after(work, capsys, monkeypatch):
+    """translate takes what it loaded out of the cyclic collector's walks while it translates (a full collection
+    would otherwise walk the model every few batches), and gives it back when the command ends."""
+    import gc
+
+    from xattn.translator import Translator
+
+    frozen_while_translating = []
+    translate = Translator.translate
+
+    def spy(self, *args, **kwargs):
+        frozen_while_translating.append(gc.get_freeze_count())
+        return translate(self, *args, **kwargs)
+    monkeypatch.setattr("xattn.translator.Translator.translate", spy)
+    code, _, _ = run(capsys, "translate", work / "model", "-i", work / "src.txt", "--alignment")
+    assert code == 0 and frozen_while_translating and min(frozen_while_translating) > 10_000  # objects
+    assert gc.get_freeze_count() == 0
+
+
 def test_heads_align_stores_the_choice_that_align_uses(work, capsys, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(work / "model", model)

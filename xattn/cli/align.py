@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from xattn.analysis.alignment import SYMMETRISATIONS
 from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, output_arg, path_arg,
-                              read_sentence_pairs, write_output_lines)
+                              read_sentence_pairs, settle_loaded, write_output_lines)
 from xattn.errors import XattnError
 
 def register(sub) -> None:
@@ -62,6 +62,7 @@ def run(args) -> int:
         backward = Translator.from_dir(args.backward, device=device)
         check_reverse(args, forward.config.data, backward.config.data)
         back_settings = alignment_settings(args, args.backward, backward.model.cfg)
+    settle_loaded()
     links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
     if args.backward:
         back = [flip(x) for x in align_pairs(backward, tgt, src, back_settings, args.max_tokens,

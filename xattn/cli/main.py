@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"xattn {args.verb}: interrupted", file=sys.stderr)
         return 130
+    finally:  # what settle_loaded froze is collectable again, for a caller that goes on (a test, a script)
+        gc.unfreeze()
 
 
 def _fail(verb: str, message: str) -> int:

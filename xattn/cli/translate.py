@@ -5,7 +5,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
-                              path_arg, write_line_chunks)
+                              path_arg, settle_loaded, write_line_chunks)
 from xattn.errors import XattnError
 from xattn.io import count_lines, read_line_chunks
 
@@ -118,6 +118,7 @@ def load_translator(args):
         from xattn.analysis.pruning import read_head_mask
 
         translator.head_mask = read_head_mask(args.head_mask, translator.model.cfg)
+    settle_loaded()
     return translator
 
 
