@@ -134,10 +134,11 @@ def test_packed_feed_forward_fuses_its_activation(activation):
     ffn = FeedForward(16, 64, activation).eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
-        reference = ffn(x)
+        reference, one_row = ffn(x), ffn(x[:1, :1])
         pack_linear_layers(ffn)
         assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
         torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ffn(x[:1, :1]), one_row, atol=1e-5, rtol=1e-5)  # one row: the unpacked weight
 
 
 def test_compiled_decoder_step_gives_the_same_translations():

@@ -131,23 +131,34 @@ class InferenceModel:
 
 class PackedLinear(torch.nn.Module):
     """An inference-only float32 linear layer whose weight oneDNN packed once for this CPU, optionally
-    with the activation that follows it fused in (`activation`: "relu", "gelu" or "swish")."""
+    with the activation that follows it fused in (`activation`: "relu", "gelu" or "swish"). A single row (a lone
+    greedy request's decoder step) goes through the unpacked weight: as fast fresh, and the packed GEMM's one-row
+    calls grow 12-17% slower once oneDNN has seen a thousand row counts (a server after load; benchmarks/README.md)."""
 
     def __init__(self, linear: torch.nn.Linear, activation: str = "none"):
         super().__init__()
         self.out_features = linear.out_features
         self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.row_weight = linear.weight.detach()  # for one row (see forward)
         self.bias = linear.bias.detach() if linear.bias is not None else None
         self.activation = activation
         self.algorithm = "none" if activation == "gelu" else ""  # gelu: the exact (erf) form, as F.gelu
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.weight, self.bias,
-                                               self.activation, [], self.algorithm)
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] == 1:  # as quick as the packed GEMM when fresh, and it stays so after oneDNN has seen
+            y = UNFUSED[self.activation](F.linear(flat, self.row_weight, self.bias))  # many row counts
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, self.activation, [], self.algorithm)
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
 FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu", F.silu: "swish"}
+UNFUSED = {"none": identity, **{name: fn for fn, name in FUSED_ACTIVATIONS.items()}}
 
 
 def pack_linear_layers(model: torch.nn.Module) -> None:
@@ -171,6 +182,3 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.numel():
                 setattr(module, name, PackedLinear(child))  # (not a layer of a pruned-away attention: oneDNN refuses)
 
-
-def identity(x: Tensor) -> Tensor:
-    return x
