@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from xattn.analysis.pieces import BOS, UNK_SURFACE, piece_words, word_memberships
+from xattn.analysis.pieces import BOS, UNK_SURFACE, by_words, piece_words, word_memberships
 from xattn.errors import ParameterError, XattnError
 from xattn.words import split_words
 
@@ -306,23 +306,6 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
                 TextWords(targets[i], tgt_of[i]), line=i + 1)
         if progress is not None:
             progress(len(batch))
-
-
-def by_words(tokenizer, texts: Sequence[str], eos: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Each text encoded word by word (xattn.words) + </s>: (ids, word index of each id, -1 for </s>).
-
-    SentencePiece never joins pieces across a word separator, so this is the whole line's encoding, with each
-    piece's word known exactly (a word the tokenizer drops entirely has no piece).
-    """
-    words = [split_words(text) for text in texts]
-    flat = tokenizer.encode_batch([w for ws in words for w in ws])
-    ids, word_of, k = [], [], 0
-    for ws in words:
-        per_word = flat[k: k + len(ws)]
-        k += len(ws)
-        ids.append([i for word in per_word for i in word] + [eos])
-        word_of.append([w for w, word in enumerate(per_word) for _ in word] + [-1])
-    return ids, word_of
 
 
 def encoder_attention(translator: Translator, text: str) -> np.ndarray:

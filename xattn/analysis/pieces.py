@@ -75,13 +75,25 @@ def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | 
 
 
 def word_memberships(tokenizer, texts: Sequence[str], pieces: Sequence[Sequence[str]]) -> list[list[int] | None]:
-    """word_membership of each line, the words of all lines encoded in one call (a call into the tokenizer
-    costs as much as a hundred words)."""
+    """word_membership of each line, the words of all lines encoded in one call (by_words; a call into the
+    tokenizer costs as much as a hundred words)."""
+    ids, word_of = by_words(tokenizer, texts, -1)
+    return [of if tokenizer.pieces(line[:-1]) == list(given[:-1]) else None
+            for line, of, given in zip(ids, word_of, pieces, strict=True)]
+
+
+def by_words(tokenizer, texts: Sequence[str], eos: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Each text encoded word by word (xattn.words) + </s>: (ids, word index of each id, -1 for </s>).
+
+    SentencePiece never joins pieces across a word separator, so this is the whole line's encoding, with each
+    piece's word known exactly (a word the tokenizer drops entirely has no piece).
+    """
     words = [split_words(text) for text in texts]
-    encoded = iter(tokenizer.encode_batch([w for line in words for w in line]))
-    out: list[list[int] | None] = []
-    for line_words, line_pieces in zip(words, pieces, strict=True):
-        per_word = [tokenizer.pieces(next(encoded)) for _ in line_words]
-        spelled = [p for word in per_word for p in word] == list(line_pieces[:-1])
-        out.append([w for w, word in enumerate(per_word) for _ in word] + [-1] if spelled else None)
-    return out
+    flat = tokenizer.encode_batch([w for ws in words for w in ws])
+    ids, word_of, k = [], [], 0
+    for ws in words:
+        per_word = flat[k: k + len(ws)]
+        k += len(ws)
+        ids.append([i for word in per_word for i in word] + [eos])
+        word_of.append([w for w, word in enumerate(per_word) for _ in word] + [-1])
+    return ids, word_of

@@ -59,8 +59,6 @@ class Tracked:
 
     def mean(self, weights: Tensor) -> Tensor:
         """(..., H, S) the heads of layer `layer` (NaN for heads a pruned layer lacks) -> (..., 1, 1, S)."""
-        if self.heads is not None and len(self.heads) == 1:  # one head: its row, no mean to take
-            return weights[..., self.heads[0], :].float().unsqueeze(-2).unsqueeze(-2)
         chosen = weights if self.heads is None else weights[..., list(self.heads), :]
         return chosen.float().nanmean(dim=-2).unsqueeze(-2).unsqueeze(-2)
 
