@@ -13,7 +13,7 @@ from torch import Tensor
 
 from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, StepState
@@ -283,7 +283,11 @@ def collect(finished: Finished, n_best: int, stop: set[int], alpha: float) -> li
     attention = finished.attention.cpu() if finished.attention is not None else None
     out = []
     for b, row in enumerate(zip(tokens, scores, log_probs, penalties, relaxed)):
-        hyps = [hypothesis(i, stop, lp, alpha, cp, attention[b, k] if attention is not None else None, cut)
-                for k, (i, s, lp, cp, cut) in enumerate(zip(*row)) if s != NEG_INF]
-        out.append(sorted(hyps, key=lambda h: -h.score)[:n_best])
+        slots = [(hypothesis(i, stop, lp, alpha, cp, None, cut), k)
+                 for k, (i, s, lp, cp, cut) in enumerate(zip(*row)) if s != NEG_INF]
+        kept = sorted(slots, key=lambda slot: -slot[0].score)[:n_best]
+        if attention is not None:  # only for the hypotheses returned: a few tensor calls each
+            for hyp, k in kept:
+                hyp.cross_attention = in_steps(attention[b, k], len(hyp.tokens) + 1)
+        out.append([hyp for hyp, _ in kept])
     return out

@@ -59,6 +59,8 @@ class Tracked:
 
     def mean(self, weights: Tensor) -> Tensor:
         """(..., H, S) the heads of layer `layer` (NaN for heads a pruned layer lacks) -> (..., 1, 1, S)."""
+        if self.heads is not None and len(self.heads) == 1:  # its row, a view: nanmean would cost 0.1 ms a step
+            return weights.narrow(-2, self.heads[0], 1).float().unsqueeze(-2)
         chosen = weights if self.heads is None else weights[..., list(self.heads), :]
         return chosen.float().nanmean(dim=-2).unsqueeze(-2).unsqueeze(-2)
 
@@ -126,9 +128,13 @@ def hypothesis(ids: list[int], stop: set[int], log_prob: float, alpha: float, pe
     """A Hypothesis from generated ids, cut at the first `stop` id (EOS or pad); score = log p / lp + penalty."""
     end = next((i for i, token in enumerate(ids) if token in stop), len(ids))
     score = log_prob / gnmt_penalty(end + 1, alpha) + penalty
-    if attention is not None:
-        attention = attention[:end + 1].permute(1, 2, 0, 3).contiguous()  # (L, H, T, S)
+    attention = in_steps(attention, end + 1) if attention is not None else None
     return Hypothesis(ids[:end], score, log_prob, attention, relaxed)
+
+
+def in_steps(attention: Tensor, steps: int) -> Tensor:
+    """A hypothesis' tracked cross-attention (T, L, H, S) -> its first `steps` positions as (L, H, steps, S)."""
+    return attention[:steps].permute(1, 2, 0, 3).contiguous()
 
 
 def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | None = None) -> Tensor:
