@@ -58,7 +58,8 @@ def test_a_short_request_is_answered_while_a_long_one_runs(numbers_model):
     assert finished["short"] < finished["long"]
 
 
-def test_a_request_whose_client_gave_up_leaves_the_batch():
+@pytest.mark.parametrize("ended_by", ["client", "deadline"])
+def test_a_request_whose_client_gave_up_or_whose_time_is_up_leaves_the_batch(ended_by):
     class Streams:
         def __init__(self):
             self.cancelled, self.added = [], []
@@ -88,8 +89,13 @@ def test_a_request_whose_client_gave_up_leaves_the_batch():
     async def main():
         batcher = Batcher(lambda texts, settings: texts, streams=streams)
         batcher.start()
+        start = time.monotonic()
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(batcher.submit(["a", "b"], "greedy"), 0.1)
+            if ended_by == "client":
+                await asyncio.wait_for(batcher.submit(["a", "b"], "greedy"), 0.1)
+            else:  # the request's own deadline (the server's timeout); the client would wait 5 s
+                await asyncio.wait_for(batcher.submit(["a", "b"], "greedy", timeout=0.1), 5)
+        assert time.monotonic() - start < 2
         for _ in range(100):
             if len(streams.cancelled) == 2:
                 break

@@ -4,7 +4,7 @@ import pytest
 
 from xattn.errors import XattnError
 from xattn.tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair, load_tokenizers, train_sentencepiece, train_tokenizers,
+    BOS_ID, EOS_ID, PAD_ID, SMALL_BATCH, UNK_ID, Tokenizer, TokenizerPair, load_tokenizers, train_sentencepiece, train_tokenizers,
 )
 
 EN = "the a one dog cat man woman child runs jumps sits over under near red blue big small ball park street".split()
@@ -35,6 +35,18 @@ def test_roundtrip_and_special_ids(joint_dir):
     assert "".join(tok.pieces(ids)).replace("▁", " ").strip() == text
     assert tok.pieces([PAD_ID, BOS_ID, EOS_ID, UNK_ID]) == ["<pad>", "<s>", "</s>", "<unk>"]
     assert tok.encode_batch([text, "Der Mann."]) == [ids, tok.encode("Der Mann.")]
+
+
+@pytest.mark.parametrize("n", [0, 1, SMALL_BATCH - 1, SMALL_BATCH, SMALL_BATCH + 5])
+def test_batches_small_and_large_encode_as_one_call_on_the_whole_list(joint_dir, n):
+    tok = Tokenizer.load(joint_dir / "spm.model")
+    texts = sentences(DE, n, seed=n) if n else []
+    assert tok.encode_batch(texts) == tok._sp.encode(texts, out_type=int)  # below SMALL_BATCH: one text a call
+    bad = [*texts, "Ein Hund.", 7][-max(n, 2):]  # the last text is no string
+    with pytest.raises(XattnError, match=f"text {len(bad)}: expected a string, got int"):
+        tok.encode_batch(bad)
+    with pytest.raises(XattnError, match="text 1: not valid Unicode"):
+        tok.encode_batch(["\ud800", *texts])
 
 
 def test_unseen_character_maps_to_unk(joint_dir):
