@@ -52,6 +52,25 @@ def test_sentences_joining_and_leaving_get_what_greedy_search_gives_each(seed):
         assert results[i].log_prob == pytest.approx(want.log_prob, abs=1e-4)
 
 
+def test_a_lone_sentence_needs_no_self_attention_mask_and_gets_what_greedy_search_gives_it():
+    model, cfg = eos_model(1), xattn.DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=6)
+    first, second = sources(2, 7)
+    stream, results = Stream(model, cfg), {}
+    stream.add(pad_batch([first], model.cfg.pad_id), ["first"])
+    assert stream.cache.self_mask() is None  # a lone row sees every position held
+    for tag, hyp in stream.step():
+        results[tag] = hyp
+    stream.add(pad_batch([second], model.cfg.pad_id), ["second"])  # now two rows at different positions
+    assert stream.cache.self_mask() is not None or len(stream) < 2
+    while len(stream):
+        for tag, hyp in stream.step():
+            results[tag] = hyp
+    for tag, src in (("first", first), ("second", second)):
+        want = alone(model, src, cfg)
+        assert results[tag].tokens == want.tokens
+        assert results[tag].score == pytest.approx(want.score, abs=1e-4)
+
+
 def test_a_cancelled_sentence_leaves_and_the_others_are_unchanged():
     model, cfg = eos_model(1), xattn.DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=30)
     with torch.no_grad():

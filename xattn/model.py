@@ -230,11 +230,12 @@ class Transformer(nn.Module):
         cross, selfw = [], []
         group = cache.group if cache is not None else 1
         positions = rows if rows is not None else torch.arange(offset, offset + T, device=tgt.device)
+        folded = positions.repeat(group) if group > 1 else positions  # of the cross-attention's folded queries
         for i, layer in enumerate(self.decoder.layers):
             x, w = layer(x, inputs=DecoderInputs(
                 cross_kv[i], cross_mask, self_mask, cache.layers[i] if cache is not None else None, group,
                 context("dec_self", i, need_weights, positions, head_mask),
-                context("cross", i, need_weights or i in cross_layers, positions.repeat(group), head_mask)))
+                context("cross", i, need_weights or i in cross_layers, folded, head_mask)))
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:

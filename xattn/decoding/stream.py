@@ -85,8 +85,11 @@ class SlotCache:
     def positions(self) -> Tensor:
         return self.lengths[: self.n]
 
-    def self_mask(self) -> Tensor:
-        """(n, 1, T): row r sees positions 0..lengths[r] (the one being written included)."""
+    def self_mask(self) -> Tensor | None:
+        """(n, 1, T): row r sees positions 0..lengths[r] (the one being written included); None for a lone row,
+        which sees all T (a lone client's every step would otherwise build a mask of all True)."""
+        if self.n == 1:
+            return None
         return (torch.arange(self.T, device=self.device).unsqueeze(0) <= self.positions.unsqueeze(1)).unsqueeze(1)
 
     def advance(self, steps: int) -> None:
