@@ -61,7 +61,7 @@ def test_a_lone_sentence_needs_no_self_attention_mask_and_gets_what_greedy_searc
     for tag, hyp in stream.step():
         results[tag] = hyp
     stream.add(pad_batch([second], model.cfg.pad_id), ["second"])  # now two rows at different positions
-    assert stream.cache.self_mask() is not None or len(stream) < 2
+    assert len(stream) == 2 and stream.cache.self_mask() is not None
     while len(stream):
         for tag, hyp in stream.step():
             results[tag] = hyp

@@ -47,6 +47,8 @@ def test_batches_small_and_large_encode_as_one_call_on_the_whole_list(joint_dir,
         tok.encode_batch(bad)
     with pytest.raises(XattnError, match="text 1: not valid Unicode"):
         tok.encode_batch(["\ud800", *texts])
+    with pytest.raises(XattnError, match="text 1: expected a string, got bytes"):  # SentencePiece would take it
+        tok.encode_batch([b"Ein Hund.", *texts])
 
 
 def test_unseen_character_maps_to_unk(joint_dir):

@@ -243,6 +243,7 @@ def test_the_chosen_heads_tracked_by_the_search_are_the_teacher_forced_ones(tran
             assert x.cross_attention.shape == expected.shape == (1, 1, len(y.tgt_tokens), len(y.src_tokens))
             np.testing.assert_allclose(x.cross_attention, expected, atol=1e-5)
             np.testing.assert_allclose(z.cross_attention, expected, atol=1e-6)
+            assert z.cross_attention.base is None  # its own array, not a view keeping the whole pass alive
 
 
 def test_tracked_heads_of_a_pruned_model_with_a_head_mask_and_a_prefix_are_the_teacher_forced_ones():

@@ -223,7 +223,7 @@ class Transformer(nn.Module):
         else:
             cross_kv, src_mask = [(lc.cross_k, lc.cross_v) for lc in cache.layers], cache.src_mask
         if rows is not None:  # one new position per row; each row sees its own filled positions
-            self_mask = cache.self_mask()  # (B, 1, T_all)
+            self_mask = cache.self_mask()  # (B, 1, T_all); None for a lone row, which sees every position
         else:
             self_mask = None if T == 1 else causal_mask(T, offset + T, tgt.device).unsqueeze(0)  # (1, T, T_all)
         cross_mask = src_mask.unsqueeze(1)  # (B, 1, S)

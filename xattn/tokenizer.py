@@ -29,9 +29,9 @@ SRC_MODEL = "spm.src.model"
 TGT_MODEL = "spm.tgt.model"
 VOCAB_SUFFIX = ".vocab.json"
 SMALL_BATCH = 128
-"""Texts below which Tokenizer.encode_batch encodes one text per SentencePiece call. A call on a list starts a pool
-of threads: on this project's 2-core CPU one text alone takes 6 us, 16 take 46 us one by one against 175 us in
-one call, 128 take 350 against 414 us, and from about 200 the list is quicker (256: 749 against 447 us)."""
+"""Texts below which Tokenizer.encode_batch encodes one text per SentencePiece call: a call on a list starts a pool
+of threads, which costs more than encoding a few texts one by one (the figures: benchmarks/README.md, Serving
+under load)."""
 
 
 def vocab_file(model_path: str | Path) -> Path:
@@ -104,10 +104,11 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """N sentences -> N lists of token ids, no bos/eos; text that is not a valid string is an XattnError."""
         texts = list(texts)
+        if not all(isinstance(text, str) for text in texts):  # SentencePiece would take bytes, and a list as a batch
+            _check_texts(texts)
         out_type = str if self._ids is not None else int
         try:
-            if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH); each must then be checked to be one
-                _check_texts(texts)
+            if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH)
                 encoded = [self._sp.encode(text, out_type=out_type) for text in texts]
             else:
                 encoded = self._sp.encode(texts, out_type=out_type)

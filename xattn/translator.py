@@ -229,8 +229,8 @@ class Translator:
             cross = forced.cross if options.cross and not in_search else cross
             if options.cross and not in_search and options.tracked is not None:
                 layer = options.tracked.layer  # (H, T, S) -> (T, H, S) -> (T, 1, 1, S) -> (1, 1, T, S)
-                cross = [options.tracked.mean(torch.from_numpy(c[layer]).movedim(0, -2)).movedim(0, -2).numpy()
-                         for c in cross]
+                cross = [options.tracked.mean(torch.from_numpy(c[layer]).movedim(0, -2)).movedim(0, -2).numpy().copy()
+                         for c in cross]  # a copy: one head's mean is a view, which would keep the whole pass
             selfw = forced.decoder_self if options.self_ else selfw
         if in_search:
             src_len = src.ne(pad).sum(dim=1).tolist()

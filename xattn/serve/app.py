@@ -168,8 +168,8 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         record[key] = record.get(key, 0) + count
     record["batch"] = "stream" if model.streamable(settings) else "call"
     try:
-        done = await model.batcher.submit(texts, settings, not settings.decode.sampling, settings.work,
-                                          limits.timeout_s)
+        done = await model.batcher.submit(texts, settings, mergeable=not settings.decode.sampling,
+                                          work=settings.work, timeout=limits.timeout_s)
     except QueueFull:
         raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
                        "busy", {"Retry-After": "1"}) from None

@@ -106,7 +106,7 @@ class Batcher:
         `timeout` seconds have passed (the job is then gone: dropped between two steps, as when its client
         leaves). `work`: the request's decoding work (api.check_work), which tells a long request from the others.
         The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this in a task of
-        its own, two more turns of the event loop on the way in and out (0.1-0.2 ms a request)."""
+        its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
         job = Job(texts, settings, mergeable, loop.create_future(), work=work)
         if mergeable and self.streams is not None and self.streams.streamable(settings):
