@@ -1,4 +1,4 @@
-"""The server's continuous batch (xattn/serve/batcher.py, Engine): greedy requests join and leave between decoder
+"""The server's continuous batch (xattn/serve/engine.py): greedy requests join and leave between decoder
 steps, get what translate gives each alone, never wait for a longer request, and leave when their client does."""
 import asyncio
 import dataclasses

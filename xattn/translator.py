@@ -264,7 +264,7 @@ class Translator:
 
 class TranslationStream:
     """Texts in, Translations out as each one ends: greedy search with sentences joining between steps
-    (decoding/stream.py), for a server that keeps its batch full (xattn/serve/batcher.py). `Translator.stream`."""
+    (decoding/stream.py), for a server that keeps its batch full (xattn/serve/engine.py). `Translator.stream`."""
 
     def __init__(self, translator: Translator, cfg: DecodeConfig):
         self.translator = translator

@@ -21,7 +21,7 @@ R = TypeVar("R")
 Steps = Generator[None, None, R]
 """A computation run one decoder step per `next()`: it yields between two steps and returns its result.
 Searches are written this way (search_steps) so that a server can run several in turns on one thread and
-drop one between steps (serve/batcher.py); `finish` runs one to its end."""
+drop one between steps (serve/engine.py); `finish` runs one to its end."""
 
 
 def finish(steps: Steps[R]) -> R:

@@ -1,0 +1,248 @@
+"""The engine: the one thread that runs the model for the batcher (serve/batcher.py), one decoder step at a time.
+
+It runs translate calls (`Engine.run`: a call's decoding.Steps, dropped between two steps once every client of
+it has gone) and continuous batches of streamed requests (`Engine.submit`: plain greedy search, Translator.stream)
+in fair turns: the next step is always one of the work that has had the least engine time so far. Streamed
+sentences join their continuous batch between two decoder steps (those that arrived during a step in one
+encoder pass), up to `max_rows` sentences at a time, and each request is answered as soon as its last sentence
+ends, so a long sentence never holds up the others' answers and nobody waits for a batch to fill. A request
+whose client gave up leaves the batch at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Protocol
+
+from xattn.decoding import Steps
+from xattn.serve.metrics import BatchMetrics
+
+
+class Dropped(Exception):
+    """A call stopped between two steps: every request in it had gone."""
+
+
+@dataclass
+class Job:
+    texts: list[str]
+    settings: Hashable                # requests with equal settings may share a call
+    mergeable: bool
+    future: asyncio.Future = field(repr=False)
+    work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
+    results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
+
+
+class Streams(Protocol):
+    """What the batcher needs to stream requests: which settings can be, and a stream for them."""
+
+    def streamable(self, settings: Hashable) -> bool: ...
+
+    def open_stream(self, settings: Hashable) -> Any: ...  # add(texts, tags), step() -> [(tag, result)], cancel(tag)
+
+
+@dataclass
+class Call:
+    """A translate call on the engine: `start()` makes its Steps there; dropped once all `jobs` are done."""
+    start: Callable[[], Steps[list]]
+    jobs: list[Job]
+    future: Future
+    steps: Steps[list] | None = None
+    used: float = 0.0                 # engine seconds spent on it (Engine's fair share)
+
+    def advance(self) -> bool:
+        """One step (the first makes the Steps); whether the call is over (its future then set)."""
+        if all(job.future.done() for job in self.jobs):  # every client gave up: stop here
+            if self.steps is not None:
+                self.steps.close()
+            self.future.set_exception(Dropped())
+            return True
+        try:
+            if self.steps is None:
+                self.steps = self.start()
+            next(self.steps)
+            return False
+        except StopIteration as end:
+            self.future.set_result(end.value)
+        except Exception as e:  # noqa: BLE001 - the caller's to handle
+            self.future.set_exception(e)
+        return True
+
+
+CREDIT = 0.25
+"""Seconds of engine time that newly arrived work may run ahead of the work already running (Engine)."""
+
+
+@dataclass
+class Streaming:
+    """An open continuous batch on the engine: its stream and the rows of the streamed jobs in it."""
+    stream: Any
+    rows: dict = field(default_factory=dict)  # tag -> (job, index of its text)
+    used: float = 0.0                         # engine seconds spent on it (Engine's fair share)
+    broken: bool = False                      # a step failed: its requests were answered with the error
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def admit(self, jobs: list[Job]) -> None:
+        """`jobs` join the stream together: their sentences are encoded in one pass (one sentence at a time
+        would run the encoder at a fraction of its speed). A failure is tried again job by job, so that it goes
+        to the request that caused it alone."""
+        rows = {(id(job), i): (job, i) for job in jobs for i in range(len(job.texts))}  # tag -> (job, text index)
+        try:
+            self.stream.add([text for job in jobs for text in job.texts], list(rows))
+        except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+            if len(jobs) > 1:
+                for job in jobs:
+                    self.admit([job])
+            else:
+                resolve(jobs[0], e)
+            return
+        for job in jobs:
+            job.results = [None] * len(job.texts)
+        self.rows.update(rows)
+
+    def drop_gone(self) -> None:
+        for tag in [tag for tag, (job, _) in self.rows.items() if job.future.done()]:  # its client gave up
+            del self.rows[tag]
+            self.stream.cancel(tag)
+
+    def advance(self) -> None:
+        """One decoder step; the requests whose last sentence ended are answered."""
+        try:
+            ended = self.stream.step()
+        except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server
+            for job, _ in self.rows.values():
+                resolve(job, e)
+            self.rows.clear()
+            self.broken = True
+            return
+        for tag, result in ended:
+            job, i = self.rows.pop(tag)
+            job.results[i] = result
+            if all(r is not None for r in job.results):
+                resolve(job, job.results)
+
+
+class Engine:
+    """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
+    (`submit`), one decoder step at a time, in fair turns: the next step is always one of the work that has
+    had the least engine time so far. Work that arrives gets CREDIT seconds of lead over what is running,
+    so a small request sent beside a large one runs to its end at once, after the step in progress."""
+
+    def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
+        self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
+        self.waiting = 0                # streamed jobs submitted and not yet in a stream
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.inbox.put(None)
+            self.thread.join()
+
+    def run(self, start: Callable[[], Steps[list]], jobs: list[Job]) -> Future:
+        """The result of the Steps that `start()` makes, run here in turns with the rest; Dropped once every
+        one of `jobs` is done (its clients gave up)."""
+        future: Future = Future()
+        self.inbox.put(Call(start, jobs, future))
+        return future
+
+    def submit(self, job: Job) -> None:
+        self.waiting += 1
+        self.inbox.put(job)
+
+    def _run(self) -> None:
+        open_: dict[Hashable, Streaming] = {}  # settings -> its continuous batch
+        held: deque[Job] = deque()             # streamed jobs waiting for room
+        calls: list[Call] = []                 # running translate calls
+        while True:
+            active = [*calls, *(s for s in open_.values() if len(s))]
+            items = self._take(block=not (active or held))
+            if None in items:
+                for call in calls:
+                    call.future.cancel()
+                return
+            for item in items:
+                if isinstance(item, Job):
+                    held.append(item)
+                else:
+                    item.used = fresh(active, item.used)
+                    calls.append(item)
+            for streaming in open_.values():
+                streaming.drop_gone()
+            self._admit(held, open_, active)
+            active = [*calls, *(s for s in open_.values() if len(s))]
+            if not active:
+                continue
+            pick = min(active, key=lambda work: work.used)
+            began = time.perf_counter()
+            if isinstance(pick, Call):
+                if pick.advance():
+                    calls.remove(pick)
+            else:
+                self.metrics.step(len(pick))
+                pick.advance()
+            pick.used += time.perf_counter() - began
+            for settings in [k for k, s in open_.items() if s.broken]:
+                del open_[settings]
+
+    def _take(self, block: bool) -> list:
+        """What the inbox holds (waiting for something when `block`)."""
+        items = []
+        try:
+            items.append(self.inbox.get(block=block))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming], active: list) -> None:
+        """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
+        larger alone); a batch that was empty starts with a fresh credit."""
+        rows = sum(len(s.rows) for s in open_.values())
+        joining: dict[Hashable, list[Job]] = {}
+        while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
+            job = held.popleft()
+            self.waiting -= 1
+            if job.future.done():
+                continue
+            if job.settings not in open_:
+                try:
+                    open_[job.settings] = Streaming(self.streams.open_stream(job.settings))
+                except Exception as e:  # noqa: BLE001 - handed to the request that caused it
+                    resolve(job, e)
+                    continue
+            joining.setdefault(job.settings, []).append(job)
+            rows += len(job.texts)
+        for settings, jobs in joining.items():
+            streaming = open_[settings]
+            if not len(streaming):
+                streaming.used = fresh(active, streaming.used)
+            streaming.admit(jobs)
+
+
+def fresh(active: list, used: float) -> float:
+    """The engine time to count for work that becomes active beside `active`: CREDIT less than the least of
+    theirs (never less than it had)."""
+    return max(used, min((work.used for work in active), default=0.0) - CREDIT)
+
+
+def resolve(job: Job, outcome: Any) -> None:
+    """Answer `job` on its event loop's thread (a result list, or an exception to raise)."""
+    def settle() -> None:
+        if job.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+    job.future.get_loop().call_soon_threadsafe(settle)
