@@ -53,19 +53,21 @@ class Beam:
         return Beam(self.sentence[index], self.log_prob[index], self.tokens[index], pick(self.attention),
                     pick(self.coverage), self.greedy[index])
 
-    def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, attn: Tensor | None,
-               cover: Tensor | None, greedy: Tensor) -> Beam:
-        """Children of slots `parent` (N, C) adding `token` at position t, with this step's attention."""
+    def stepped(self, attn: Tensor | None, cover: Tensor | None) -> Beam:
+        """The same slots with this step's attention (N, K, L, H, S) appended and its mass (N, K, S) added to the
+        coverage: what both the finished and the continuing children of a step extend (made once a step)."""
+        attention = torch.cat([self.attention, attn.unsqueeze(2)], dim=2) if self.attention is not None else None
+        coverage = self.coverage + cover if self.coverage is not None else None
+        return Beam(self.sentence, self.log_prob, self.tokens, attention, coverage, self.greedy)
+
+    def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, greedy: Tensor) -> Beam:
+        """Children of slots `parent` (N, C) adding `token` at position t (of a `stepped` beam: attention and
+        coverage already hold this step's)."""
         rows = slot_rows(parent, self.log_prob.shape[1])
         tokens = gather_slots(self.tokens, parent, rows)  # a new tensor
         tokens[:, :, t] = token
-        attention = None
-        if self.attention is not None:  # grows by one step: a step copies the positions filled, not all T
-            attention = gather_slots(torch.cat([self.attention, attn.unsqueeze(2)], dim=2), parent, rows)
-        coverage = gather_slots(self.coverage, parent, rows)
-        if coverage is not None:
-            coverage = coverage + gather_slots(cover, parent, rows)
-        return Beam(self.sentence, log_prob, tokens, attention, coverage, greedy)
+        return Beam(self.sentence, log_prob, tokens, gather_slots(self.attention, parent, rows),
+                    gather_slots(self.coverage, parent, rows), greedy)
 
 
 @dataclass
@@ -238,8 +240,9 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         ended = is_eos & c.score.isfinite() & c.listed
         ended[:, K:2 * K] = False  # an EOS finishes a hypothesis only when it ranks among the K best
         ended |= is_eos & c.greedy  # or ends the greedy path
+        stepped = beam.stepped(attn, cover)
         if ended.any():
-            done_beam = beam.extend(c.parent, c.token, c.score, t, attn, cover, beam.greedy)
+            done_beam = stepped.extend(c.parent, c.token, c.score, t, beam.greedy)
             cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(c.score)
             cut = exhausted.view(N, K).gather(1, c.parent) if exhausted is not None else torch.zeros_like(ended)
             finished.add(done_beam, torch.where(ended, c.score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
@@ -248,8 +251,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         order = order.masked_fill(c.greedy & ~is_eos, -1)
         pick = order.topk(K, dim=1, largest=False).indices  # (N, K)
         greedy = (c.greedy & ~is_eos).any(dim=1)  # (N,) the greedy path goes on, in slot 0
-        beam = beam.extend(c.parent.gather(1, pick), c.token.gather(1, pick), c.score.gather(1, pick), t, attn, cover,
-                           greedy)
+        beam = stepped.extend(c.parent.gather(1, pick), c.token.gather(1, pick), c.score.gather(1, pick), t, greedy)
         done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
         keep = (~done).nonzero().squeeze(1)  # (N',)
         if keep.numel() == 0:
