@@ -133,7 +133,8 @@ class PackedLinear(torch.nn.Module):
     """An inference-only float32 linear layer whose weight oneDNN packed once for this CPU, optionally
     with the activation that follows it fused in (`activation`: "relu", "gelu" or "swish"). A single row (a lone
     greedy request's decoder step) goes through the unpacked weight: as fast fresh, and the packed GEMM's one-row
-    calls grow 12-17% slower once oneDNN has seen a thousand row counts (a server after load; benchmarks/README.md)."""
+    calls grow slower once oneDNN has seen many row counts (a server after load; the figures: benchmarks/README.md,
+    Serving under load)."""
 
     def __init__(self, linear: torch.nn.Linear, activation: str = "none"):
         super().__init__()

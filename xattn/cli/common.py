@@ -13,10 +13,10 @@ from xattn.io import atomic_write, atomic_write_text, one_line
 
 def settle_loaded() -> None:
     """Call once the models a command runs on are loaded: everything alive now (models, tokenizers, imported
-    modules; some 180,000 objects) leaves the cyclic garbage collector's care (gc.freeze), since none of it is
-    garbage. A full collection would otherwise walk all of it every few batches, about 0.1 s each time (with
-    translate --alignment, whose links make many small objects, once every two or three 1,000-line runs).
-    `main` unfreezes them when the command ends."""
+    modules) leaves the cyclic garbage collector's care (gc.freeze), since none of it is garbage. A full
+    collection would otherwise walk all of it every few batches (translate --alignment, whose links make many
+    small objects; the figures: benchmarks/README.md, Guided alignment). `main` unfreezes them when the command
+    ends."""
     gc.freeze()
 
 
