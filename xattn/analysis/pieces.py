@@ -75,8 +75,8 @@ def word_membership(tokenizer, text: str, pieces: Sequence[str]) -> list[int] | 
 
 
 def word_memberships(tokenizer, texts: Sequence[str], pieces: Sequence[Sequence[str]]) -> list[list[int] | None]:
-    """word_membership of each line, the words of all lines encoded in one call (by_words; a call into the
-    tokenizer costs as much as a hundred words)."""
+    """word_membership of each line, the words of all lines encoded together (by_words: Tokenizer.encode_batch
+    picks the quickest way for their number)."""
     ids, word_of = by_words(tokenizer, texts, -1)
     return [of if tokenizer.pieces(line[:-1]) == list(given[:-1]) else None
             for line, of, given in zip(ids, word_of, pieces, strict=True)]
