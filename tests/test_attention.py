@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+import xattn.attention as attention_module
 from xattn.attention import (AdditiveScore, AttentionContext, DotScore, GeneralScore, MultiHeadAttention,
                              ScaledDotScore, attend, causal_mask, padding_mask)
 from xattn.variants import build_score
@@ -103,6 +104,55 @@ def test_fully_masked_rows_give_zeros_not_nan(score, need_weights):
         assert torch.all(w[1] == 0) and torch.allclose(w[0].sum(-1), torch.ones(H, 3))
     out.sum().backward()
     assert torch.isfinite(q.grad).all()
+
+
+def _decode_shaped(rows: int, queries: int, S: int, time_major: bool):
+    """q (rows, H, queries, 4) and k, v laid out as the decoder caches hold them: time-major (S, rows, H, 4)
+    as self-attention's buffer, or head-major (rows, H, S, 4) as cross-attention's."""
+    q = torch.randn(rows, queries, H, 4).transpose(1, 2)
+    if time_major:
+        k, v = (torch.randn(S, rows, H, 4).permute(1, 2, 0, 3) for _ in range(2))
+    else:
+        k, v = torch.randn(rows, H, S, 4), torch.randn(rows, H, S, 4)
+    return q, k, v
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+@pytest.mark.parametrize("queries", [1, 5])
+def test_decode_steps_take_the_explicit_path_with_the_fused_kernels_result(time_major, queries, monkeypatch):
+    torch.manual_seed(0)
+    q, k, v = _decode_shaped(40, queries, 7, time_major)
+    mask = torch.ones(40, 1, 1, 7, dtype=torch.bool)
+    mask[::3, ..., -2:] = False
+    mask[5] = False  # a row with no key: zeros, as the fused kernel gives
+    with torch.inference_mode():
+        fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5)
+        calls = []
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1))
+        out, _ = attend(q, k, v, mask, ScaledDotScore(4))
+    assert not calls
+    torch.testing.assert_close(out, fused)
+    assert torch.all(out[5] == 0)
+
+
+@pytest.mark.parametrize("case, fused", [
+    ("many rows, one query each", False),
+    ("one row", True),
+    ("an encoder pass: many queries", True),
+    ("keys that are no stack of matrices", True),
+    ("training (float32)", True),
+])
+def test_which_attention_path_decoding_shapes_take(case, fused):
+    q, k, v = _decode_shaped(40, 1, 7, time_major=True)
+    if case == "one row":
+        q, k, v = _decode_shaped(1, 1, 7, time_major=True)
+    elif case == "an encoder pass: many queries":
+        q, k, v = _decode_shaped(40, 12, 12, time_major=False)
+    elif case == "keys that are no stack of matrices":  # (B, S, H, Dh) seen as (B, H, S, Dh): a copy to fold
+        k = torch.randn(40, 7, H, 4).transpose(1, 2)
+    elif case == "training (float32)":
+        q.requires_grad_(True)
+    assert attention_module._fused_is_slower(q, k, v) is not fused
 
 
 def test_masks():

@@ -12,7 +12,7 @@ import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
-from xattn.inference import PackedLinear, Speedups, pack_linear_layers
+from xattn.inference import PackedLinear, Speedups, pack_linear_layers, rewrite
 from xattn.layers import FeedForward
 from xattn.translator import Translator
 
@@ -88,6 +88,20 @@ def test_int8_decodes_on_a_quantized_copy(tied_dir):
     assert linear_types(tr.inference.current()) == {torch.ao.nn.quantized.dynamic.Linear}
     texts = ["word3 word5", "word7", "word1 word2 word9"]
     assert [r.src_tokens[-1] for r in tr.translate(texts, xattn.DecodeConfig(beam_size=2))] == ["</s>"] * 3
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_int8_feed_forward_fuses_a_relu_into_its_first_layer(activation):
+    """A ReLU runs inside the quantized first layer, with the same output as quantizing the two apart."""
+    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU as QuantizedLinearReLU
+    torch.manual_seed(0)
+    ffn = FeedForward(16, 64, activation).eval()
+    apart = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ffn), {torch.nn.Linear}, dtype=torch.qint8)
+    fused = rewrite(copy.deepcopy(ffn), Speedups(quantize="int8"))
+    assert isinstance(fused.fc1, QuantizedLinearReLU) is (activation == "relu")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert torch.equal(fused(x), apart(x))
 
 
 def test_speedup_errors():

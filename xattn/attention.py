@@ -112,7 +112,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score: nn.Modul
     Without weights and with a dot-product score this runs through `F.scaled_dot_product_attention`,
     except where that fused kernel is the slower one (see `_fused_is_slower`).
     """
-    if not need_weights and score.sdpa_scale is not None and not _fused_is_slower(q):
+    if not need_weights and score.sdpa_scale is not None and not _fused_is_slower(q, k, v):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=score.sdpa_scale)
         return out, None
     weights = masked_softmax(score(q, k), mask).to(v.dtype)  # (B, H, T, S)
@@ -130,12 +130,28 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     return weights * mask if mask is not None else weights  # rows with no allowed key: uniform -> exactly 0
 
 
-def _fused_is_slower(q: Tensor) -> bool:
-    """True for reduced-precision training on CPU, where PyTorch's fused CPU attention backward is
-    much slower than the explicit path (the figures: benchmarks/README.md, Training throughput); in
-    float32, at inference and on CUDA the fused kernel wins.
+def _fused_is_slower(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """True where PyTorch's fused CPU attention is the slower path:
+    - reduced-precision training, whose fused backward is much slower than the explicit path;
+    - decoding many rows at once (beam or batch steps: few queries per row, at least DECODE_ROWS query rows),
+      when each of k and v is one stack of (S, Dh) matrices (batch and heads fold into one stride, as in the
+      decoder caches), so the explicit path is two batched matrix products with no copy.
+    Elsewhere (one row, an encoder pass, float32 training, CUDA) the fused kernel wins (the figures:
+    benchmarks/README.md, Translation speed and Training throughput).
     """
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
+    if q.device.type != "cpu":
+        return False
+    if q.requires_grad:
+        return q.dtype in (torch.bfloat16, torch.float16)
+    return q.shape[-2] <= DECODE_QUERIES and q.shape[0] * q.shape[-2] >= DECODE_ROWS and _one_stack(k) and _one_stack(v)
+
+
+DECODE_QUERIES, DECODE_ROWS = 8, 32
+
+
+def _one_stack(x: Tensor) -> bool:
+    """Whether x (B, H, S, Dh) views as (B * H, S, Dh) with no copy."""
+    return x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1)
 
 
 @dataclass(frozen=True)

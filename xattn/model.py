@@ -189,8 +189,10 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------------------------ decode
 
     def new_cache(self, enc: EncoderOutput) -> DecoderCache:
-        """An empty incremental-decoding cache; cross-attention K/V are computed here, once."""
-        layers = [LayerCache(*layer.cross_attn.project_kv(enc.states)) for layer in self.decoder.layers]
+        """An empty incremental-decoding cache; cross-attention K/V are computed here, once, and stored
+        head-major, (B, H, S, Dh) contiguous, so that attention steps read them as one stack of matrices."""
+        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(enc.states)))
+                  for layer in self.decoder.layers]
         return DecoderCache(layers, enc.mask)
 
     def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
