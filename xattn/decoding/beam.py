@@ -242,10 +242,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         ended |= is_eos & c.greedy  # or ends the greedy path
         stepped = beam.stepped(attn, cover)
         if ended.any():
-            done_beam = stepped.extend(c.parent, c.token, c.score, t, beam.greedy)
-            cp = coverage_penalty(done_beam.coverage, src_mask[beam.sentence], beta) if beta > 0 else torch.zeros_like(c.score)
-            cut = exhausted.view(N, K).gather(1, c.parent) if exhausted is not None else torch.zeros_like(ended)
-            finished.add(done_beam, torch.where(ended, c.score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
+            finish_ended(finished, stepped, c, ended, exhausted, t, alpha, beta, src_mask)
         C = c.score.shape[1]  # order: the greedy path's continuation, the others best first, EOS and unlisted last
         order = torch.arange(C, device=device) + (is_eos | ~c.listed).long() * C
         order = order.masked_fill(c.greedy & ~is_eos, -1)
@@ -261,6 +258,20 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
         yield
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
+
+
+def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor, exhausted: Tensor | None, t: int,
+                 alpha: float, beta: float, src_mask: Tensor) -> None:
+    """Add the candidates `ended` (N, C) at step t to `finished`, scored with the length and coverage penalties.
+    Only the sentences where one ended take part: for the others `add` would change nothing, at the cost of
+    copying their tokens (and tracked attention) all the same."""
+    some = ended.any(dim=1).nonzero().squeeze(1)  # (M,)
+    N, K = stepped.log_prob.shape
+    parent, score = c.parent[some], c.score[some]
+    done = stepped.keep(some).extend(parent, c.token[some], score, t, stepped.greedy[some])
+    cp = coverage_penalty(done.coverage, src_mask[done.sentence], beta) if beta > 0 else torch.zeros_like(score)
+    cut = exhausted.view(N, K)[some].gather(1, parent) if exhausted is not None else torch.zeros_like(ended[some])
+    finished.add(done, torch.where(ended[some], score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
 
 
 def stopped(beam: Beam, finished: Finished, cfg: DecodeConfig, max_len: Tensor) -> Tensor:
