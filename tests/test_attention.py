@@ -137,21 +137,27 @@ def test_decode_steps_take_the_explicit_path_with_the_fused_kernels_result(time_
 
 @pytest.mark.parametrize("case, fused", [
     ("many rows, one query each", False),
+    ("a beam of 8 folded", False),
     ("one row", True),
-    ("an encoder pass: many queries", True),
+    ("31 query rows", True),
+    ("9 queries a row: an encoder pass", True),
     ("keys that are no stack of matrices", True),
+    ("values that are no stack of matrices", True),
     ("training (float32)", True),
+    ("training (bf16)", False),
 ])
 def test_which_attention_path_decoding_shapes_take(case, fused):
-    q, k, v = _decode_shaped(40, 1, 7, time_major=True)
-    if case == "one row":
-        q, k, v = _decode_shaped(1, 1, 7, time_major=True)
-    elif case == "an encoder pass: many queries":
-        q, k, v = _decode_shaped(40, 12, 12, time_major=False)
-    elif case == "keys that are no stack of matrices":  # (B, S, H, Dh) seen as (B, H, S, Dh): a copy to fold
-        k = torch.randn(40, 7, H, 4).transpose(1, 2)
-    elif case == "training (float32)":
-        q.requires_grad_(True)
+    shapes = {"a beam of 8 folded": (4, 8, False), "one row": (1, 1, True), "31 query rows": (31, 1, True),
+              "9 queries a row: an encoder pass": (40, 9, False)}
+    rows, queries, time_major = shapes.get(case, (40, 1, True))
+    q, k, v = _decode_shaped(rows, queries, 7, time_major)
+    not_a_stack = torch.randn(40, 7, H, 4).transpose(1, 2)  # (B, S, H, Dh) seen as (B, H, S, Dh): a copy to fold
+    if case == "keys that are no stack of matrices":
+        k = not_a_stack
+    elif case == "values that are no stack of matrices":
+        v = not_a_stack
+    elif case.startswith("training"):
+        q = q.to(torch.bfloat16 if "bf16" in case else torch.float32).requires_grad_(True)
     assert attention_module._fused_is_slower(q, k, v) is not fused
 
 

@@ -158,11 +158,35 @@ def test_many_rows_match_full_recompute(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
     hyps = greedy(model, src, max_len)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
-    assert 40 not in fused_rows and max(fused_rows) < attention.DECODE_ROWS  # the first step's 40 rows: explicit
+    assert 40 not in fused_rows and max(fused_rows, default=0) < attention.DECODE_ROWS  # 40 rows: explicit
     for i, [h] in enumerate(hyps):
         tokens, log_prob = reference_greedy(model, src[i], 8)
         assert h.tokens == tokens
         assert h.log_prob == pytest.approx(log_prob, abs=1e-4)
+
+
+def explicit_calls(monkeypatch) -> list[bool]:
+    """Record, for each attention call from here on, whether it takes the explicit path instead of the fused one."""
+    chosen, choose = [], attention._fused_is_slower
+    monkeypatch.setattr(attention, "_fused_is_slower", lambda q, k, v: chosen.append(choose(q, k, v)) or chosen[-1])
+    return chosen
+
+
+def test_a_beam_of_many_rows_on_the_explicit_path_finds_what_the_fused_kernel_finds(monkeypatch):
+    """40 sentences with a beam of 4: their steps' folded cross-attention and 160-row self-attention take the
+    explicit path, and find the same hypotheses as with the fused kernel everywhere."""
+    model, src = eos_model(), random_src(5, batch=40)
+    max_len = torch.full((40,), 7)
+    chosen = explicit_calls(monkeypatch)
+    found = beam_search(model, src, beam_size=4, length_penalty=1.0, n_best=2, max_len=max_len)
+    assert any(chosen)
+    monkeypatch.setattr(attention, "DECODE_ROWS", 10 ** 9)
+    chosen.clear()
+    fused = beam_search(model, src, beam_size=4, length_penalty=1.0, n_best=2, max_len=max_len)
+    assert not any(chosen)
+    for a, b in zip(found, fused):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
 
 
 def test_greedy_drops_finished_rows():

@@ -52,6 +52,32 @@ def test_sentences_joining_and_leaving_get_what_greedy_search_gives_each(seed):
         assert results[i].log_prob == pytest.approx(want.log_prob, abs=1e-4)
 
 
+def test_a_full_stream_takes_the_explicit_attention_path_and_still_gets_what_greedy_search_gives(monkeypatch):
+    """40 sentences of different lengths in the stream: its steps of at least 32 rows read the pools' sliced
+    views through the explicit attention path (attention._fused_is_slower), with each row's own mask."""
+    import xattn.attention as attention
+    model, cfg = eos_model(2), xattn.DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=6)
+    srcs = sources(40, 11)
+    chosen, choose = [], attention._fused_is_slower
+    monkeypatch.setattr(attention, "_fused_is_slower", lambda q, k, v: chosen.append(choose(q, k, v)) or chosen[-1])
+    stream, results = Stream(model, cfg), {}
+    stream.add(pad_batch(srcs[:20], model.cfg.pad_id), range(20))
+    for tag, hyp in stream.step():
+        results[tag] = hyp
+    stream.add(pad_batch(srcs[20:], model.cfg.pad_id), range(20, 40))  # rows at positions of their own
+    for _ in range(200):
+        for tag, hyp in stream.step():
+            results[tag] = hyp
+        if len(results) == len(srcs):
+            break
+    assert any(chosen) and len(results) == len(srcs)
+    monkeypatch.setattr(attention, "_fused_is_slower", choose)
+    for i, src in enumerate(srcs):
+        want = alone(model, src, cfg)
+        assert results[i].tokens == want.tokens
+        assert results[i].score == pytest.approx(want.score, abs=1e-4)
+
+
 def test_a_lone_sentence_needs_no_self_attention_mask_and_gets_what_greedy_search_gives_it():
     model, cfg = eos_model(1), xattn.DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=6)
     first, second = sources(2, 7)

@@ -130,28 +130,30 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     return weights * mask if mask is not None else weights  # rows with no allowed key: uniform -> exactly 0
 
 
+DECODE_QUERIES, DECODE_ROWS = 8, 32
+"""The decoding calls `_fused_is_slower` sends down the explicit path: at most DECODE_QUERIES queries per row
+(one a step, or a beam's folded into one sequence) and at least DECODE_ROWS query rows in all."""
+
+
 def _fused_is_slower(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """True where PyTorch's fused CPU attention is the slower path:
     - reduced-precision training, whose fused backward is much slower than the explicit path;
-    - decoding many rows at once (beam or batch steps: few queries per row, at least DECODE_ROWS query rows),
-      when each of k and v is one stack of (S, Dh) matrices (batch and heads fold into one stride, as in the
-      decoder caches), so the explicit path is two batched matrix products with no copy.
+    - decoding many rows at once (beam or batch steps: DECODE_QUERIES, DECODE_ROWS), when each of k and v is
+      one stack of (S, Dh) matrices (batch and heads fold into one stride, as in the decoder caches), so the
+      explicit path is two batched matrix products with no copy of k and v.
     Elsewhere (one row, an encoder pass, float32 training, CUDA) the fused kernel wins (the figures:
     benchmarks/README.md, Translation speed and Training throughput).
     """
     if q.device.type != "cpu":
         return False
-    if q.requires_grad:
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):  # training
         return q.dtype in (torch.bfloat16, torch.float16)
     return q.shape[-2] <= DECODE_QUERIES and q.shape[0] * q.shape[-2] >= DECODE_ROWS and _one_stack(k) and _one_stack(v)
 
 
-DECODE_QUERIES, DECODE_ROWS = 8, 32
-
-
 def _one_stack(x: Tensor) -> bool:
     """Whether x (B, H, S, Dh) views as (B * H, S, Dh) with no copy."""
-    return x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1)
+    return x.shape[0] == 1 or x.shape[1] == 1 or x.stride(0) == x.shape[1] * x.stride(1)
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         ended |= is_eos & c.greedy  # or ends the greedy path
         stepped = beam.stepped(attn, cover)
         if ended.any():
-            finish_ended(finished, stepped, c, ended, exhausted, t, alpha, beta, src_mask)
+            finish_ended(finished, stepped, c, ended, exhausted=exhausted, t=t, alpha=alpha, beta=beta,
+                         src_mask=src_mask)
         C = c.score.shape[1]  # order: the greedy path's continuation, the others best first, EOS and unlisted last
         order = torch.arange(C, device=device) + (is_eos | ~c.listed).long() * C
         order = order.masked_fill(c.greedy & ~is_eos, -1)
@@ -260,8 +261,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
 
 
-def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor, exhausted: Tensor | None, t: int,
-                 alpha: float, beta: float, src_mask: Tensor) -> None:
+def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor, *, exhausted: Tensor | None,
+                 t: int, alpha: float, beta: float, src_mask: Tensor) -> None:
     """Add the candidates `ended` (N, C) at step t to `finished`, scored with the length and coverage penalties.
     Only the sentences where one ended take part: for the others `add` would change nothing, at the cost of
     copying their tokens (and tracked attention) all the same."""
