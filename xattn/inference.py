@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +60,7 @@ def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
     """`module` with its linear layers quantized or packed as `speedups` says, in place; an FFN's activation is
     fused into its first layer where the rewrite has a fused form (ReLU in int8; ReLU, GELU and swish packed)."""
     if speedups.quantize == "int8":
-        fuse_relu(module)
+        fuse_activations(module, INT8_FUSED)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear, LinearReLU}, dtype=torch.qint8,
@@ -68,13 +70,22 @@ def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
     return module
 
 
-def fuse_relu(module: torch.nn.Module) -> None:
-    """Give each FFN with a ReLU a fused first layer (LinearReLU), which dynamic int8 quantization turns into
-    one kernel that applies the ReLU to its output: no pass over the (rows, d_ff) hidden layer of its own
-    (the figures: benchmarks/README.md, Translation speed). In place: use it on a copy (`prepare`)."""
+Fused = dict[Callable[[Tensor], Tensor], Callable[[torch.nn.Linear], torch.nn.Module]]
+"""An activation function -> the maker of a fused first layer from the plain float32 nn.Linear before it."""
+
+
+def fuse_activations(module: torch.nn.Module, fused: Fused) -> None:
+    """Give each FFN whose activation `fused` maps that fused first layer, and no activation of its own after it:
+    no pass over the (rows, d_ff) hidden layer of its own (the figures: benchmarks/README.md, Translation speed).
+    In place: use it on a copy (`prepare`)."""
     for ffn in module.modules():
-        if isinstance(ffn, FeedForward) and type(ffn.fc1) is torch.nn.Linear and ffn.activation is F.relu:
-            ffn.fc1, ffn.activation = LinearReLU(ffn.fc1, torch.nn.ReLU()), identity
+        if isinstance(ffn, FeedForward) and type(ffn.fc1) is torch.nn.Linear and ffn.activation in fused \
+                and ffn.fc1.weight.dtype == torch.float32:
+            ffn.fc1, ffn.activation = fused[ffn.activation](ffn.fc1), identity
+
+
+INT8_FUSED: Fused = {F.relu: lambda linear: LinearReLU(linear, torch.nn.ReLU())}
+"""What int8 fuses: a ReLU, which dynamic quantization turns with its layer into one kernel (LinearReLU)."""
 
 
 class FastOutput(torch.nn.Module):
@@ -186,11 +197,7 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
     """
     if not torch.backends.mkldnn.is_available():
         return
-    for ffn in model.modules():
-        if isinstance(ffn, FeedForward) and type(ffn.fc1) is torch.nn.Linear and ffn.activation in FUSED_ACTIVATIONS \
-                and ffn.fc1.weight.dtype == torch.float32:
-            ffn.fc1 = PackedLinear(ffn.fc1, FUSED_ACTIVATIONS[ffn.activation])
-            ffn.activation = identity
+    fuse_activations(model, {fn: partial(PackedLinear, activation=name) for fn, name in FUSED_ACTIVATIONS.items()})
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.numel():

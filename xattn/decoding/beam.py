@@ -22,19 +22,23 @@ NEG_INF = float("-inf")
 
 
 def gather_slots(x: Tensor | None, index: Tensor, rows: Tensor | None = None) -> Tensor | None:
-    """x (N, K, ...), index (N, K') -> (N, K', ...): per sentence, the slots `index` (`rows`: slot_rows of it, when
-    several tensors take the same slots). Whole rows of the flattened (N * K, ...) are copied (index_select),
-    several times quicker than an element-wise gather over rows of tokens or attention."""
+    """x (N, K, ...), index (M, K') -> (M, K', ...): per sentence, the slots `index` (`rows`: slot_rows of it, when
+    several tensors take the same slots, or when its M sentences are some of the N). Whole rows of the flattened
+    (N * K, ...) are copied (index_select), several times quicker than an element-wise gather over rows of tokens
+    or attention."""
     if x is None:
         return None
     N, K = x.shape[:2]
     rows = slot_rows(index, K) if rows is None else rows
-    return x.reshape(N * K, *x.shape[2:]).index_select(0, rows).view(N, index.shape[1], *x.shape[2:])
+    return x.reshape(N * K, *x.shape[2:]).index_select(0, rows).view(*index.shape, *x.shape[2:])
 
 
-def slot_rows(index: Tensor, k: int) -> Tensor:
-    """index (N, K') of slots among `k` per sentence -> (N * K',) their rows in the flattened (N * k, ...)."""
-    return (torch.arange(index.shape[0], device=index.device).unsqueeze(1) * k + index).view(-1)
+def slot_rows(index: Tensor, k: int, sentences: Tensor | None = None) -> Tensor:
+    """index (M, K') of slots among `k` per sentence -> (M * K',) their rows in the flattened (N * k, ...): of
+    sentences 0..M-1, or of `sentences` (M,)."""
+    if sentences is None:
+        sentences = torch.arange(index.shape[0], device=index.device)
+    return (sentences.unsqueeze(1) * k + index).view(-1)
 
 
 @dataclass
@@ -60,13 +64,15 @@ class Beam:
         coverage = self.coverage + cover if self.coverage is not None else None
         return Beam(self.sentence, self.log_prob, self.tokens, attention, coverage, self.greedy)
 
-    def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, greedy: Tensor) -> Beam:
+    def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, greedy: Tensor,
+               sentences: Tensor | None = None) -> Beam:
         """Children of slots `parent` (N, C) adding `token` at position t (of a `stepped` beam: attention and
-        coverage already hold this step's)."""
-        rows = slot_rows(parent, self.log_prob.shape[1])
+        coverage already hold this step's); with `sentences` (M,), of those sentences only (parent (M, C))."""
+        rows = slot_rows(parent, self.log_prob.shape[1], sentences)
         tokens = gather_slots(self.tokens, parent, rows)  # a new tensor
         tokens[:, :, t] = token
-        return Beam(self.sentence, log_prob, tokens, gather_slots(self.attention, parent, rows),
+        sentence = self.sentence if sentences is None else self.sentence[sentences]
+        return Beam(sentence, log_prob, tokens, gather_slots(self.attention, parent, rows),
                     gather_slots(self.coverage, parent, rows), greedy)
 
 
@@ -269,7 +275,7 @@ def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor
     some = ended.any(dim=1).nonzero().squeeze(1)  # (M,)
     N, K = stepped.log_prob.shape
     parent, score = c.parent[some], c.score[some]
-    done = stepped.keep(some).extend(parent, c.token[some], score, t, stepped.greedy[some])
+    done = stepped.extend(parent, c.token[some], score, t, stepped.greedy[some], sentences=some)
     cp = coverage_penalty(done.coverage, src_mask[done.sentence], beta) if beta > 0 else torch.zeros_like(score)
     cut = exhausted.view(N, K)[some].gather(1, parent) if exhausted is not None else torch.zeros_like(ended[some])
     finished.add(done, torch.where(ended[some], score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
