@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 import xattn  # noqa: E402
 from xattn.decoding import done  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve import engine  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
@@ -139,6 +140,99 @@ def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progre
         fake.release.set()
         await asyncio.wait_for(long, 5)
     run(test)
+
+
+def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_others(monkeypatch):
+    """Turns are fair per request, and the credit of work that arrives is a budget that arrivals share: one
+    client's one-sentence calls, sent one after another, leave a call that serves four clients 4/5 of the engine
+    once the budget is spent. Before, each of its calls started ahead again, and the four waited until it
+    stopped (a cold server under 32 beam clients fell to 40% of its throughput that way)."""
+    monkeypatch.setattr(engine, "CREDIT", 0.05)
+
+    async def test(batcher, fake):
+        def steps(texts, forever):
+            for _ in range(10**9 if forever else 10):
+                if fake.release.is_set():
+                    break
+                time.sleep(0.002)
+                fake.steps += forever
+                yield
+            return texts
+        batcher.translate = lambda texts, settings: steps(texts, settings == "batch")
+        batcher.max_wait = 0.5  # so that the four requests share a call
+        batch = [asyncio.ensure_future(batcher.submit([t], "batch", work=101)) for t in "abcd"]
+        await until(lambda: fake.steps > 0)
+        batcher.max_wait, before = 0.0, fake.steps
+        for i in range(15):  # 15 x 20 ms of one client's calls, 50 ms of them ahead of the batch
+            assert await asyncio.wait_for(batcher.submit([str(i)], "one", work=1), 5) == [str(i)]
+        assert fake.steps - before > 100  # about 4 x 250 ms of 2-ms steps; 15 (one per gap) before
+        assert not any(job.done() for job in batch) and batcher.calls == 15
+    run(test)
+
+
+class Stream:
+    """A continuous batch for a Batcher: each text ends after 10 steps of 2 ms, upper-cased."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def __len__(self):
+        return len(self.rows)
+
+    def add(self, texts, tags):
+        self.rows.update({tag: [text, 10] for tag, text in zip(tags, texts)})
+
+    def cancel(self, tag):
+        self.rows.pop(tag, None)
+
+    def step(self):
+        time.sleep(0.002)
+        for row in self.rows.values():
+            row[1] -= 1
+        ended = [(tag, text.upper()) for tag, (text, left) in self.rows.items() if left == 0]
+        for tag, _ in ended:
+            del self.rows[tag]
+        return ended
+
+
+class Streams:
+    def streamable(self, settings):
+        return settings == "greedy"
+
+    def open_stream(self, settings):
+        return Stream()
+
+
+def test_a_continuous_batch_that_served_much_before_is_not_held_up_by_a_call_that_came_since():
+    """Shares are kept against one clock: a continuous batch that had served 0.3 s of requests, then emptied, and
+    a call that started while it was empty take turns when the batch's next request comes; before, the call
+    started from nothing and that request waited until the call had caught up with 0.3 s of the batch's past."""
+    fake = Fake()
+
+    def costly(texts, settings):
+        while not fake.release.is_set():
+            time.sleep(0.002)
+            fake.steps += 1
+            yield
+        return [t.upper() for t in texts]
+
+    async def main():
+        batcher = Batcher(costly, max_wait=0.0, long_work=100, streams=Streams())
+        batcher.start()
+        try:
+            for i in range(15):  # 15 x 20 ms on the continuous batch
+                assert await asyncio.wait_for(batcher.submit([f"s{i}"], "greedy"), 5) == [f"S{i}"]
+            long = asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
+            await until(lambda: fake.steps > 0)
+            before = fake.steps
+            assert await asyncio.wait_for(batcher.submit(["t"], "greedy"), 5) == ["T"]
+            assert fake.steps - before <= 12  # at most turns with the call (the request's 10 steps); 157 before
+            fake.release.set()
+            assert await asyncio.wait_for(long, 5) == ["A"]
+        finally:
+            fake.release.set()
+            await batcher.stop()
+    asyncio.run(main())
 
 
 # ------------------------------------------------------------------------------ the server, a real model

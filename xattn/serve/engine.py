@@ -2,8 +2,8 @@
 
 It runs translate calls (`Engine.run`: a call's decoding.Steps, dropped between two steps once every client of
 it has gone) and continuous batches of streamed requests (`Engine.submit`: plain greedy search, Translator.stream)
-in fair turns: the next step is always one of the work that has had the least engine time so far. Streamed
-sentences join their continuous batch between two decoder steps (those that arrived during a step in one
+in fair turns: the next step is always one of the work that has had the least engine time per request so far.
+Streamed sentences join their continuous batch between two decoder steps (those that arrived during a step in one
 encoder pass), up to `max_rows` sentences at a time, and each request is answered as soon as its last sentence
 ends, so a long sentence never holds up the others' answers and nobody waits for a batch to fill. A request
 whose client gave up leaves the batch at the next step.
@@ -52,7 +52,12 @@ class Call:
     jobs: list[Job]
     future: Future
     steps: Steps[list] | None = None
-    used: float = 0.0                 # engine seconds spent on it (Engine's fair share)
+    used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
+
+    @property
+    def weight(self) -> int:
+        """The requests it serves: those whose clients are still there (at least 1)."""
+        return max(1, sum(not job.future.done() for job in self.jobs))
 
     def advance(self) -> bool:
         """One step (the first makes the Steps); whether the call is over (its future then set)."""
@@ -74,7 +79,8 @@ class Call:
 
 
 CREDIT = 0.25
-"""Seconds of engine time that newly arrived work may run ahead of the work already running (Engine)."""
+"""Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
+that arrivals share, which refills as the running work catches up."""
 
 
 @dataclass
@@ -82,11 +88,16 @@ class Streaming:
     """An open continuous batch on the engine: its stream and the rows of the streamed jobs in it."""
     stream: Any
     rows: dict = field(default_factory=dict)  # tag -> (job, index of its text)
-    used: float = 0.0                         # engine seconds spent on it (Engine's fair share)
+    used: float = 0.0                         # engine seconds spent on it per request (Engine's fair share)
     broken: bool = False                      # a step failed: its requests were answered with the error
 
     def __len__(self) -> int:
         return len(self.stream)
+
+    @property
+    def weight(self) -> int:
+        """The requests it serves (at least 1)."""
+        return max(1, len({id(job) for job, _ in self.rows.values()}))
 
     def admit(self, jobs: list[Job]) -> None:
         """`jobs` join the stream together: their sentences are encoded in one pass (one sentence at a time
@@ -130,15 +141,25 @@ class Streaming:
 
 class Engine:
     """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
-    (`submit`), one decoder step at a time, in fair turns: the next step is always one of the work that has
-    had the least engine time so far. Work that arrives gets CREDIT seconds of lead over what is running,
-    so a small request sent beside a large one runs to its end at once, after the step in progress."""
+    (`submit`), one decoder step at a time, in fair turns per request: a step of work that serves n requests
+    counts a n-th of its time towards that work's share (`used`), and the next step is always one of the work
+    with the least share. So one client's request gets as much of the engine as another's, whether it runs
+    alone or in a batch of many.
+
+    Work that arrives starts CREDIT seconds below the least share of the work already running (`clock`), so a
+    small request sent beside a large one runs to its end at once, after the step in progress. The credit is
+    a budget that arrivals share, not one each: arrivals never start below the share that work which went
+    idle beside other work had reached (`floor`). Without that, a client sending one request after another
+    would start ahead each time and hold up everything already running for as long as it kept sending (on a
+    fresh server, a batch of 31 clients' beam requests waited behind the 32nd client's one-sentence calls)."""
 
     def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
         self.waiting = 0                # streamed jobs submitted and not yet in a stream
+        self.clock = 0.0                # the least share of the running work, never decreasing
+        self.floor = float("-inf")      # the largest share that work going idle beside other work had reached
 
     def start(self) -> None:
         self.thread.start()
@@ -170,29 +191,40 @@ class Engine:
                 for call in calls:
                     call.future.cancel()
                 return
+            if active:
+                self.clock = max(self.clock, min(work.used for work in active))
             for item in items:
                 if isinstance(item, Job):
                     held.append(item)
                 else:
-                    item.used = fresh(active, item.used)
+                    item.used = self.start_share()
                     calls.append(item)
             for streaming in open_.values():
                 streaming.drop_gone()
-            self._admit(held, open_, active)
+            self._admit(held, open_)
             active = [*calls, *(s for s in open_.values() if len(s))]
             if not active:
                 continue
             pick = min(active, key=lambda work: work.used)
-            began = time.perf_counter()
+            weight, began = pick.weight, time.perf_counter()
             if isinstance(pick, Call):
-                if pick.advance():
+                over = pick.advance()
+                if over:
                     calls.remove(pick)
             else:
                 self.metrics.step(len(pick))
                 pick.advance()
-            pick.used += time.perf_counter() - began
+                over = not len(pick)
+            pick.used += (time.perf_counter() - began) / weight
+            if over and len(active) > 1:  # it ran beside other work, perhaps ahead of it: what it took is gone
+                self.floor = max(self.floor, pick.used)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
+
+    def start_share(self) -> float:
+        """The share that work becoming active starts with: CREDIT below the clock, but not below `floor`
+        (unless that is above the clock)."""
+        return max(self.clock - CREDIT, min(self.floor, self.clock))
 
     def _take(self, block: bool) -> list:
         """What the inbox holds (waiting for something when `block`)."""
@@ -205,9 +237,9 @@ class Engine:
             pass
         return items
 
-    def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming], active: list) -> None:
+    def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming]) -> None:
         """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
-        larger alone); a batch that was empty starts with a fresh credit."""
+        larger alone); a batch that was empty starts at `start_share`."""
         rows = sum(len(s.rows) for s in open_.values())
         joining: dict[Hashable, list[Job]] = {}
         while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
@@ -226,14 +258,8 @@ class Engine:
         for settings, jobs in joining.items():
             streaming = open_[settings]
             if not len(streaming):
-                streaming.used = fresh(active, streaming.used)
+                streaming.used = self.start_share()
             streaming.admit(jobs)
-
-
-def fresh(active: list, used: float) -> float:
-    """The engine time to count for work that becomes active beside `active`: CREDIT less than the least of
-    theirs (never less than it had)."""
-    return max(used, min((work.used for work in active), default=0.0) - CREDIT)
 
 
 def resolve(job: Job, outcome: Any) -> None:
