@@ -8,6 +8,9 @@
   latency) and when the slow connections were closed.
 - beside: a one-sentence request's latency (greedy and beam 5) alone, and while the largest request the default
   limits allow runs (32 texts x beam 16 x max_len_b 195 = 99,840 of the 100,000 work): the ratio (goal <= 3).
+- cold: COLD_CLIENTS clients send beam-5 requests of one sentence each to a fresh server, COLD_SENTENCES in all,
+  then the same again: throughput and p99 of the first (cold) and the second (warm) pass, and the translate
+  calls each made (a fair scheduler keeps the cold pass's batches as full as the warm one's).
 Every part starts its own server; the server's resident memory is read after each.
 
 usage: python benchmarks/serve_guards.py [--threads 1]  (writes results/serve_guards.json)
@@ -31,6 +34,7 @@ from pathlib import Path
 from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 
 FLOOD, FLOOD_S, SLOW = 500, 10.0, 300
+COLD_CLIENTS, COLD_SENTENCES = 32, 1000
 LARGE = {"beam_size": 16, "max_len_a": 0, "max_len_b": 195, "min_len": 150}
 
 
@@ -220,10 +224,44 @@ def beside(model: Path, threads: int, texts: list[str]) -> dict:
         server.wait(10)
 
 
+# ------------------------------------------------------------------------------------------ a cold start
+
+def calls_made(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        line = next(x for x in r.read().decode().splitlines() if x.startswith("xattn_batch_sentences_count"))
+    return int(float(line.rsplit(" ", 1)[1]))
+
+
+def cold(model: Path, threads: int) -> dict:
+    texts_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_cold_{os.getpid()}.json"
+    texts_file.write_text(json.dumps(sentences(COLD_SENTENCES)))
+    server, port = start_server(model, threads, "--queue-size", "1024")
+    out: dict = {"clients": COLD_CLIENTS, "sentences": COLD_SENTENCES, "beam_size": 5}
+    try:
+        for name in ("cold", "warm"):
+            before = calls_made(port)
+            run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), "--client",
+                                  f"http://127.0.0.1:{port}", str(texts_file), "5", str(COLD_CLIENTS), "0"],
+                                 capture_output=True, text=True, cwd=ROOT / "benchmarks",
+                                 env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+            if run.returncode:
+                raise SystemExit(f"cold-start client failed: {run.stderr[-2000:]}")
+            figures = json.loads(run.stdout.strip().splitlines()[-1])
+            out[name] = {"sentences_per_s": figures["sentences_per_s"], "p50_ms": figures["p50_ms"],
+                         "p99_ms": figures["p99_ms"], "translate_calls": calls_made(port) - before}
+        out["cold_over_warm"] = round(out["cold"]["sentences_per_s"] / out["warm"]["sentences_per_s"], 3)
+        out["server_rss_mb_after"] = rss_mb(server.pid)
+        return out
+    finally:
+        server.terminate()
+        server.wait(10)
+        texts_file.unlink(missing_ok=True)
+
+
 def run_guards(model: Path, threads: int) -> dict:
     texts = sentences(200)
     results = {"beside": beside(model, threads, texts), "flood": flood(model, threads, texts[0]),
-               "slow": slow(model, threads, texts[0])}
+               "slow": slow(model, threads, texts[0]), "cold": cold(model, threads)}
     results["goals"] = {"health_within_1s_during_flood": results["flood"]["health_ok"] == results["flood"]["health_probes"]
                         and results["flood"]["health_max_ms"] <= 1000,
                         "small_beside_large_within_3x": all(results["beside"][m]["ratio"] <= 3 for m in ("greedy", "beam5")),
