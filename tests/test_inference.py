@@ -13,7 +13,8 @@ from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
 from xattn.inference import PackedLinear, Speedups, pack_linear_layers, rewrite
-from xattn.layers import FeedForward
+from xattn.attention import LayerCache, MultiHeadAttention, ScaledDotScore
+from xattn.layers import DecoderLayer, FeedForward, PostNorm
 from xattn.translator import Translator
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -153,6 +154,29 @@ def test_packed_feed_forward_fuses_its_activation(activation):
         assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == activation
         torch.testing.assert_close(ffn(x), reference, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ffn(x[:1, :1]), one_row, atol=1e-5, rtol=1e-5)  # one row: the unpacked weight
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 5, 32, 300])
+def test_packed_self_attention_projects_queries_keys_and_values_in_one_product(rows):
+    """One (256 -> 768) product for a self-attention's q, k and v, bit for bit what its three packed layers give,
+    with a cache and without; cross-attention keeps its own projections."""
+    torch.manual_seed(0)
+    attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
+    layer = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    x, before = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64)
+    with torch.no_grad():
+        pack_linear_layers(layer)
+        assert isinstance(layer.self_attn.qkv, PackedLinear) and layer.cross_attn.qkv is None
+
+        def outputs():
+            cache = LayerCache(before, before)
+            cache.append(before, before)
+            return layer.self_attn.attend_self(x).out, layer.self_attn.attend_self(x, cache=cache).out
+        fused = outputs()
+        layer.self_attn.qkv = None  # the same packed layers, a product each
+        for a, b in zip(fused, outputs()):
+            assert torch.equal(a, b)
 
 
 def test_compiled_decoder_step_gives_the_same_translations():

@@ -209,9 +209,9 @@ def merge_heads(out: Tensor, head_mask: Tensor | None) -> Tensor:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention over a key-value memory: project, attend per head, concatenate, project.
 
-    The same module serves encoder self-attention, decoder masked self-attention and cross-attention;
-    what differs is where keys/values come from (`project_kv`) and the mask. Each of the H heads has
-    `head_dim` dimensions (D / H unless the model was pruned: then H * head_dim < D, and H may be 0).
+    The same module serves encoder self-attention, decoder masked self-attention (`attend_self`) and cross-attention;
+    what differs is where keys/values come from (`project_kv`) and the mask. Each of the H heads has `head_dim`
+    dimensions (D / H unless the model was pruned: then H * head_dim < D, and H may be 0).
     """
 
     def __init__(self, d_model: int, n_heads: int, score: nn.Module, dropout: float = 0.0,
@@ -223,6 +223,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = linear(inner, d_model)
         self.score = score
         self.dropout = dropout
+        self.qkv: nn.Module | None = None  # q, k and v projections in one (the decoding copy's: inference.py)
 
     def _split(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
@@ -243,7 +244,21 @@ class MultiHeadAttention(nn.Module):
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
                 ctx: AttentionContext = AttentionContext()) -> AttentionOutput:
         """query (B, T, D); kv from `project_kv`; mask (B, T or 1, S) bool -> AttentionOutput."""
-        q = self._split(self.q_proj(query))  # (B, H, T, Dh)
+        return self._attend(self._split(self.q_proj(query)), kv, mask, ctx)
+
+    def attend_self(self, x: Tensor, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
+                    cache: LayerCache | None = None) -> AttentionOutput:
+        """Self-attention of x (B, T, D): queries, keys and values all from x, by one matrix product when `qkv`
+        is set. With `cache`, x's keys and values are appended to it and the queries attend to all it holds."""
+        if self.qkv is not None:
+            q, k, v = (self._split(y) for y in self.qkv(x).split(self.n_heads * self.head_dim, dim=-1))
+        else:
+            q, (k, v) = self._split(self.q_proj(x)), self.project_kv(x)
+        return self._attend(q, cache.append(k, v) if cache is not None else (k, v), mask, ctx)
+
+    def _attend(self, q: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None,
+                ctx: AttentionContext) -> AttentionOutput:
+        """q (B, H, T, Dh) projected queries; the rest as `forward`."""
         if self.n_heads == 0:  # every head pruned: only the output bias is left
             B, T, S = q.shape[0], q.shape[2], kv[0].shape[2]
             weights = q.new_zeros(B, 0, T, S) if ctx.need_weights else None
@@ -279,10 +294,10 @@ def nearest_with_heads(heads: Sequence[int], layer: int) -> int | None:
 class LayerCache:
     """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed.
 
-    Self-attention K/V live time-major in a buffer of `capacity` positions that doubles when full,
-    so a step writes in place instead of copying everything decoded so far, and the filled part
-    `buffer[:length]` is one contiguous block. Reordering rows (`select`, once per beam step)
-    copies only that block, into a spare buffer of the same size, and the two swap.
+    Self-attention K/V live time-major in a buffer of `capacity` positions that doubles when full, so a step
+    writes in place instead of copying everything decoded so far, and the filled part `buffer[:length]` is one
+    contiguous block. Reordering rows (`select`, once per beam step) copies only that block, into a spare buffer
+    of the same size, and the two swap.
     """
     cross_k: Tensor                 # (B / group, H, S, Dh)
     cross_v: Tensor
@@ -345,10 +360,9 @@ def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor
 class DecoderCache:
     """State of incremental decoding for a batch of hypotheses; see `Transformer.new_cache`.
 
-    With `group` = K, the B rows are B / K groups of K consecutive hypotheses of one source (a beam):
-    cross-attention K/V and the source mask are stored once per source, and the K rows of a group
-    attend to them as K query positions of one sequence, which is exact because cross-attention
-    has no mask among queries.
+    With `group` = K, the B rows are B / K groups of K consecutive hypotheses of one source (a beam): cross-attention
+    K/V and the source mask are stored once per source, and the K rows of a group attend to them as K query
+    positions of one sequence, which is exact because cross-attention has no mask among queries.
     """
     layers: list[LayerCache]
     src_mask: Tensor                # (B / group, S) bool, True = token
@@ -356,10 +370,8 @@ class DecoderCache:
     group: int = 1
 
     def select(self, index: Tensor) -> None:
-        """Keep (and reorder) rows `index` (N,), e.g. along beam back-pointers.
-
-        With group K, every K consecutive entries of `index` must come from one source group.
-        """
+        """Keep (and reorder) rows `index` (N,), e.g. along beam back-pointers; with group K, every K consecutive
+        entries of `index` must come from one source group."""
         sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index  # (N / K,)
         same_sources = self.group > 1 and sources.shape[0] == self.src_mask.shape[0] and \
             torch.equal(sources, torch.arange(sources.shape[0], device=sources.device))
@@ -379,10 +391,8 @@ class DecoderCache:
         self.length += steps
 
     def expand(self, copies: int, grouped: bool) -> None:
-        """Give each row `copies` consecutive copies: as one group (beam search) or as independent rows.
-
-        Self-attention K/V already decoded are copied either way; a group shares its cross-attention K/V.
-        """
+        """Give each row `copies` consecutive copies: as one group (beam search) or as independent rows. Self-attention
+        K/V already decoded are copied either way; a group shares its cross-attention K/V."""
         if grouped:
             assert self.group == 1, "a cache is grouped once"
             index = torch.arange(self.src_mask.shape[0], device=self.src_mask.device).repeat_interleave(copies)

@@ -86,6 +86,12 @@ class GaussianAttention(nn.Module):
         scores = -0.5 * ((keys - centre) / self.STD) ** 2  # (H, T, S), the log-density up to a constant
         return masked_softmax(scores.unsqueeze(0), None if mask is None else mask.unsqueeze(1))
 
+    def attend_self(self, x: Tensor, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
+                    cache=None) -> AttentionOutput:
+        """Self-attention of x (B, T, D), as MultiHeadAttention.attend_self (`cache`: a LayerCache)."""
+        kv = self.project_kv(x)
+        return self(x, cache.append(*kv) if cache is not None else kv, mask, ctx)
+
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
                 ctx: AttentionContext = AttentionContext()) -> AttentionOutput:
         """query (B, T, D) (only its shape matters); kv from `project_kv`; mask (B, T or 1, S) bool."""
