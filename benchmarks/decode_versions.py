@@ -4,7 +4,7 @@ Two versions of the xattn package cannot live in one process, so the revision is
 temporary git worktree (removed at the end) and every timing runs in a fresh worker process whose
 PYTHONPATH is one version's source root. A worker loads `Translator.from_dir(model, device="cpu")`
 (with `quantize="int8"` for the int8 modes), translates the first 50 sentences untimed, then times
-the translation of all of them and prints the seconds, a hash of the output texts and their BLEU
+the translation of all of them (in one call, or one call per sentence in the `_single` modes) and prints the seconds, a hash of the output texts and their BLEU
 against the references (sacreBLEU 13a, cased). Within each of
 `--repeats` repetitions the two versions take turns on every mode, the first turn alternating
 between repetitions, so that slow spells of the machine hit both alike; figures are the medians.
@@ -32,8 +32,9 @@ from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 
 MODEL = ["train.max_minutes=20"]
 """The default model: Multi30k de->en trained for 20 minutes (in the benchmark cache, see common.py)."""
-MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8")}
-"""mode -> (beam size, quantize)."""
+MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8"),
+         "greedy_single": (1, None)}
+"""mode -> (beam size, quantize); `_single` modes translate one sentence per call (a server's lone client)."""
 
 
 def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
@@ -50,7 +51,10 @@ def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
     cfg = DecodeConfig(beam_size=beam, n_best=1)
     translator.translate(texts[:50], cfg)
     start = time.perf_counter()
-    out = [t.text for t in translator.translate(texts, cfg)]
+    if mode.endswith("_single"):
+        out = [translator.translate([text], cfg)[0].text for text in texts]
+    else:
+        out = [t.text for t in translator.translate(texts, cfg)]
     seconds = time.perf_counter() - start
     digest = hashlib.sha256("\n".join(out).encode("utf-8")).hexdigest()[:16]
     bleu = evaluate(out, Path(refs_file).read_text(encoding="utf-8").splitlines())["bleu"].score
@@ -114,7 +118,7 @@ def main() -> None:
     parser.add_argument("--against", default="3cdbd37", help="the git revision to compare with")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=[m for m in MODES if not m.endswith("_single")])
     parser.add_argument("--result", default="decode_speed_versions", help="results/NAME.json to write")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
