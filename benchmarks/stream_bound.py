@@ -51,11 +51,14 @@ def streamed(translator, cfg, texts: list[str], n: int) -> list[str]:
 
 def step_linears(model) -> list[torch.nn.Module]:
     """The linear layers of one greedy decoder step of the decoding copy `model`, in the order they run (the
-    cross-attention's key and value projections run once per sentence, not per step: left out)."""
+    cross-attention's key and value projections run once per sentence, not per step: left out; a self-attention
+    with one product for q, k and v runs that instead of its three)."""
     layers = []
     for layer in model.decoder.layers:
-        cross = layer.cross_attn
+        cross, own = layer.cross_attn, layer.self_attn
         skip = {id(cross.k_proj), id(cross.v_proj)}
+        if getattr(own, "qkv", None) is not None:
+            skip |= {id(own.q_proj), id(own.k_proj), id(own.v_proj)}
         layers += [m for m in layer.modules() if id(m) not in skip and hasattr(m, "out_features")
                    and not list(m.children())]
     return layers + [model.generator]
