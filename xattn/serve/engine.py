@@ -53,6 +53,7 @@ class Call:
     future: Future
     steps: Steps[list] | None = None
     used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
+    since: float = 0.0                # the Engine's clock when it became active
 
     @property
     def weight(self) -> int:
@@ -89,6 +90,7 @@ class Streaming:
     stream: Any
     rows: dict = field(default_factory=dict)  # tag -> (job, index of its text)
     used: float = 0.0                         # engine seconds spent on it per request (Engine's fair share)
+    since: float = 0.0                        # the Engine's clock when it last became active
     broken: bool = False                      # a step failed: its requests were answered with the error
 
     def __len__(self) -> int:
@@ -117,10 +119,13 @@ class Streaming:
             job.results = [None] * len(job.texts)
         self.rows.update(rows)
 
-    def drop_gone(self) -> None:
-        for tag in [tag for tag, (job, _) in self.rows.items() if job.future.done()]:  # its client gave up
+    def drop_gone(self) -> bool:
+        """Drop the rows whose client gave up; whether that emptied the stream."""
+        gone = [tag for tag, (job, _) in self.rows.items() if job.future.done()]
+        for tag in gone:
             del self.rows[tag]
             self.stream.cancel(tag)
+        return bool(gone) and not len(self)
 
     def advance(self) -> None:
         """One decoder step; the requests whose last sentence ended are answered."""
@@ -146,20 +151,22 @@ class Engine:
     with the least share. So one client's request gets as much of the engine as another's, whether it runs
     alone or in a batch of many.
 
-    Work that arrives starts CREDIT seconds below the least share of the work already running (`clock`), so a
+    Work that arrives starts CREDIT seconds below `clock` (the least share the running work has reached), so a
     small request sent beside a large one runs to its end at once, after the step in progress. The credit is
-    a budget that arrivals share, not one each: arrivals never start below the share that work which went
-    idle beside other work had reached (`floor`). Without that, a client sending one request after another
-    would start ahead each time and hold up everything already running for as long as it kept sending (on a
-    fresh server, a batch of 31 clients' beam requests waited behind the 32nd client's one-sentence calls)."""
+    a budget that arrivals share, not one each: arrivals never start below `floor`, the share at which work
+    that went idle beside other work had ended, as far as it had run ahead of the clock it arrived at. Without
+    that, a client sending one request after another would start ahead each time and hold up everything
+    already running for as long as it kept sending (on a fresh server, a batch of 31 clients' beam requests
+    waited behind the 32nd client's one-sentence calls)."""
 
     def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
         self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
         self.waiting = 0                # streamed jobs submitted and not yet in a stream
-        self.clock = 0.0                # the least share of the running work, never decreasing
-        self.floor = float("-inf")      # the largest share that work going idle beside other work had reached
+        self.clock = 0.0                # the least share the running work has reached, never decreasing (an
+        #                                 arrival within its lead sits below it)
+        self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
 
     def start(self) -> None:
         self.thread.start()
@@ -197,10 +204,11 @@ class Engine:
                 if isinstance(item, Job):
                     held.append(item)
                 else:
-                    item.used = self.start_share()
+                    item.used, item.since = self.start_share(), self.clock
                     calls.append(item)
             for streaming in open_.values():
-                streaming.drop_gone()
+                if streaming.drop_gone() and len(active) > 1:  # emptied by its clients leaving
+                    self.went_idle(streaming)
             self._admit(held, open_)
             active = [*calls, *(s for s in open_.values() if len(s))]
             if not active:
@@ -216,8 +224,8 @@ class Engine:
                 pick.advance()
                 over = not len(pick)
             pick.used += (time.perf_counter() - began) / weight
-            if over and len(active) > 1:  # it ran beside other work, perhaps ahead of it: what it took is gone
-                self.floor = max(self.floor, pick.used)
+            if over and len(active) > 1:
+                self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
 
@@ -225,6 +233,11 @@ class Engine:
         """The share that work becoming active starts with: CREDIT below the clock, but not below `floor`
         (unless that is above the clock)."""
         return max(self.clock - CREDIT, min(self.floor, self.clock))
+
+    def went_idle(self, work) -> None:
+        """`work` ended beside other work: the lead it took (how far below the clock it had arrived at its share
+        ended) is spent for the arrivals after it."""
+        self.floor = max(self.floor, min(work.used, work.since))
 
     def _take(self, block: bool) -> list:
         """What the inbox holds (waiting for something when `block`)."""
@@ -258,7 +271,7 @@ class Engine:
         for settings, jobs in joining.items():
             streaming = open_[settings]
             if not len(streaming):
-                streaming.used = self.start_share()
+                streaming.used, streaming.since = self.start_share(), self.clock
             streaming.admit(jobs)
 
 
