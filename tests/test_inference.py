@@ -12,9 +12,9 @@ import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
-from xattn.inference import PackedLinear, Speedups, pack_linear_layers, rewrite
+from xattn.inference import SELF_PROJECTIONS, PackedLinear, Speedups, pack_linear_layers, rewrite
 from xattn.attention import LayerCache, MultiHeadAttention, ScaledDotScore
-from xattn.layers import DecoderLayer, FeedForward, PostNorm
+from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm
 from xattn.translator import Translator
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -41,6 +41,16 @@ def linear_types(model: torch.nn.Module) -> set[type]:
     return {type(m) for m in model.modules() if type(m).__name__.endswith("Linear")}
 
 
+def packed_types(model: torch.nn.Module) -> set[type]:
+    """linear_types, less the q, k and v layers that a self-attention with one product for them no longer uses
+    (left plain: they share the model's weights); those must be all that is left plain."""
+    plain = {name for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+    unused = {f"{name}.{part}" for name, m in model.named_modules() if getattr(m, "qkv", None) is not None
+              for part in SELF_PROJECTIONS}
+    assert unused and unused <= plain
+    return {type(m) for name, m in model.named_modules() if type(m).__name__.endswith("Linear") and name not in unused}
+
+
 @pytest.fixture
 def tied_dir(tmp_path):
     pytest.importorskip("sentencepiece")
@@ -53,7 +63,7 @@ def test_loaded_model_is_the_plain_model_with_public_names(tied_dir):
     tr = xattn.load(tied_dir, device="cpu")
     model, fresh = tr.model, xattn.Transformer(tr.model.cfg)
     assert type(model) is xattn.Transformer and linear_types(model) == {torch.nn.Linear}
-    assert linear_types(tr.inference.current()) == {PackedLinear}
+    assert packed_types(tr.inference.current()) == {PackedLinear}
     assert list(model.state_dict()) == list(fresh.state_dict()) == PINNED
     assert model.parameter_groups() == fresh.parameter_groups()
     saved = load_file(str(tied_dir / "model.safetensors"))
@@ -116,7 +126,7 @@ def test_speedup_errors():
 @pytest.mark.parametrize("cfg", GREEDY_AND_BEAM, ids=["greedy", "beam"])
 def test_packed_copy_gives_the_same_translations(cfg):
     packed, plain = word_translator(eos_model()), word_translator(eos_model(), speedups=None)
-    assert linear_types(packed.inference.current()) == {PackedLinear} and linear_types(packed.model) == {torch.nn.Linear}
+    assert packed_types(packed.inference.current()) == {PackedLinear} and linear_types(packed.model) == {torch.nn.Linear}
     expected = texts_and_scores(plain.translate(TEXTS, cfg), expected=True)
     assert texts_and_scores(packed.translate(TEXTS, cfg)) == expected
     attention = dict(return_attention=True, attention_from="rescore")
@@ -138,7 +148,7 @@ def test_pack_linear_layers_replaces_every_linear_layer():
     with torch.no_grad():
         reference = model.decoder.layers[0].ffn(x)
         pack_linear_layers(model)
-        assert linear_types(model) == {PackedLinear}
+        assert packed_types(model) == {PackedLinear}
         torch.testing.assert_close(model.decoder.layers[0].ffn(x), reference, atol=1e-5, rtol=1e-5)
 
 
@@ -159,24 +169,37 @@ def test_packed_feed_forward_fuses_its_activation(activation):
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 5, 32, 300])
 def test_packed_self_attention_projects_queries_keys_and_values_in_one_product(rows):
-    """One (256 -> 768) product for a self-attention's q, k and v, bit for bit what its three packed layers give,
-    with a cache and without; cross-attention keeps its own projections."""
+    """One (256 -> 768) product for a self-attention's q, k and v, bit for bit what three packed layers give, in a
+    decoder step (with a cache and without) and an encoder pass (padded sources); cross-attention keeps its own
+    projections, and training or pruning never uses the product."""
     torch.manual_seed(0)
     attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
-    layer = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
-    x, before = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64)
+    decoder = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    encoder = EncoderLayer(attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    x, before, source = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64), torch.randn(rows, 7, 256)
+    mask = (torch.arange(7) < torch.randint(1, 8, (rows, 1))).unsqueeze(1)  # (rows, 1, 7)
     with torch.no_grad():
-        pack_linear_layers(layer)
-        assert isinstance(layer.self_attn.qkv, PackedLinear) and layer.cross_attn.qkv is None
+        pack_linear_layers(decoder)
+        pack_linear_layers(encoder)
+        assert isinstance(decoder.self_attn.qkv, PackedLinear) and decoder.cross_attn.qkv is None
 
         def outputs():
             cache = LayerCache(before, before)
             cache.append(before, before)
-            return layer.self_attn.attend_self(x).out, layer.self_attn.attend_self(x, cache=cache).out
+            return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
+                    encoder(source, mask)[0])
         fused = outputs()
-        layer.self_attn.qkv = None  # the same packed layers, a product each
+        for attn in (decoder.self_attn, encoder.self_attn):  # the same weights packed, a product each
+            for name in SELF_PROJECTIONS:
+                setattr(attn, name, PackedLinear(getattr(attn, name)))
+            attn.qkv = None
         for a, b in zip(fused, outputs()):
             assert torch.equal(a, b)
+    plain = attention()
+    plain.qkv = torch.nn.Linear(256, 5)  # a wrong product: in training, or once pruned, never used
+    plain.train().attend_self(source)
+    plain.eval().prune_heads([0, 1])
+    assert plain.qkv is None and plain.attend_self(source).out.shape == source.shape
 
 
 def test_compiled_decoder_step_gives_the_same_translations():

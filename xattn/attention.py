@@ -233,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         """Keep only heads `keep` (in that order): shrink the projections and the score's per-head parameters."""
         rows = head_rows(keep, self.head_dim)
         self.q_proj, self.k_proj, self.v_proj = (sliced(lin, rows=rows) for lin in (self.q_proj, self.k_proj, self.v_proj))
-        self.out_proj = sliced(self.out_proj, cols=rows)
+        self.out_proj, self.qkv = sliced(self.out_proj, cols=rows), None
         self.score.prune_heads(keep)
         self.n_heads = len(keep)
 
@@ -246,11 +246,12 @@ class MultiHeadAttention(nn.Module):
         """query (B, T, D); kv from `project_kv`; mask (B, T or 1, S) bool -> AttentionOutput."""
         return self._attend(self._split(self.q_proj(query)), kv, mask, ctx)
 
-    def attend_self(self, x: Tensor, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
+    def attend_self(self, x: Tensor, *, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
                     cache: LayerCache | None = None) -> AttentionOutput:
         """Self-attention of x (B, T, D): queries, keys and values all from x, by one matrix product when `qkv`
-        is set. With `cache`, x's keys and values are appended to it and the queries attend to all it holds."""
-        if self.qkv is not None:
+        is set (never in training). With `cache`, x's keys and values are appended to it and the queries attend
+        to all it holds."""
+        if self.qkv is not None and not self.training:
             q, k, v = (self._split(y) for y in self.qkv(x).split(self.n_heads * self.head_dim, dim=-1))
         else:
             q, (k, v) = self._split(self.q_proj(x)), self.project_kv(x)

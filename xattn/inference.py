@@ -201,21 +201,27 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
     fuse_self_projections(model)
     fuse_activations(model, {fn: partial(PackedLinear, activation=name) for fn, name in FUSED_ACTIVATIONS.items()})
     for module in list(model.modules()):
+        fused = SELF_PROJECTIONS if getattr(module, "qkv", None) is not None else ()  # left plain: unused now
         for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.numel():
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child.weight.numel() \
+                    and name not in fused:
                 setattr(module, name, PackedLinear(child))  # (not a layer of a pruned-away attention: oneDNN refuses)
+
+
+SELF_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def fuse_self_projections(model: torch.nn.Module) -> None:
     """Give every learned self-attention of `model` (encoder and decoder) one float32 layer for its query, key and
     value projections (MultiHeadAttention.qkv): one matrix product instead of three, bit for bit the same
     results for the decoder's shapes (a test), and fewer operations a step (the figures: benchmarks/README.md,
-    Translation speed). In place: use it on a copy (`prepare`)."""
+    Translation speed). The three layers stay (plain, sharing the model's weights) for any other call. In place:
+    use it on a copy (`prepare`)."""
     for layer in model.modules():
         attn = getattr(layer, "self_attn", None)
         if not isinstance(layer, (EncoderLayer, DecoderLayer)) or not isinstance(attn, MultiHeadAttention):
             continue
-        parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+        parts = tuple(getattr(attn, name) for name in SELF_PROJECTIONS)
         if attn.n_heads and all(type(p) is torch.nn.Linear and p.weight.dtype == torch.float32 for p in parts):
             attn.qkv = torch.nn.Linear(parts[0].in_features, sum(p.out_features for p in parts),
                                        device=parts[0].weight.device)

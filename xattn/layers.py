@@ -91,7 +91,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor, ctx: AttentionContext = AttentionContext()) -> tuple[Tensor, LayerWeights]:
         """x (B, S, D), mask (B, 1, S) -> (B, S, D)."""
-        a = self.self_attn.attend_self(self.self_attn_norm.before(x), mask, ctx)
+        a = self.self_attn.attend_self(self.self_attn_norm.before(x), mask=mask, ctx=ctx)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
         return x, LayerWeights(self_attn=a.weights)
@@ -113,7 +113,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, *, inputs: DecoderInputs) -> tuple[Tensor, LayerWeights]:
         """x (B, T, D) -> (B, T, D), with what else the layer reads in `inputs` (DecoderInputs)."""
-        a = self.self_attn.attend_self(self.self_attn_norm.before(x), inputs.self_mask, inputs.self_ctx, inputs.cache)
+        a = self.self_attn.attend_self(self.self_attn_norm.before(x), mask=inputs.self_mask, ctx=inputs.self_ctx,
+                                       cache=inputs.cache)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         h = self.cross_attn_norm.before(x)
         c = self.cross_attn(fold(h, inputs.group), inputs.cross_kv, inputs.cross_mask, inputs.cross_ctx)

@@ -1,8 +1,9 @@
 """The registries the config names: score functions (model.score) and attention variants (model.attention).
 
 A variant builds the attention module of one place (enc_self, dec_self, cross) in one layer from the model
-config; every variant takes queries, keys/values from its `project_kv` and a boolean mask, and reads what
-else it needs (positions, a head mask, whether to return weights) from an AttentionContext.
+config; every variant takes queries, keys/values from its `project_kv` and a boolean mask (its `forward`), or
+does self-attention of one input (`attend_self`, with a cache while decoding), and reads what else it needs
+(positions, a head mask, whether to return weights) from an AttentionContext.
 - `learned`: multi-head attention with the config's score function (Vaswani et al. 2017).
 - `gaussian`: hard-coded attention (You, Sun & Iyyer 2020), `GaussianAttention` below.
 """
@@ -13,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore,
+from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore, LayerCache,
                              MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
                              sliced)
 from xattn.registry import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
@@ -86,9 +87,9 @@ class GaussianAttention(nn.Module):
         scores = -0.5 * ((keys - centre) / self.STD) ** 2  # (H, T, S), the log-density up to a constant
         return masked_softmax(scores.unsqueeze(0), None if mask is None else mask.unsqueeze(1))
 
-    def attend_self(self, x: Tensor, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
-                    cache=None) -> AttentionOutput:
-        """Self-attention of x (B, T, D), as MultiHeadAttention.attend_self (`cache`: a LayerCache)."""
+    def attend_self(self, x: Tensor, *, mask: Tensor | None = None, ctx: AttentionContext = AttentionContext(),
+                    cache: LayerCache | None = None) -> AttentionOutput:
+        """Self-attention of x (B, T, D), as MultiHeadAttention.attend_self."""
         kv = self.project_kv(x)
         return self(x, cache.append(*kv) if cache is not None else kv, mask, ctx)
 
