@@ -103,7 +103,7 @@ def test_initial_view_and_its_errors():
 
 
 def pruned_maps(heads: list[int]) -> AttentionMaps:
-    """cross_maps' labels; layer l has heads[l] heads (NaN for the rest, as attention.stack_layers pads them)."""
+    """cross_maps' labels; layer l has heads[l] heads (NaN for the rest, as model.stack_layers pads them)."""
     w = rows_sum_to_one(np.random.default_rng(2).random((len(heads), max(heads, default=0), 3, 4)))
     for layer, n in enumerate(heads):
         w[layer, n:] = np.nan

@@ -229,7 +229,7 @@ def test_choosing_heads_before_or_after_merging_words_agrees():
 # ------------------------------------------------------------------------------ pruned layers (fewer heads, or none)
 
 def padded(heads: list[int], R: int = 2, C: int = 3) -> np.ndarray:
-    """(L, max heads, R, C) weights where layer l has heads[l] heads and NaN for the rest (attention.stack_layers)."""
+    """(L, max heads, R, C) weights where layer l has heads[l] heads and NaN for the rest (model.stack_layers)."""
     w = np.random.default_rng(4).random((len(heads), max(heads, default=0), R, C)).astype(np.float32)
     for layer, n in enumerate(heads):
         w[layer, n:] = np.nan
@@ -264,7 +264,7 @@ def test_a_layer_or_head_that_is_not_there_is_one_line_without_flags(heads, choi
 
 
 def test_a_layer_chosen_for_the_user_is_the_nearest_with_heads():
-    from xattn.attention import nearest_with_heads
+    from xattn.model import nearest_with_heads
 
     assert nearest_with_heads([4, 4, 4], 1) == 1
     assert nearest_with_heads([4, 0, 0], 2) == 0 and nearest_with_heads([0, 0, 4], 0) == 2

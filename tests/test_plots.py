@@ -122,7 +122,7 @@ def test_every_row_of_the_grid_is_labelled_with_its_layer_and_tokens():
 
 
 def pruned_maps(heads: list[int], rows=("the", "cat", "</s>"), cols=("le", "chat", "noir", "</s>")) -> AttentionMaps:
-    """Random weights with NaN for the heads each layer lacks (as attention.stack_layers pads a pruned model)."""
+    """Random weights with NaN for the heads each layer lacks (as model.stack_layers pads a pruned model)."""
     w = rows_sum_to_one(np.random.default_rng(1).random((len(heads), max(heads), len(rows), len(cols))))
     for layer, n in enumerate(heads):
         w[layer, n:] = np.nan

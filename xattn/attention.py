@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -269,24 +268,6 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         out, weights = attend(q, kv[0], kv[1], mask, self.score, p, ctx.need_weights)
         return AttentionOutput(self.out_proj(merge_heads(out, ctx.head_mask)), weights)
-
-
-def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
-    """L weights (B, H_l, ...) -> (B, L, H, ...) with H the most heads of any layer; a layer with fewer heads
-    (a pruned model) has NaN in the places of the heads it lacks, so an average over heads is a nanmean."""
-    most = max(w.shape[1] for w in per_layer)
-    if all(w.shape[1] == most for w in per_layer):
-        return torch.stack(tuple(per_layer), dim=1)
-    padded = [torch.cat([w, w.new_full((w.shape[0], most - w.shape[1], *w.shape[2:]), float("nan"))], dim=1)
-              for w in per_layer]
-    return torch.stack(padded, dim=1)
-
-
-def nearest_with_heads(heads: Sequence[int], layer: int) -> int | None:
-    """Of layers with `heads[i]` heads each (a pruned layer may have none), the one nearest to `layer` that has
-    any: `layer` itself, else the nearest below it, else the nearest above; None when no layer has heads."""
-    order = sorted(range(len(heads)), key=lambda i: (i > layer, abs(i - layer)))
-    return next((i for i in order if heads[i] > 0), None)
 
 
 # ------------------------------------------------------------------------------------------- KV cache

@@ -12,14 +12,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xattn.attention import stack_layers
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
-from xattn.model import EncoderOutput, HeadMask, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ KINDS = ("cross", "decoder-self", "encoder-self")
 
 # ---------------------------------------------------------------------------------------- layers and heads
 # A pruned layer has fewer heads than others, maybe none. Every layer's weights are stacked with NaN in the
-# places of the heads a layer lacks (attention.stack_layers), so a layer's heads are its first n. One rule
+# places of the heads a layer lacks (model.stack_layers), so a layer's heads are its first n. One rule
 # for every view and tool: a mean over heads is over the heads a layer has, and a layer without heads has
 # none (NaN); a view of every layer shows such a layer empty and says so; where a layer is chosen for the
 # user, it is the nearest one with heads; a layer the user names without heads, and an attention whose every
@@ -68,8 +68,8 @@ class HeadChoice:
 
     @classmethod
     def nearest(cls, heads: Sequence[int], layer: int, what: str = "attention") -> HeadChoice:
-        """The mean of heads of the layer nearest to `layer` that has heads (attention.nearest_with_heads)."""
-        from xattn.attention import nearest_with_heads
+        """The mean of heads of the layer nearest to `layer` that has heads (model.nearest_with_heads)."""
+        from xattn.model import nearest_with_heads
 
         require_heads(heads, what)
         return cls(nearest_with_heads(heads, layer))
@@ -312,7 +312,7 @@ def encoder_attention(translator: Translator, text: str) -> np.ndarray:
     """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>)."""
     import torch
 
-    from xattn.attention import stack_layers
+    from xattn.model import stack_layers
 
     cfg = translator.model.cfg
     ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]

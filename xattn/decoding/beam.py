@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from xattn.attention import nearest_with_heads
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
 from xattn.errors import XattnError
-from xattn.model import EncoderOutput, HeadMask, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer, nearest_with_heads
 from xattn.decoding.processors import Columns, Constraints, StepState
 
 NEG_INF = float("-inf")
@@ -161,7 +160,7 @@ def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: b
           tracked: Tracked | None = None) -> tuple[Beam, Finished]:
     B, device, pad = src.shape[0], src.device, model.cfg.pad_id
     first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
-    L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as attention.stack_layers
+    L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as model.stack_layers
     if tracked is not None:  # one layer's heads' mean
         L, H = 1, 1
     so_far = torch.zeros(B, K, 0, L, H, src.shape[1], device=device) if track else None  # grows a step at a time

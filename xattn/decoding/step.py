@@ -10,11 +10,11 @@ from typing import Callable, Generator, TypeVar
 import torch
 from torch import Tensor
 
-from xattn.attention import DecoderCache, stack_layers
+from xattn.attention import DecoderCache
 from xattn.config import DecodeConfig
 from xattn.errors import ParameterError
 from xattn.inference import linear_rows
-from xattn.model import EncoderOutput, HeadMask, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 
 Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
 R = TypeVar("R")
