@@ -34,18 +34,12 @@ from pathlib import Path
 
 from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 import serve_guards
-from serve_guards import rss_mb
+from serve_guards import rss_mb, sentences
 
 MODEL: list[str] = []
 MODES = {"greedy": (1, False), "beam5": (5, False), "greedy_shortlist": (1, True)}
 """mode -> (beam size, shortlist)"""
 CONCURRENCY = (1, 8, 32, 128)
-
-
-def sentences(n: int) -> list[str]:
-    from xattn.datasets import load_pairs
-
-    return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())][:n]
 
 
 # ----------------------------------------------------------------------------------------- workers

@@ -23,13 +23,8 @@ import time
 
 import torch
 
-from common import cached_model, data_dir, model_fingerprint, write_result
-
-
-def sentences() -> list[str]:
-    from xattn.datasets import load_pairs
-
-    return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())]
+from common import cached_model, model_fingerprint, write_result
+from serve_guards import sentences
 
 
 def streamed(translator, cfg, texts: list[str], n: int) -> list[str]:
@@ -110,7 +105,7 @@ def main() -> int:
     model = cached_model("multi30k-de-en", [])
     translator = xattn.load(model)
     cfg = dataclasses.replace(translator.decode_config, beam_size=1)
-    texts = sentences()
+    texts = sentences(1000)
     translator.translate(texts[:100], cfg)  # warm-up
     reference = [t.text for t in translator.translate(texts, cfg)]
     rows_offline = mean_rows(translator, cfg, texts)
