@@ -198,6 +198,8 @@ CASES = {
     "max-len-a negative": (["translate", M, "--max-len-a", "-1"], "--max-len-a"),
     "max-len-b negative": (["translate", M, "--max-len-b", "-2"], "--max-len-b"),
     "max length zero": (["translate", M, "--max-len-a", "0", "--max-len-b", "0"], "nothing could be generated"),
+    "max length below one token": (["translate", M, "--max-len-a", "0.1", "--max-len-b", "0"],
+                                   "--max-len-b: max_len_a * 6 source tokens (</s> included) + max_len_b allows no output"),
     "temperature zero": (["translate", M, "--sample", "--temperature", "0"], "--temperature"),
     "temperature nan": (["translate", M, "--sample", "--temperature", "nan"], "--temperature"),
     "top-p above 1": (["translate", M, "--sample", "--top-p", "1.5"], "--top-p"),

@@ -91,6 +91,42 @@ def test_a_connection_over_the_limit_is_refused_at_once_and_health_answers_once_
             sock.close()
 
 
+def test_a_head_over_the_limit_and_broken_framing_are_json_errors_that_close_the_connection(server):
+    port, _ = server
+    whole = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"  # --max-header-bytes 65536
+    for pieces in (1, 7):  # one read (which h11 alone would take whatever its size) or several
+        head, body = ask(port, whole, pieces=pieces).split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 431") and b"application/json" in head
+        assert json.loads(body) == {"error": "the request head is over 65536 bytes, the server's limit",
+                                    "error_type": "too_large"}
+    head, body = ask(port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n").split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error_type"] == "bad_request"
+    assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def stopped(port: int) -> int:
+    text = ask(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").decode()
+    return int(next(line for line in text.splitlines() if line.startswith("xattn_stopped_total")).split()[1])
+
+
+def test_a_client_that_hangs_up_stops_its_translation(server):
+    """Its decoding stops at the next step (counted in /metrics), and the request is logged as 499, not 200. (The
+    continuous batch drops a gone client's sentences by the same signal: test_serve_stream.py.)"""
+    port, log = server
+    before = stopped(port)
+    body = json.dumps({"q": ["drei"] * 32, "beam_size": 16, "min_len": 180, "max_len_b": 190}).encode()
+    with connect(port) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.2)
+    for _ in range(300):  # the hang-up reaches the engine within a step: a deadline, not a timing
+        if stopped(port) > before:
+            break
+        time.sleep(0.1)
+    assert stopped(port) == before + 1
+    assert '"status": 499' in log.read_text() and "the client went away before its answer was ready" in log.read_text()
+
+
 def run_serve(model, *flags: str, files: int | None = None) -> subprocess.CompletedProcess:
     def limit_files():
         if files is not None:

@@ -101,8 +101,9 @@ def test_a_request_whose_client_gave_up_or_whose_time_is_up_leaves_the_batch(end
                 break
             await asyncio.sleep(0.01)
         await batcher.stop()
+        return batcher.metrics.stopped
 
-    asyncio.run(main())
+    assert asyncio.run(main()) == 1  # one request stopped (xattn_stopped_total), of two sentences
     assert sorted(streams.cancelled) == sorted(streams.added) and len(streams.added) == 2
 
 

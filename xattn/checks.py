@@ -35,15 +35,21 @@ Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
 def within(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Check:
     """A finite number in the interval from `lo` to `hi` (open or closed at each end; None: unbounded)."""
     if hi is None:
-        want = f"{'>' if lo_open else '>='} {lo:g}"
+        want = f"{'>' if lo_open else '>='} {bound(lo)}"
     else:
-        want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        want = f"in {'(' if lo_open else '['}{bound(lo)}, {bound(hi)}{')' if hi_open else ']'}"
 
-    def check(value: float) -> str | None:
-        ok = math.isfinite(value) and (lo is None or (value > lo if lo_open else value >= lo)) \
+    def check(value: float) -> str | None:  # an int of any size is compared exactly (as a float it may overflow)
+        ok = (isinstance(value, int) or math.isfinite(value)) \
+            and (lo is None or (value > lo if lo_open else value >= lo)) \
             and (hi is None or (value < hi if hi_open else value <= hi))
         return None if ok else f"must be {want}, got {value!r}"
     return check
+
+
+def bound(x: float) -> str:
+    """A bound as a message shows it: an int whole (2**63 - 1, not 9.22337e+18), a float short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def one_of(*choices: str) -> Check:

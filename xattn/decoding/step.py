@@ -141,11 +141,15 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
     """(B, S) -> (B,) floor(max_len_a * src_len + max_len_b), src_len counting non-pad tokens (EOS included).
 
     A source holding nothing but EOS (an empty sentence) gets 0: its translation is empty, unless a
-    forced prefix is longer; the limit never cuts a prefix.
+    forced prefix is longer; the limit never cuts a prefix. Settings that leave any other source no output token
+    are a ParameterError naming max_len_b.
     """
     src_len = src.ne(pad_id).sum(dim=1)  # (B,)
     limit = (cfg.max_len_a * src_len.double() + cfg.max_len_b).floor().long().clamp(min=0)
     limit = torch.where(src_len > 1, limit, torch.zeros_like(limit))
     if prefix is not None:
         limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
+    if bool((none := (limit < 1) & (src_len > 1)).any()):  # else a silently empty translation
+        raise ParameterError("max_len_b", f"max_len_a * {int(src_len[none].min())} source tokens (</s> included) + "
+                             "max_len_b allows no output token; raise max_len_b (or max_len_a)")
     return limit

@@ -5,8 +5,10 @@ and the responses.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Collection, Literal, Sequence, get_args, get_origin
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
@@ -60,7 +62,7 @@ class RequestFields(FileRequest):
     @field_validator("alternatives", mode="before")
     @classmethod
     def _count_as_text(cls, value):  # LibreTranslate reads int(alternatives): "3" is 3
-        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        return from_text(value, int, "alternatives") if isinstance(value, str) else value
 
     @field_validator("format", mode="before")
     @classmethod
@@ -86,18 +88,44 @@ def openapi_body(kind: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
-def parse_request(data: dict, form: bool = False, kind: type[BaseModel] = TranslateRequest):
-    """A request of `kind` (TranslateRequest, DetectRequest, FileRequest) from a parsed body; a malformed one is
-    422 naming the field. JSON is read strictly (`"beam_size": "3"` or `true` is an error); a form's fields are
-    text, converted to the fields' types."""
+def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] = TranslateRequest):
+    """A request of `kind` (TranslateRequest, DetectRequest, FileRequest) from its fields (reading.read_request); a
+    malformed one is 422 naming the field. JSON values are read strictly (`"beam_size": "3"` or `true` is an error);
+    the fields named in `text` came as text (a form, the query string) and are converted to their types first."""
     if not isinstance(data, dict):
         raise ApiError(422, "the body must be a JSON object (or a form) with the field q", "invalid_request")
+    fields = kind.model_fields
+    data = {k: from_text(v, fields[k].annotation, k) if k in text and k in fields else v for k, v in data.items()}
     try:
-        return kind.model_validate(data, strict=not form)
+        return kind.model_validate(data, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise ApiError(422, f"{where}: {first['msg']}", "invalid_request") from None
+
+
+NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}"), float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")}
+TRUTH = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def from_text(value, hint, name: str):
+    """A field given as text (`value`, a string or, for a repeated `q`, a list) as the type `hint` of its field
+    asks: a number written in ASCII digits (not "1_0", "³" or "inf"), a truth value (true/false, 1/0, yes/no,
+    on/off); text fields as they are. Anything else is a 422 naming the field."""
+    kinds = set(get_args(hint)) or {hint}
+    if not isinstance(value, str) or str in kinds or get_origin(hint) is Literal:
+        return value
+    if bool in kinds:
+        if value.strip().lower() not in TRUTH:
+            raise ApiError(422, f"{name}: {value!r} is not true or false", "invalid_request")
+        return TRUTH[value.strip().lower()]
+    for kind in (int, float):
+        if kind in kinds:
+            if not NUMBER[kind].fullmatch(value.strip()) or not math.isfinite(number := kind(value)):
+                raise ApiError(422, f"{name}: {value!r} is not {'a whole number' if kind is int else 'a number'}",
+                               "invalid_request")
+            return number
+    return value
 
 
 def request_texts(q: str | list[str], limits: Limits) -> list[str]:
@@ -110,6 +138,8 @@ def request_texts(q: str | list[str], limits: Limits) -> list[str]:
     chars = sum(len(t) for t in texts)
     if chars > limits.max_chars:
         raise ApiError(413, f"q: {chars} characters, over the limit of {limits.max_chars}", "too_many_characters")
+    if (binary := next((i for i, t in enumerate(texts) if "\0" in t), None)) is not None:
+        raise ApiError(422, f"q[{binary}]: holds a NUL character; send text, not binary data", "invalid_request")
     return texts
 
 
@@ -235,6 +265,9 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
     can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
     shortest = min(counts)
     most = int(cfg.max_len_a * (shortest + 1) + cfg.max_len_b)  # source tokens counted with EOS, as the search does
+    if (words := [n for n in counts if n]) and int(cfg.max_len_a * (min(words) + 1) + cfg.max_len_b) < 1:
+        raise ApiError(422, f"max_len_b: max_len_a * {min(words) + 1} source tokens (q[{counts.index(min(words))}] "
+                       "and </s>) + max_len_b allows no output token; raise max_len_b", "invalid_request")
     if cfg.min_len > most:
         raise ApiError(422, f"min_len: {cfg.min_len} is above the {most} output tokens that max_len_a * "
                        f"{shortest + 1} source tokens (q[{counts.index(shortest)}] and </s>) + max_len_b allow; lower "

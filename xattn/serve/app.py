@@ -33,7 +33,7 @@ from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachm
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed
 from xattn.serve.models import Detect, Model, Models
-from xattn.serve.reading import check_key, read_request
+from xattn.serve.reading import check_key, read_request, while_connected
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css", "heatmap.js": "text/javascript",
@@ -102,6 +102,7 @@ def add_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Content-Security-Policy": CSP})
+    app.add_api_route("/", page, methods=["HEAD"], include_in_schema=False)  # what uptime monitors send
 
     @app.get("/static/{name}", include_in_schema=False)
     async def static(name: str):
@@ -119,6 +120,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
             return JSONResponse({"error": "; ".join(waiting), "error_type": "unavailable", **body}, 503,
                                 headers={"Retry-After": "1"})
         return {"status": "ok", **body}
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # what uptime monitors send
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
@@ -144,7 +146,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         route = models.route(req.source, req.target, request_texts(req.q, limits))
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
-        body = await translated(route.served.ready(), req, limits, record, route.detected)
+        body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
         return Response(json_text(body, ensure_ascii=False, separators=(",", ":")),  # plain JSON types already
                         media_type="application/json")
 
@@ -194,11 +196,11 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
 
     @app.post("/translate_file", openapi_extra=openapi_body(FileRequest))
     async def translate_file(request: Request):
-        fields, _ = await read_request(request, limits, files=1)
-        req = parse_request({k: v for k, v in fields.items() if k != "file"}, True, kind=FileRequest)
+        fields, text = await read_request(request, limits, files=1)
+        req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
-        filename, text = file_text(fields.get("file"), limits)
-        route = models.route(req.source, req.target, [text], ["file"])  # auto: the whole text, more than a line
+        filename, content = file_text(fields.get("file"), limits)
+        route = models.route(req.source, req.target, [content], ["file"])  # auto: the whole text, more than a line
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         model, source, target = route.served.ready(), route.served.source, route.served.target
@@ -206,7 +208,7 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         async def part(lines: list[str]) -> list[str]:
             asked = TranslateRequest(q=lines, source=source, target=target)
             return (await translated(model, asked, limits, record, None))["translatedText"]
-        translation = await translate_lines(Document.parse(text), part, limits.max_items)
+        translation = await while_connected(request, translate_lines(Document.parse(content), part, limits.max_items))
         name = store.put(download_name(filename, target), translation.encode())
         return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
 

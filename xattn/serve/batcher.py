@@ -145,6 +145,7 @@ class Batcher:
             results = await asyncio.wrap_future(self.engine.run(lambda: self.translate(texts, settings), group))
         except Dropped:
             self.dropped += 1
+            self.metrics.stop(len(group))
             return
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
             if len(group) > 1:  # one request's text must not fail the others: each alone

@@ -28,13 +28,18 @@ QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
 
 
+def answer(status: str, error: str, error_type: str, extra: str = "") -> bytes:
+    """A whole JSON error answer that closes the connection, written before (or instead of) the app's."""
+    body = json.dumps({"error": error, "error_type": error_type}).encode()
+    head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}"
+            "connection: close\r\n\r\n")
+    return head.encode() + body
+
+
 def refusal(max_connections: int) -> bytes:
     """The whole 503 answer to a connection over the limit."""
-    body = json.dumps({"error": f"the server has {max_connections} connections open; retry later",
-                       "error_type": "busy"}).encode()
-    head = ("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
-    return head.encode() + body
+    return answer("503 Service Unavailable", f"the server has {max_connections} connections open; retry later",
+                  "busy", "retry-after: 1\r\n")
 
 
 class Guarded(H11Protocol):
@@ -45,6 +50,9 @@ class Guarded(H11Protocol):
         self.read_timeout, self.max_connections = read_timeout, max_connections
         self.deadline: asyncio.TimerHandle | None = None
         self.quiet_since: float | None = None  # since when no request of it is in progress
+        self.max_head = self.config.h11_max_incomplete_event_size or 16384  # (h11's default)
+        self.head = 0                          # bytes of the request head arriving, its blank line not yet seen
+        self.tail = b""                        # the last 3 of them (a blank line may come split over two reads)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -56,6 +64,8 @@ class Guarded(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            return
         super().data_received(data)
         if self.conn.their_state in READING and not self.transport.is_closing():
             self.quiet_since = self.quiet_since or time.monotonic()
@@ -68,6 +78,26 @@ class Guarded(H11Protocol):
         super().on_response_complete()
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Whether the head of the request arriving is over `max_head` bytes (then answered 431 and closed). h11
+        bounds a head only while it is incomplete: one that arrives whole in a single read would be taken at any
+        size."""
+        end = (self.tail + data).find(b"\r\n\r\n")
+        size = self.head + (len(data) if end < 0 else end + 4 - len(self.tail))
+        self.head, self.tail = (size, (self.tail + data)[-3:]) if end < 0 else (0, b"")
+        if size <= self.max_head:
+            return False
+        LOG.info("a request head over %d bytes; answered 431 and closed", self.max_head)
+        self.transport.write(answer("431 Request Header Fields Too Large", f"the request head is over {self.max_head} "
+                                    "bytes, the server's limit", "too_large"))
+        self.transport.close()
+        return True
+
+    def send_400_response(self, msg: str) -> None:
+        """What h11 cannot read as HTTP/1.1, as every other error: JSON (uvicorn's is plain text)."""
+        self.transport.write(answer("400 Bad Request", "the request is not valid HTTP/1.1", "bad_request"))
+        self.transport.close()
 
     def _make_room(self) -> bool:
         """Close the connection quiet longest, if one has been quiet for QUIET_S; whether one was."""

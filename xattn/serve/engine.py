@@ -119,13 +119,14 @@ class Streaming:
             job.results = [None] * len(job.texts)
         self.rows.update(rows)
 
-    def drop_gone(self) -> bool:
-        """Drop the rows whose client gave up; whether that emptied the stream."""
+    def drop_gone(self) -> int:
+        """Drop the rows whose client gave up; how many requests that stopped."""
         gone = [tag for tag, (job, _) in self.rows.items() if job.future.done()]
+        jobs = {id(self.rows[tag][0]) for tag in gone}
         for tag in gone:
             del self.rows[tag]
             self.stream.cancel(tag)
-        return bool(gone) and not len(self)
+        return len(jobs)
 
     def advance(self) -> None:
         """One decoder step; the requests whose last sentence ended are answered."""
@@ -207,8 +208,10 @@ class Engine:
                     item.used, item.since = self.start_share(), self.clock
                     calls.append(item)
             for streaming in open_.values():
-                if streaming.drop_gone() and len(active) > 1:  # emptied by its clients leaving
-                    self.went_idle(streaming)
+                if stopped := streaming.drop_gone():
+                    self.metrics.stop(stopped)
+                    if not len(streaming) and len(active) > 1:  # emptied by its clients leaving
+                        self.went_idle(streaming)
             self._admit(held, open_)
             active = [*calls, *(s for s in open_.values() if len(s))]
             if not active:

@@ -10,6 +10,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from email.message import Message
 from pathlib import PurePath
 from typing import Awaitable, Callable
 from urllib.parse import quote
@@ -45,6 +46,7 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
     except MultiPartException as e:
         status = 413 if "size" in e.message.lower() else 422
         raise ApiError(status, f"body: {e.message}", "invalid_request") from None
+    strict_utf8(headers.get("content-type", ""), raw)
     fields: dict[str, list] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
@@ -52,6 +54,29 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
         fields.setdefault(key, []).append(value)
     await form.close()
     return fields
+
+
+def strict_utf8(content_type: str, raw: bytes) -> None:
+    """Every part's headers (its field name and filename) and every text field of a multipart body (already parsed)
+    must be UTF-8: the parser reads other bytes as Latin-1, which would translate mangled text silently. 422 naming
+    the field. (A file's content is file_text's to check.)"""
+    header = Message()
+    header["content-type"] = content_type
+    boundary = (header.get_param("boundary") or "").encode("latin-1")
+    for part in raw.split(b"--" + boundary)[1:-1]:
+        head, _, data = part.partition(b"\r\n\r\n")
+        try:
+            head_text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(422, "body: a multipart part's field name or filename is not UTF-8", "invalid_request") \
+                from None
+        if re.search(r"filename\*?=", head_text):
+            continue
+        try:
+            data.removesuffix(b"\r\n").decode("utf-8")
+        except UnicodeDecodeError:
+            name = next(iter(re.findall(r'\bname="([^"]*)"', head_text)), "a field")
+            raise ApiError(422, f"{name}: not UTF-8 (multipart/form-data)", "invalid_request") from None
 
 
 def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:

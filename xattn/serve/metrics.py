@@ -3,7 +3,7 @@ GET /metrics (the text exposition format, written here: no client library needed
 
 Metrics: requests by route and status, request latency (a histogram per route); per model (a `model` label, the
 model's pair such as de-en): sentences per translate call and in the continuous batch, the queue depth, whether it
-has loaded, and output tokens (their rate is tokens per second).
+has loaded, requests stopped before their end (clients gone), and output tokens (their rate is tokens per second).
 """
 from __future__ import annotations
 
@@ -39,12 +39,18 @@ class Histogram:
 
 class BatchMetrics:
     """One model's batches, reported by its batcher and engine thread: sentences per translate call and in the
-    continuous batch per decoder step."""
+    continuous batch per decoder step, and the requests whose decoding stopped before its end (their clients had
+    gone, or timed out)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.batch = Histogram(BATCH_BUCKETS)
         self.stream_rows = Histogram(BATCH_BUCKETS)
+        self.stopped = 0
+
+    def stop(self, requests: int) -> None:
+        with self.lock:
+            self.stopped += requests
 
     def call(self, sentences: int) -> None:
         with self.lock:
@@ -111,6 +117,9 @@ class Metrics:
                       "# HELP xattn_model_ready 1 once the model has loaded, else 0 (loading, or failed to).",
                       "# TYPE xattn_model_ready gauge",
                       *[f"xattn_model_ready{{{labels[name]}}} {int(ready)}" for name, (ready, _) in models.items()],
+                      "# HELP xattn_stopped_total Requests whose decoding stopped before its end: their client went "
+                      "away, or timed out.", "# TYPE xattn_stopped_total counter",
+                      *[f"xattn_stopped_total{{{labels[name]}}} {batches[name].stopped}" for name in models],
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
                       "# TYPE xattn_output_tokens_total counter",
                       *[f"xattn_output_tokens_total{{{labels[name]}}} {self.tokens[name]}" for name in models],

@@ -6,9 +6,12 @@ never a 500 or a silent choice. A client that hangs up mid-body is one short log
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import math
+from typing import Awaitable, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Request
@@ -18,6 +21,9 @@ from xattn.serve.files import multipart
 from xattn.serve.limits import ApiError, Limits
 
 LOG = logging.getLogger("xattn.serve")
+T = TypeVar("T")
+MAX_DIGITS = 30
+"""Digits a JSON integer may have: more fits no field, and Python refuses to read over 4,300."""
 
 
 def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:
@@ -25,33 +31,67 @@ def check_key(expected: str | None, in_body: str | None, authorization: str) -> 
     if expected is None:
         return
     scheme, _, token = authorization.partition(" ")
-    given = in_body or (token.strip() if scheme.lower() == "bearer" else "") or None
+    bearer = token.strip() if scheme.lower() == "bearer" else ""
+    if in_body and bearer and in_body != bearer:
+        raise ApiError(422, "api_key: given in the request and in the Authorization header, differently (only one "
+                       "would count)", "invalid_request")
+    given = in_body or bearer or None
     if given is None:
         raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
-async def read_request(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
-    """The request's fields, and whether they came as text (a form or the query string): the body's, and the
-    query string's, as LibreTranslate reads both (deep-translator sends every field in the query string of a
-    POST with no body; other clients put `api_key` there). A field in both is an error: one would silently win.
-    A client that hangs up mid-body gets one short log line, not a traceback. `files`: how many file fields a
-    multipart body may have (files.Upload values)."""
+async def read_request(request: Request, limits: Limits, files: int = 0) -> tuple[dict, frozenset[str]]:
+    """The request's fields, and the names of those that came as text (from a form or the query string, to be
+    converted to their types; JSON values are typed already): the body's, and the query string's, as LibreTranslate
+    reads both (deep-translator sends every field in the query string of a POST with no body; other clients put
+    `api_key` there). A field in both is an error: one would silently win. A body that is not an object of fields
+    is a 422. A client that hangs up mid-body gets one short log line, not a traceback. `files`: how many file
+    fields a multipart body may have (files.Upload values)."""
     try:
         body, form = await read_body(request, limits, files)
     except ClientDisconnect:
         LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
         raise ApiError(400, "the client went away before its body arrived", "client_gone") from None
+    if body is None:  # no body: the fields are the query string's (or none, which the route then names)
+        body = {}
+    if not isinstance(body, dict):
+        raise ApiError(422, f"body: must be a JSON object of fields (or a form), not a JSON {type(body).__name__}",
+                       "invalid_request")
     query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"))
-    if not query:
-        return body, form
-    if body is None:
-        return query, True
-    if isinstance(body, dict) and (both := sorted(set(body) & set(query))):
+    if both := sorted(set(body) & set(query)):
         raise ApiError(422, f"{both[0]}: given in both the query string and the body (only one would count)",
                        "invalid_request")
-    return ({**query, **body} if isinstance(body, dict) else body), form
+    return {**query, **body}, frozenset(query) | (frozenset(body) if form else frozenset())
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """What `work` gives, unless the client hangs up first: `work` is then cancelled (a translation it waits for
+    leaves the engine at its next step, serve/engine.py), and the request ends as 499 with one short log line, so
+    nothing is decoded for nobody. Call it once the body has been read: from then on the server's next message
+    is http.disconnect, whenever the connection closes."""
+    handler = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        handler.cancel()
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        LOG.info("%s %s: the client went away before its answer was ready; its translation stopped",
+                 request.method, request.url.path)
+        handler.uncancel()
+        raise ApiError(499, "the client went away before its answer was ready", "client_gone") from None
+    finally:
+        watcher.cancel()
 
 
 async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[dict, bool]:
@@ -61,6 +101,9 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
     if int(request.headers.get("content-length") or 0) > cap:
         raise ApiError(413, f"the body is over {cap} bytes", "too_large")
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if (coding := request.headers.get("content-encoding", "identity").strip().lower()) not in ("", "identity"):
+        raise ApiError(415, f"Content-Encoding: {coding} is not supported; send the body uncompressed",
+                       "unsupported_media")
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
@@ -71,7 +114,9 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
     if kind == "application/x-www-form-urlencoded":
         return form_fields(query_fields(raw, "body")), True
     try:
-        return json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json), False
+        data = json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json,
+                          parse_float=finite, parse_int=whole)
+        return check_text(data, "body"), False
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
     except RecursionError:
@@ -97,6 +142,37 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
 
 def not_json(name: str):
     raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def finite(text: str) -> float:
+    if not math.isfinite(value := float(text)):
+        raise ValueError(f"{text[:20]} is too large a number for a float")
+    return value
+
+
+def whole(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits (at most {MAX_DIGITS})")
+    return int(text)
+
+
+def check_text(value, where: str):
+    """`value` (JSON read), unless a string in it holds a lone surrogate (JSON's "\\ud800" escapes): no text
+    can, and it would fail later far from the field (as a 500, or silently). 422 naming the field."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, f"{where}: a field name")
+            check_text(item, key if where == "body" else where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{where}[{i}]")
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(422, f"{where}: holds a lone surrogate ({value[e.start]!a}), which is not text",
+                           "invalid_request") from None
+    return value
 
 
 def query_fields(raw: bytes, where: str) -> dict[str, list[str]]:
