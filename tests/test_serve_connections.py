@@ -99,6 +99,16 @@ def test_a_head_over_the_limit_and_broken_framing_are_json_errors_that_close_the
         assert head.startswith(b"HTTP/1.1 431") and b"application/json" in head
         assert json.loads(body) == {"error": "the request head is over 65536 bytes, the server's limit",
                                     "error_type": "too_large"}
+    small = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(port) as sock:  # pipelined behind a small one, in the same read
+        sock.sendall(small + whole)
+        answers = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            answers += chunk
+    assert answers.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 431" in answers
+    body = json.dumps({"q": "drei", "padding": "x" * 70_000}).encode()  # a large body after a head ended by bare LFs
+    bare = b"POST /translate HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: %d\n\n" % len(body)
+    assert ask(port, bare + body).startswith(b"HTTP/1.1 422")  # the body is not the head: padding is refused
     head, body = ask(port, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n").split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error_type"] == "bad_request"
     assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")

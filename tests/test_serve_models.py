@@ -73,7 +73,8 @@ def test_auto_between_two_models_goes_by_the_language_identifier(client, numbers
     error(client.post("/translate", json={"q": [german, english]}), 400,
           "source: the texts were detected as de, en; one request is translated by one model", "language_required")
     spanish = "El perro corre por el parque con una pelota roja."  # nearer one candidate than the other, but neither
-    error(client.post("/translate", json={"q": spanish}), 400, "q[0] reads as es", "unsupported_language")
+    error(client.post("/translate", json={"q": spanish}), 400, "source: q[0] was detected as Spanish (es), not as a source "
+          "language this request could go to (de, en); give source", "unsupported_language")
 
 
 def test_languages_health_info_and_metrics_cover_every_model(client):
@@ -194,7 +195,7 @@ def test_routing_by_source_and_target(three):
 def test_auto_asks_the_language_detection_when_several_models_could_take_the_texts(three):
     models = Models(three, detecting({"three": "en", "drei": "de", "vier": "de"}))
     route = models.route("auto", None, ["three"])
-    assert route.served.path == "b" and [language for language, _ in route.detected] == ["en"]
+    assert route.served.path == "b" and route.detected == [("en", 90.0)]
     assert models.route("auto", "fr", ["drei"]).served.path == "c"  # one model into fr: nothing to detect
     with pytest.raises(ApiError, match="target: German .de. translates to en, fr on this server; give target"):
         models.route("auto", None, ["drei", "vier"])

@@ -67,7 +67,7 @@ CONNECTION_FLAGS = {
     "--max-connections": ("max_connections", int, None, "open connections; one more is answered 503 at once and "
                           "closed (default: 512, or fewer when the open-file limit leaves less room)"),
     "--max-header-bytes": ("h11_max_incomplete_event_size", int, 65536, "bytes of a request's head (request line "
-                           "and headers); more closes the connection"),
+                           "and headers); more is answered 431 and the connection closed"),
     "--read-timeout": ("read_timeout", float, 10.0, "seconds a request (head and body) may take to arrive from its "
                        "first byte; a slower client is closed"),
     "--keep-alive": ("timeout_keep_alive", float, 5.0, "seconds an idle connection stays open between requests"),
@@ -114,6 +114,7 @@ def run(args) -> int:
     log.propagate = False
     log.setLevel(logging.INFO)
     logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a malformed upload is the client's 422 alone
     sys.setswitchinterval(SWITCH_INTERVAL)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                                  loop="asyncio", http=guarded(read_timeout, limit), **connections)))

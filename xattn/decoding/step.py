@@ -149,7 +149,8 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
     limit = torch.where(src_len > 1, limit, torch.zeros_like(limit))
     if prefix is not None:
         limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
-    if bool((none := (limit < 1) & (src_len > 1)).any()):  # else a silently empty translation
-        raise ParameterError("max_len_b", f"max_len_a * {int(src_len[none].min())} source tokens (</s> included) + "
+    no_room = (limit < 1) & (src_len > 1)  # a source that would silently get an empty translation
+    if bool(no_room.any()):
+        raise ParameterError("max_len_b", f"max_len_a * {int(src_len[no_room].min())} source tokens (</s> included) + "
                              "max_len_b allows no output token; raise max_len_b (or max_len_a)")
     return limit

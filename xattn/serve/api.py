@@ -92,8 +92,6 @@ def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] 
     """A request of `kind` (TranslateRequest, DetectRequest, FileRequest) from its fields (reading.read_request); a
     malformed one is 422 naming the field. JSON values are read strictly (`"beam_size": "3"` or `true` is an error);
     the fields named in `text` came as text (a form, the query string) and are converted to their types first."""
-    if not isinstance(data, dict):
-        raise ApiError(422, "the body must be a JSON object (or a form) with the field q", "invalid_request")
     fields = kind.model_fields
     data = {k: from_text(v, fields[k].annotation, k) if k in text and k in fields else v for k, v in data.items()}
     try:
@@ -104,14 +102,16 @@ def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] 
         raise ApiError(422, f"{where}: {first['msg']}", "invalid_request") from None
 
 
-NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}"), float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")}
-TRUTH = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}(\.0*)?"),  # 5.0 is 5, as pydantic reads it
+          float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")}
+TRUTH = {**dict.fromkeys(("true", "t", "yes", "y", "on", "1"), True),
+         **dict.fromkeys(("false", "f", "no", "n", "off", "0"), False)}
 
 
 def from_text(value, hint, name: str):
     """A field given as text (`value`, a string or, for a repeated `q`, a list) as the type `hint` of its field
     asks: a number written in ASCII digits (not "1_0", "³" or "inf"), a truth value (true/false, 1/0, yes/no,
-    on/off); text fields as they are. Anything else is a 422 naming the field."""
+    on/off, t/f, y/n: pydantic's words); text fields as they are. Anything else is a 422 naming the field."""
     kinds = set(get_args(hint)) or {hint}
     if not isinstance(value, str) or str in kinds or get_origin(hint) is Literal:
         return value
@@ -121,10 +121,12 @@ def from_text(value, hint, name: str):
         return TRUTH[value.strip().lower()]
     for kind in (int, float):
         if kind in kinds:
-            if not NUMBER[kind].fullmatch(value.strip()) or not math.isfinite(number := kind(value)):
+            if not NUMBER[kind].fullmatch(value.strip()):
                 raise ApiError(422, f"{name}: {value!r} is not {'a whole number' if kind is int else 'a number'}",
                                "invalid_request")
-            return number
+            if not math.isfinite(number := float(value)):
+                raise ApiError(422, f"{name}: {value!r} is too large a number", "invalid_request")
+            return number if kind is float else int(value.strip().split(".")[0])
     return value
 
 
@@ -263,16 +265,16 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
     can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
+    most = [int(cfg.max_len_a * (n + 1) + cfg.max_len_b) for n in counts]  # tokens counted with EOS, as the search
     shortest = min(counts)
-    most = int(cfg.max_len_a * (shortest + 1) + cfg.max_len_b)  # source tokens counted with EOS, as the search does
-    if (words := [n for n in counts if n]) and int(cfg.max_len_a * (min(words) + 1) + cfg.max_len_b) < 1:
-        raise ApiError(422, f"max_len_b: max_len_a * {min(words) + 1} source tokens (q[{counts.index(min(words))}] "
-                       "and </s>) + max_len_b allows no output token; raise max_len_b", "invalid_request")
-    if cfg.min_len > most:
-        raise ApiError(422, f"min_len: {cfg.min_len} is above the {most} output tokens that max_len_a * "
+    if none := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m < 1]:  # (an empty text is translated empty)
+        raise ApiError(422, f"max_len_b: max_len_a * {counts[none[0]] + 1} source tokens (q[{none[0]}] and </s>) + "
+                       "max_len_b allows no output token; raise max_len_b", "invalid_request")
+    if cfg.min_len > min(most):
+        raise ApiError(422, f"min_len: {cfg.min_len} is above the {min(most)} output tokens that max_len_a * "
                        f"{shortest + 1} source tokens (q[{counts.index(shortest)}] and </s>) + max_len_b allow; lower "
                        "it or raise max_len_b", "invalid_request")
-    work = sum(int(cfg.max_len_a * (n + 1) + cfg.max_len_b) for n in counts) * cfg.hypotheses
+    work = sum(most) * cfg.hypotheses
     if work > limits.max_work:
         raise ApiError(413, f"the request asks for up to {work} decoding steps ({len(counts)} texts x "
                        f"{cfg.hypotheses} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "

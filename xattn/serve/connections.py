@@ -1,4 +1,4 @@
-"""How `xattn serve` treats connections: uvicorn's h11 protocol with the two guards uvicorn lacks.
+"""How `xattn serve` treats connections: uvicorn's h11 protocol with the three guards uvicorn lacks.
 
 - A read deadline: a request, its head and its body, must arrive within `read_timeout` seconds of its first
   byte (or of the connection's opening, for a client that connects and sends nothing); a client that
@@ -10,6 +10,7 @@
   closed, before anything of it is read. A flood of idle or slow connections then neither uses up the
   process's files nor locks out everyone else (uvicorn's own `limit_concurrency` answers 503 only once a
   request's head has arrived, and never closes the connections that hold the room).
+- A bound on every request head (`Bounded`), answered 431; and errors of the protocol answered as JSON.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from functools import partial
 
 import h11
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE  # as uvicorn takes it
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 LOG = logging.getLogger("xattn.serve")
@@ -50,9 +52,8 @@ class Guarded(H11Protocol):
         self.read_timeout, self.max_connections = read_timeout, max_connections
         self.deadline: asyncio.TimerHandle | None = None
         self.quiet_since: float | None = None  # since when no request of it is in progress
-        self.max_head = self.config.h11_max_incomplete_event_size or 16384  # (h11's default)
-        self.head = 0                          # bytes of the request head arriving, its blank line not yet seen
-        self.tail = b""                        # the last 3 of them (a blank line may come split over two reads)
+        size = self.config.h11_max_incomplete_event_size
+        self.conn = Bounded(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -64,8 +65,6 @@ class Guarded(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
-            return
         super().data_received(data)
         if self.conn.their_state in READING and not self.transport.is_closing():
             self.quiet_since = self.quiet_since or time.monotonic()
@@ -79,24 +78,16 @@ class Guarded(H11Protocol):
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
 
-    def _head_too_large(self, data: bytes) -> bool:
-        """Whether the head of the request arriving is over `max_head` bytes (then answered 431 and closed). h11
-        bounds a head only while it is incomplete: one that arrives whole in a single read would be taken at any
-        size."""
-        end = (self.tail + data).find(b"\r\n\r\n")
-        size = self.head + (len(data) if end < 0 else end + 4 - len(self.tail))
-        self.head, self.tail = (size, (self.tail + data)[-3:]) if end < 0 else (0, b"")
-        if size <= self.max_head:
-            return False
-        LOG.info("a request head over %d bytes; answered 431 and closed", self.max_head)
-        self.transport.write(answer("431 Request Header Fields Too Large", f"the request head is over {self.max_head} "
-                                    "bytes, the server's limit", "too_large"))
-        self.transport.close()
-        return True
-
     def send_400_response(self, msg: str) -> None:
-        """What h11 cannot read as HTTP/1.1, as every other error: JSON (uvicorn's is plain text)."""
-        self.transport.write(answer("400 Bad Request", "the request is not valid HTTP/1.1", "bad_request"))
+        """What h11 refused (Bounded.error), as every other error: JSON (uvicorn's is plain text), with the status
+        h11 gives it: 431 for a head over the limit, else 400."""
+        if getattr(self.conn.error, "error_status_hint", 400) == 431:
+            LOG.info("a request head over %d bytes; answered 431 and closed", self.conn.max_head)
+            reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
+                           "bytes, the server's limit", "too_large")
+        else:
+            reply = answer("400 Bad Request", "the request is not valid HTTP/1.1", "bad_request")
+        self.transport.write(reply)
         self.transport.close()
 
     def _make_room(self) -> bool:
@@ -131,6 +122,33 @@ class Guarded(H11Protocol):
         if not self.transport.is_closing():
             LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
             self.transport.close()
+
+
+class Bounded(h11.Connection):
+    """h11's server side, with a bound on every request head: h11 bounds a head only while it is incomplete, so one
+    that arrives whole in a single read (or behind another, pipelined) would be taken at any size. A head over
+    `max_head` bytes (request line and header lines, as sent) is a protocol error of status 431, as h11's own for an
+    incomplete one; the last error is kept (`error`) for the answer, which uvicorn writes without it."""
+
+    def __init__(self, max_head: int):
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
+        self.max_head, self.error = max_head, None
+
+    def next_event(self):
+        try:
+            event = super().next_event()
+            if isinstance(event, h11.Request) and head_size(event) > self.max_head:
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            return event
+        except h11.RemoteProtocolError as e:
+            self.error = e
+            raise
+
+
+def head_size(request: h11.Request) -> int:
+    """Bytes of a request's head as sent: its request line and header lines (h11 keeps them apart)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
 
 
 def guarded(read_timeout: float, max_connections: int) -> partial:

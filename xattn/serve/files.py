@@ -57,26 +57,29 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
 
 
 def strict_utf8(content_type: str, raw: bytes) -> None:
-    """Every part's headers (its field name and filename) and every text field of a multipart body (already parsed)
-    must be UTF-8: the parser reads other bytes as Latin-1, which would translate mangled text silently. 422 naming
-    the field. (A file's content is file_text's to check.)"""
+    """Every field name and text field of a multipart body (already parsed) must be in the body's charset (UTF-8
+    unless its Content-Type names another, as the parser reads it): the parser reads other bytes as Latin-1, which
+    would translate mangled text silently. 422 naming the field. A filename only names the download, and `file`'s
+    content is file_text's to check."""
     header = Message()
     header["content-type"] = content_type
     boundary = (header.get_param("boundary") or "").encode("latin-1")
+    charset = header.get_param("charset") or "UTF-8"
     for part in raw.split(b"--" + boundary)[1:-1]:
         head, _, data = part.partition(b"\r\n\r\n")
-        try:
-            head_text = head.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(422, "body: a multipart part's field name or filename is not UTF-8", "invalid_request") \
-                from None
-        if re.search(r"filename\*?=", head_text):
-            continue
-        try:
-            data.removesuffix(b"\r\n").decode("utf-8")
-        except UnicodeDecodeError:
-            name = next(iter(re.findall(r'\bname="([^"]*)"', head_text)), "a field")
-            raise ApiError(422, f"{name}: not UTF-8 (multipart/form-data)", "invalid_request") from None
+        name = next(iter(re.findall(rb'\bname="([^"]*)"', head)), b"")
+        decoded(name, charset, "body: a multipart field name")
+        if name != b"file" and not re.search(rb"\bfilename=", head):
+            decoded(data.removesuffix(b"\r\n"), charset, f"{decoded(name, charset, '')}")
+
+
+def decoded(data: bytes, charset: str, field: str) -> str:
+    try:
+        return data.decode(charset)
+    except LookupError:
+        raise ApiError(422, f"Content-Type: charset {charset!r} is unknown; send UTF-8", "invalid_request") from None
+    except UnicodeDecodeError:
+        raise ApiError(422, f"{field}: not {charset} (multipart/form-data)", "invalid_request") from None
 
 
 def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:

@@ -117,8 +117,8 @@ class Metrics:
                       "# HELP xattn_model_ready 1 once the model has loaded, else 0 (loading, or failed to).",
                       "# TYPE xattn_model_ready gauge",
                       *[f"xattn_model_ready{{{labels[name]}}} {int(ready)}" for name, (ready, _) in models.items()],
-                      "# HELP xattn_stopped_total Requests whose decoding stopped before its end: their client went "
-                      "away, or timed out.", "# TYPE xattn_stopped_total counter",
+                      "# HELP xattn_stopped_total Decoding jobs stopped before their end, their clients gone or timed "
+                      "out (a request's job; each part of a file's).", "# TYPE xattn_stopped_total counter",
                       *[f"xattn_stopped_total{{{labels[name]}}} {batches[name].stopped}" for name in models],
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
                       "# TYPE xattn_output_tokens_total counter",

@@ -163,15 +163,18 @@ class Models:
                 raise ApiError(400, f"target: {language(target)} is not supported; this server translates "
                                f"{self.pairs()}", "unsupported_language")
             sources = sorted({one.source for one in options})
-            source = sources[0] if len(sources) == 1 else self.source_of(texts, sources)
-            detected = detected_source(texts, source, names)  # refused when clearly in another language
+            if len(sources) == 1:  # refused when clearly in another language (detect.as_source)
+                source, detected = sources[0], detected_source(texts, sources[0], names)
+            else:
+                source, detected = self.source_of(texts, sources, names)
         return Route(self.pick(source, target), detected)
 
-    def source_of(self, texts: list[str], candidates: list[str]) -> str:
-        """Which of `candidates` (two or more source languages) `texts` are in: the one place where routing asks
-        the language detection to choose. One request goes to one model, so its texts must all be found in one
-        language. (Found among the candidates, text in none of them must still be refused: `route` does, by the
-        rule of a lone model, detect.as_source.)"""
+    def source_of(self, texts: list[str], candidates: list[str],
+                  names: list[str] | None = None) -> tuple[str, list[tuple[str, float]]]:
+        """Which of `candidates` (two or more source languages) `texts` are in, and each text's detected language:
+        the one place where routing asks the language detection to choose. One request goes to one model, so its
+        texts must all be found in one language; and as for a lone model, a text found nearest a candidate but
+        clearly in another language (detect.as_source, the language identifier) is refused."""
         detected = self.detect(texts, candidates)
         found = sorted({lang for lang, _ in detected})
         if len(found) > 1:
@@ -180,7 +183,12 @@ class Models:
         if found[0] not in candidates:
             raise ApiError(400, f"source: the texts were detected as {language(found[0])}, which no model here "
                            f"translates ({self.pairs()}); give source", "unsupported_language")
-        return found[0]
+        for i, guess in enumerate(identifier.as_source(texts, found[0])):
+            if guess.language != found[0]:
+                raise ApiError(400, f"source: {names[i] if names else f'q[{i}]'} was detected as "
+                               f"{language(guess.language)}, not as a source language this request could go to "
+                               f"({', '.join(candidates)}); give source", "unsupported_language")
+        return found[0], detected
 
     def pick(self, source: str, target: str | None) -> Served:
         """The model from `source` to `target` (None: the only target `source` has here)."""

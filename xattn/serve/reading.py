@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import math
+import sys
 from typing import Awaitable, TypeVar
 from urllib.parse import parse_qsl
 
@@ -31,14 +32,11 @@ def check_key(expected: str | None, in_body: str | None, authorization: str) -> 
     if expected is None:
         return
     scheme, _, token = authorization.partition(" ")
-    bearer = token.strip() if scheme.lower() == "bearer" else ""
-    if in_body and bearer and in_body != bearer:
-        raise ApiError(422, "api_key: given in the request and in the Authorization header, differently (only one "
-                       "would count)", "invalid_request")
-    given = in_body or bearer or None
-    if given is None:
+    given = [key for key in (in_body, token.strip() if scheme.lower() == "bearer" else "") if key]
+    if not given:
         raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    # either may hold it: a proxy in front may send a Bearer token of its own beside the body's key
+    if not any([hmac.compare_digest(key.encode(), expected.encode()) for key in given]):
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
@@ -88,7 +86,8 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
             raise
         LOG.info("%s %s: the client went away before its answer was ready; its translation stopped",
                  request.method, request.url.path)
-        handler.uncancel()
+        if sys.version_info >= (3, 11):  # (3.10 keeps no count of cancellations to undo)
+            handler.uncancel()
         raise ApiError(499, "the client went away before its answer was ready", "client_gone") from None
     finally:
         watcher.cancel()
@@ -112,11 +111,14 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
     if kind == "multipart/form-data":
         return form_fields(await multipart(request.headers, bytes(raw), files, cap)), True
     if kind == "application/x-www-form-urlencoded":
+        if raw.lstrip()[:1] in (b"{", b"["):  # else "q: Field required", the JSON read as one odd field name
+            raise ApiError(422, "body: JSON, sent as a form (Content-Type: application/x-www-form-urlencoded); send "
+                           "it with Content-Type: application/json", "invalid_request")
         return form_fields(query_fields(raw, "body")), True
     try:
         data = json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json,
-                          parse_float=finite, parse_int=whole)
-        return check_text(data, "body"), False
+                          parse_int=whole)
+        return checked(data, "body"), False
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
     except RecursionError:
@@ -144,28 +146,24 @@ def not_json(name: str):
     raise ValueError(f"{name} is not JSON (numbers must be finite)")
 
 
-def finite(text: str) -> float:
-    if not math.isfinite(value := float(text)):
-        raise ValueError(f"{text[:20]} is too large a number for a float")
-    return value
+def whole(text: str) -> int | float:
+    """A JSON integer; one of more than MAX_DIGITS digits is infinite (`checked` refuses it naming the field)."""
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else math.inf
 
 
-def whole(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"a number of {len(text.lstrip('-'))} digits (at most {MAX_DIGITS})")
-    return int(text)
-
-
-def check_text(value, where: str):
-    """`value` (JSON read), unless a string in it holds a lone surrogate (JSON's "\\ud800" escapes): no text
-    can, and it would fail later far from the field (as a 500, or silently). 422 naming the field."""
+def checked(value, where: str):
+    """`value` (JSON read), unless it holds a number too large (1e400 reads as infinite) or a string with a lone
+    surrogate (JSON's "\\ud800" escapes: no text can, and it would fail later far from the field, as a 500 or
+    silently). 422 naming the field."""
     if isinstance(value, dict):
         for key, item in value.items():
-            check_text(key, f"{where}: a field name")
-            check_text(item, key if where == "body" else where)
+            checked(key, f"{where}: a field name")
+            checked(item, key if where == "body" else where)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            check_text(item, f"{where}[{i}]")
+            checked(item, f"{where}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(422, f"{where}: too large a number", "invalid_request")
     elif isinstance(value, str):
         try:
             value.encode("utf-8")
