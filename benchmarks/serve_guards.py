@@ -44,7 +44,9 @@ def sentences(n: int) -> list[str]:
     return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())][:n]
 
 
-def start_server(model: Path, threads: int, *flags: str, files: int | None = None) -> tuple[subprocess.Popen, int]:
+def start_server(model: Path, threads: int, *flags: str, files: int | None = None,
+                 root: Path = ROOT) -> tuple[subprocess.Popen, int]:
+    """`xattn serve MODEL` of the source tree `root` on a free port, once /health answers; and the port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -52,7 +54,7 @@ def start_server(model: Path, threads: int, *flags: str, files: int | None = Non
     def limit_files():
         if files is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(root)}
     server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
                                str(threads), "--no-access-log", *flags], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, preexec_fn=limit_files)
