@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from common import ROOT, cached_model, model_fingerprint, write_result
-from decode_versions import MODEL, git
+from decode_versions import git
 from serve_guards import sentences, start_server
-from serve_load import ask, request_body
+from serve_load import MODEL, ask, request_body
 
 
 async def alternate(ports: dict[str, int], texts: list[str], beam: int, warm_up: int = 30) -> dict:
@@ -46,7 +46,7 @@ async def alternate(ports: dict[str, int], texts: list[str], beam: int, warm_up:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory (default: the cached multi30k-de-en model of decode_versions)")
+    parser.add_argument("--model", help="model directory (default: serve_load.py's, the cached multi30k-de-en model)")
     parser.add_argument("--against", required=True, help="the git revision to compare with")
     parser.add_argument("--sentences", type=int, default=400)
     parser.add_argument("--beam", type=int, default=1)
@@ -71,7 +71,7 @@ def main() -> None:
                 server.wait()
             git("worktree", "remove", "--force", str(old_root))
     old, new = out["latency"]["old"], out["latency"]["new"]
-    figures = {"against": against, "model": model_fingerprint(model), "sentences": len(texts), "beam": args.beam,
+    figures = {"against": against, "model": model_fingerprint(model) | {"overrides": MODEL}, "sentences": len(texts), "beam": args.beam,
                "threads": args.threads, "old_p50_ms": round(1000 * statistics.median(old), 3),
                "new_p50_ms": round(1000 * statistics.median(new), 3),
                "new_over_old_paired": round(statistics.median(b / a for a, b in zip(old, new)), 4),
