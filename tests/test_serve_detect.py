@@ -27,8 +27,8 @@ ENGLISH = CLEAR["en"]
 
 @pytest.fixture(scope="module")
 def small(numbers_model):
-    """A server with small limits: 3 texts, 300 characters, 12 source tokens a request."""
-    limits = dataclasses.replace(Limits(), max_items=3, max_chars=300, max_source_tokens=12)
+    """A server with small limits: 3 texts, 300 characters, 12 source tokens a request, 2 requests waiting."""
+    limits = dataclasses.replace(Limits(), max_items=3, max_chars=300, max_source_tokens=12, queue_size=2)
     c = started(create_app(str(numbers_model), limits, api_key="k3y"))
     yield c
     c.__exit__(None, None, None)
@@ -142,6 +142,7 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
 
 
 def test_a_file_of_more_lines_than_a_request_may_have_is_translated_in_parts(small):
+    """Its parts never fill the queue that requests share: 3 parts on a server where 2 may wait."""
     lines = ["drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]  # 7 lines, 3 texts a request
     want = []
     for part in (lines[:3], lines[3:6], lines[6:]):
@@ -162,6 +163,8 @@ def test_a_file_of_more_lines_than_a_request_may_have_is_translated_in_parts(sma
     ("drei", "zahlen.txt", {"target": "fr"}, 400, "target: French (fr) is not supported; this server translates de→en"),
     ("drei", "zahlen.txt", {"beam_size": "2"}, 422, "beam_size: Extra inputs are not permitted"),
     (ENGLISH, "notes.txt", {}, 400, "source: auto, and file reads as en"),
+    ("Ein Mann in einem blauen Hemd steht auf einer Leiter.\nZwei Hunde spielen im Schnee.\n" + ENGLISH, "notes.txt",
+     {}, 400, "source: auto, and file: line 3 reads as en"),  # the whole text reads as German, its last line does not
 ])
 def test_files_that_cannot_be_translated_are_a_4xx_naming_the_field(small, content, name, fields, status, fragment):
     error(upload(small, content, name, api_key="k3y", **fields), status, fragment)

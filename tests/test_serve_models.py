@@ -180,6 +180,14 @@ def three():
     return [Served("a", "de", "en"), Served("b", "en", "de"), Served("c", "de", "fr")]
 
 
+def test_a_text_without_letters_goes_with_the_others_and_alone_asks_for_source(three):
+    models = Models(three, detecting({"three": "en", "drei": "de", "123": "und", "": "und"}))
+    route = models.route("auto", None, ["123", "three", ""])
+    assert route.served.path == "b" and route.detected == [("en", 0.0), ("en", 90.0), ("en", 0.0)]
+    with pytest.raises(ApiError, match="source: no text has letters to tell its language by; give source"):
+        models.route("auto", None, ["123", ""])
+
+
 def test_routing_by_source_and_target(three):
     models = Models(three)
     assert models.route("de", "fr", ["x"]).served.path == "c"

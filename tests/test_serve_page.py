@@ -454,10 +454,10 @@ def test_detecting_the_language_goes_to_its_model_and_says_which(open_page, pair
     assert page.text_content("#error") == "Beam width: a whole number from 1 to 16 on this server, or empty for " \
         "each model's own."
     page.fill("#beam", "")
-    # no letters: no language a model here reads; the 400 shows as any error does
+    # no letters: nothing to tell the language by; the 400 shows as any error does
     translate(page, "123 456")
     error = page.text_content("#error")
-    assert error.startswith("Source language: the texts were detected as 'und', which no model here translates")
+    assert error.startswith("Source language: no text has letters to tell its language by")
     assert error.endswith("pick the languages above instead of detecting them.")
     assert page.locator("#result").is_hidden() and page.locator("#detected").is_hidden()
     assert page.locator("#attention").is_hidden()

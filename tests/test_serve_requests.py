@@ -8,6 +8,7 @@ import logging
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from starlette.datastructures import Headers  # noqa: E402
 from starlette.requests import ClientDisconnect  # noqa: E402
 
 from xattn.serve.app import create_app  # noqa: E402
@@ -53,6 +54,10 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     ('{"q": "drei", "alternatives": "\u00b3"}'.encode(), "application/json", 422, "alternatives: '³' is not a whole"),
     (b'{"q": "drei", "max_len_a": 0.1, "max_len_b": 0}', "application/json", 422, "allows no output token"),
     (b'{"q": "drei", "api_key": "\\udc80"}', "application/json", 422, "api_key: holds a lone surrogate"),
+    (b'{"q": ["drei", 2]}', "application/json", 422, "q[1]: Input should be a valid string"),
+    (b'{"q": "drei", "extra": {"x": [1e400]}}', "application/json", 422, "extra.x[0]: too large a number"),
+    (b'--b\r\nContent-Disposition: form-data; name=q\r\n\r\nEin \xff Hund\r\n--b--\r\n',
+     "multipart/form-data; boundary=b", 422, "q: not UTF-8 (multipart/form-data)"),
     (b"q=drei&beam_size=1_0", "application/x-www-form-urlencoded", 422, "beam_size: '1_0' is not a whole number"),
     (b"q=drei&alignment=maybe", "application/x-www-form-urlencoded", 422, "alignment: 'maybe' is not true or false"),
     (b'{"q": "drei"}', "application/x-www-form-urlencoded", 422, "body: JSON, sent as a form"),
@@ -102,7 +107,21 @@ def test_every_route_refuses_a_body_that_is_not_an_object_of_valid_text(client):
     error(client.post("/translate", content=b'{"q": "drei"}', headers={"Content-Type": "application/json",
                                                                         "Content-Encoding": "gzip"}),
           415, "Content-Encoding: gzip is not supported", "unsupported_media")
-    assert client.head("/health").status_code == 200 and client.head("/").status_code == 200
+    twice = [("Content-Type", "application/json"), ("Content-Encoding", "identity"), ("Content-Encoding", "gzip")]
+    error(client.post("/translate", content=b'{"q": "drei"}', headers=twice), 415, "Content-Encoding: gzip")
+    too_large = post_raw(client, b"x" * 200_000)
+    assert too_large.status_code == 413 and too_large.headers["connection"] == "close"  # its body is left unread
+    for path in ("/health", "/", "/languages", "/info", "/metrics"):
+        assert client.head(path).status_code == 200, path
+    error(client.post("/translate/", json={"q": "drei"}), 404, "")  # not an empty 307
+
+
+def test_alternatives_never_change_the_first_translation_of_a_seeded_sampling_request(client):
+    texts = ["drei", "vier hundert", "sieben und zwanzig", "neun tausend", "zwei", "acht und achtzig"]
+    alone = client.post("/translate", json={"q": texts, "sampling": True, "seed": 3}).json()
+    asked = client.post("/translate", json={"q": texts, "sampling": True, "seed": 3, "alternatives": 2}).json()
+    assert asked["translatedText"] == alone["translatedText"]
+    assert all(len(alts) <= 2 for alts in asked["alternatives"]) and any(asked["alternatives"])
 
 
 def test_what_libretranslate_accepts_is_accepted(client):
@@ -150,7 +169,7 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
 def test_a_client_gone_mid_body_is_one_short_line(caplog):
     class Gone:
         method, scope = "POST", {"query_string": b""}
-        headers = {"content-type": "application/json"}
+        headers = Headers({"content-type": "application/json"})
 
         class url:
             path = "/translate"

@@ -63,6 +63,13 @@ def register(sub) -> None:
                    "batch or a translate call)")
 
 
+def client_noise(record: logging.LogRecord) -> bool:
+    """Whether uvicorn's log record is worth a line: not its warnings about one client's malformed request or upgrade
+    (that client gets a JSON error; a crowd of them would flood the log)."""
+    return not record.getMessage().startswith(("Invalid HTTP request received", "Unsupported upgrade request",
+                                               "No supported WebSocket library"))
+
+
 CONNECTION_FLAGS = {
     "--max-connections": ("max_connections", int, None, "open connections; one more is answered 503 at once and "
                           "closed (default: 512, or fewer when the open-file limit leaves less room)"),
@@ -115,9 +122,11 @@ def run(args) -> int:
     log.setLevel(logging.INFO)
     logging.getLogger("xattn.serve.access").setLevel(logging.WARNING if args.no_access_log else logging.INFO)
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a malformed upload is the client's 422 alone
+    logging.getLogger("uvicorn.error").addFilter(client_noise)  # answered as JSON already (connections.py)
     sys.setswitchinterval(SWITCH_INTERVAL)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                                 loop="asyncio", http=guarded(read_timeout, limit), **connections)))
+                                                 loop="asyncio", http=guarded(read_timeout, limit), ws="none",
+                                                 **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
     print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)

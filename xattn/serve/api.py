@@ -97,9 +97,19 @@ def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] 
     try:
         return kind.model_validate(data, strict=True)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        raise ApiError(422, f"{where}: {first['msg']}", "invalid_request") from None
+        first = max(e.errors(), key=lambda error: len(error["loc"]))  # of a union (q), the branch gone furthest
+        raise ApiError(422, f"{field_path(first['loc'])}: {first['msg']}", "invalid_request") from None
+
+
+def field_path(loc: tuple) -> str:
+    """pydantic's error location as the request names it: q[1], not q.list[str].1 (a union's branch is a type)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not re.fullmatch(r"(str|int|float|bool|list\[.*\]|dict\[.*\])", part):
+            path += f".{part}" if path else part
+    return path or "body"
 
 
 NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}(\.0*)?"),  # 5.0 is 5, as pydantic reads it
@@ -178,7 +188,7 @@ class Settings:
     """What a translate call needs besides the texts; equal settings may share a call."""
     decode: DecodeConfig
     attention: bool                    # carry the cross-attention (for attention or alignment)
-    wider: DecodeConfig | None = None  # a search wide enough for the alternatives asked, when `decode`'s beam is not:
+    wider: DecodeConfig | None = None  # a search wide enough for the alternatives asked, when `decode` is not:
     #   the first translation still comes from `decode`, so asking for alternatives never changes it
     work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
 
@@ -224,7 +234,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
 
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:
     """The model's decoding settings with the request's, and the wider search of Settings.wider when the
-    `alternatives` asked for need more hypotheses than its beam holds."""
+    `alternatives` asked for need more hypotheses than its beam holds, or more samples than it draws."""
     given = {k: getattr(req, k) for k in DECODE_FIELDS if getattr(req, k) is not None}
     asked = set(given) - {"sampling"}
     sampling, wanted, widen = given.get("sampling", base.sampling), req.alternatives + 1, {}
@@ -233,8 +243,9 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConf
             if given.get(key, wanted) < wanted:  # set by the request too low: a contradiction, not a default
                 raise ApiError(422, f"{key}: {given[key]} is too few for {req.alternatives} alternatives (needs "
                                f"{wanted} or more; or leave it out)", "invalid_request")
-        if sampling:
-            given["num_samples"] = max(given.get("num_samples", 1), wanted)
+        if sampling:  # more samples would change the draws, and so the best of them: a second call draws more
+            if given.get("num_samples", base.num_samples) < wanted:
+                widen = {"num_samples": wanted}
         elif given.get("beam_size", base.beam_size) >= wanted:
             given["n_best"] = max(given.get("n_best", 1), wanted)
         else:

@@ -20,13 +20,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve import detect as identifier
-from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body, parse_request,
-                             plan, request_texts, response)
+from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detected_source, detection, openapi_body,
+                             parse_request, plan, request_texts, response)
 from xattn.serve.batcher import QueueFull
 from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
     translate_lines
@@ -62,7 +63,8 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
         await models.stop()
 
     app = FastAPI(title="xattn", description="Translation with the cross-attention to see. LibreTranslate-compatible "
-                  "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan)
+                  "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  redirect_slashes=False)  # /translate/ is a JSON 404, not an empty 307
     app.state.xattn, app.state.metrics = models, metrics
     app.add_middleware(Observed, metrics=metrics)
     if cors_origin:
@@ -72,6 +74,8 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
     add_page(app)
     add_model_routes(app, models, limits, api_key)
     add_file_routes(app, models, limits, api_key)
+    for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:  # HEAD wherever GET
+        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False)
     return app
 
 
@@ -102,7 +106,6 @@ def add_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Content-Security-Policy": CSP})
-    app.add_api_route("/", page, methods=["HEAD"], include_in_schema=False)  # what uptime monitors send
 
     @app.get("/static/{name}", include_in_schema=False)
     async def static(name: str):
@@ -120,7 +123,6 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
             return JSONResponse({"error": "; ".join(waiting), "error_type": "unavailable", **body}, 503,
                                 headers={"Retry-After": "1"})
         return {"status": "ok", **body}
-    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # what uptime monitors send
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics():
@@ -200,7 +202,11 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
         filename, content = file_text(fields.get("file"), limits)
+        document = Document.parse(content)
         route = models.route(req.source, req.target, [content], ["file"])  # auto: the whole text, more than a line
+        if req.source == "auto":  # and then each line, as each text of a list: one in another language is refused
+            lines, numbers = document.texts()
+            detected_source(lines, route.served.source, [f"file: line {n}" for n in numbers])
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         model, source, target = route.served.ready(), route.served.source, route.served.target
@@ -208,7 +214,8 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         async def part(lines: list[str]) -> list[str]:
             asked = TranslateRequest(q=lines, source=source, target=target)
             return (await translated(model, asked, limits, record, None))["translatedText"]
-        translation = await while_connected(request, translate_lines(Document.parse(content), part, limits.max_items))
+        translation = await while_connected(request, translate_lines(document, part, limits.max_items,
+                                                                     max(1, limits.queue_size // 2)))
         name = store.put(download_name(filename, target), translation.encode())
         return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
 

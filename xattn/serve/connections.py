@@ -86,6 +86,7 @@ class Guarded(H11Protocol):
             reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
                            "bytes, the server's limit", "too_large")
         else:
+            LOG.info("a request that is not valid HTTP/1.1; answered 400 and closed")
             reply = answer("400 Bad Request", "the request is not valid HTTP/1.1", "bad_request")
         self.transport.write(reply)
         self.transport.close()
@@ -121,6 +122,8 @@ class Guarded(H11Protocol):
         self.deadline = None
         if not self.transport.is_closing():
             LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
+            if (scope := getattr(self, "scope", None)) and "xattn" in scope:  # a request whose body was arriving:
+                scope["xattn"]["read_timeout"] = True  # its app sees the close as 408, not as a client gone
             self.transport.close()
 
 

@@ -65,9 +65,10 @@ def strict_utf8(content_type: str, raw: bytes) -> None:
     header["content-type"] = content_type
     boundary = (header.get_param("boundary") or "").encode("latin-1")
     charset = header.get_param("charset") or "UTF-8"
-    for part in raw.split(b"--" + boundary)[1:-1]:
+    for part in (b"\r\n" + raw).split(b"\r\n--" + boundary)[1:-1]:  # a boundary starts a line, as the parser reads it
         head, _, data = part.partition(b"\r\n\r\n")
-        name = next(iter(re.findall(rb'\bname="([^"]*)"', head)), b"")
+        name = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
+        name = name[0] or name[1]
         decoded(name, charset, "body: a multipart field name")
         if name != b"file" and not re.search(rb"\bfilename=", head):
             decoded(data.removesuffix(b"\r\n"), charset, f"{decoded(name, charset, '')}")
@@ -143,18 +144,22 @@ ITEM = re.compile(r"^q(\[(\d+)\])?:")
 
 
 async def translate_lines(document: Document, translate: Callable[[list[str]], Awaitable[list[str]]],
-                          max_items: int) -> str:
+                          max_items: int, at_once: int) -> str:
     """`document` translated by `translate` (a /translate request's texts -> translations) in parts of at most
-    `max_items` lines, sent together so that the batcher can join them; an error of a part names the file and
-    the line instead of q[i]. No line to translate is a 422."""
+    `max_items` lines, `at_once` of them sent together so that the batcher can join them (a file must not fill the
+    queue that requests share: on an idle server it would be refused as busy); an error of a part names the file
+    and the line instead of q[i]. No line to translate is a 422."""
     texts, numbers = document.texts()
     if not texts:
         raise ApiError(422, "file: no text to translate (every line is blank)", "invalid_request")
     parts = [list(range(start, min(start + max_items, len(texts)))) for start in range(0, len(texts), max_items)]
 
+    gate = asyncio.Semaphore(at_once)
+
     async def part(indices: list[int]) -> list[str]:
         try:
-            return await translate([texts[i] for i in indices])
+            async with gate:
+                return await translate([texts[i] for i in indices])
         except ApiError as e:
             def line(match: re.Match) -> str:
                 return f"file: line {numbers[indices[int(match[2])]]}:" if match[2] else "file:"

@@ -65,7 +65,8 @@ class Model:
         if settings.wider is None:
             return first
         wider = yield from self.translator.translate_steps(texts, settings.wider)
-        return with_alternatives(first, wider, settings.wider.n_best - 1)
+        kept = settings.wider.num_samples if settings.wider.sampling else settings.wider.n_best
+        return with_alternatives(first, wider, kept - 1)
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
@@ -174,9 +175,14 @@ class Models:
         """Which of `candidates` (two or more source languages) `texts` are in, and each text's detected language:
         the one place where routing asks the language detection to choose. One request goes to one model, so its
         texts must all be found in one language; and as for a lone model, a text found nearest a candidate but
-        clearly in another language (detect.as_source, the language identifier) is refused."""
+        clearly in another language (detect.as_source, the language identifier) is refused. A text without letters
+        (found `und`) has no say: it goes with the others, and is detected as their language with confidence 0."""
         detected = self.detect(texts, candidates)
-        found = sorted({lang for lang, _ in detected})
+        found = sorted({lang for lang, _ in detected} - {identifier.UNDETERMINED}) or [identifier.UNDETERMINED]
+        if found == [identifier.UNDETERMINED]:
+            raise ApiError(400, "source: no text has letters to tell its language by; give source",
+                           "language_required")
+        detected = [(found[0], 0.0) if lang == identifier.UNDETERMINED else (lang, p) for lang, p in detected]
         if len(found) > 1:
             raise ApiError(400, f"source: the texts were detected as {', '.join(found)}; one request is translated "
                            "by one model, so send each language apart, or give source", "language_required")

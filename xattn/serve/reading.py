@@ -49,9 +49,11 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
     fields a multipart body may have (files.Upload values)."""
     try:
         body, form = await read_body(request, limits, files)
-    except ClientDisconnect:
+    except ClientDisconnect:  # 499 in the log and metrics, or 408 when the read deadline closed it (connections.py)
+        if request.scope.get("xattn", {}).get("read_timeout"):
+            raise ApiError(408, "the request did not arrive within the server's read timeout", "timeout") from None
         LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
-        raise ApiError(400, "the client went away before its body arrived", "client_gone") from None
+        raise ApiError(499, "the client went away before its body arrived", "client_gone") from None
     if body is None:  # no body: the fields are the query string's (or none, which the route then names)
         body = {}
     if not isinstance(body, dict):
@@ -97,17 +99,19 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
     """The body as a dict (JSON, or a form whose repeated `q` is a list), read at most up to a size cap, and
     whether it was a form."""
     cap = 8 * limits.max_chars + 65536  # UTF-8 and JSON escapes of max_chars characters, and the other fields
+    too_large = ApiError(413, f"the body is over {cap} bytes", "too_large", {"Connection": "close"})  # (unread)
     if int(request.headers.get("content-length") or 0) > cap:
-        raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+        raise too_large
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if (coding := request.headers.get("content-encoding", "identity").strip().lower()) not in ("", "identity"):
+    codings = [c.strip().lower() for line in request.headers.getlist("content-encoding") for c in line.split(",")]
+    if coding := next((c for c in codings if c not in ("", "identity")), None):
         raise ApiError(415, f"Content-Encoding: {coding} is not supported; send the body uncompressed",
                        "unsupported_media")
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > cap:
-            raise ApiError(413, f"the body is over {cap} bytes", "too_large")
+            raise too_large
     if kind == "multipart/form-data":
         return form_fields(await multipart(request.headers, bytes(raw), files, cap)), True
     if kind == "application/x-www-form-urlencoded":
@@ -158,7 +162,7 @@ def checked(value, where: str):
     if isinstance(value, dict):
         for key, item in value.items():
             checked(key, f"{where}: a field name")
-            checked(item, key if where == "body" else where)
+            checked(item, key if where == "body" else f"{where}.{key}")
     elif isinstance(value, list):
         for i, item in enumerate(value):
             checked(item, f"{where}[{i}]")
