@@ -199,7 +199,9 @@ CASES = {
     "max-len-b negative": (["translate", M, "--max-len-b", "-2"], "--max-len-b"),
     "max length zero": (["translate", M, "--max-len-a", "0", "--max-len-b", "0"], "nothing could be generated"),
     "max length below one token": (["translate", M, "--max-len-a", "0.1", "--max-len-b", "0"],
-                                   "--max-len-b: max_len_a * 6 source tokens (</s> included) + max_len_b allows no output"),
+                                   "--max-len-b: the maximum output length leaves a sentence of 6 source tokens"),
+    "min length above the maximum": (["translate", M, "--min-len", "40", "--max-len-b", "20", "--beam", "2"],
+                                     "--min-len: 40 is above the"),
     "temperature zero": (["translate", M, "--sample", "--temperature", "0"], "--temperature"),
     "temperature nan": (["translate", M, "--sample", "--temperature", "nan"], "--temperature"),
     "top-p above 1": (["translate", M, "--sample", "--top-p", "1.5"], "--top-p"),
@@ -520,7 +522,7 @@ def test_a_sequence_beyond_learned_positions_is_an_error_and_decoding_stays_with
     with pytest.raises(xattn.XattnError, match="longer than model.max_positions=8"):
         model.encode(torch.randint(3, 40, (1, 9)))
     from xattn.decoding import search
-    hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=50))
+    hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=20))
     assert all(len(h.tokens) <= 7 for hyps_ in hyps for h in hyps_)
 
 
@@ -539,3 +541,33 @@ def test_overrides_may_follow_options(space, capsys):
     import xattn
     config = xattn.load(out, device="cpu").config
     assert (config.train.max_steps, config.data.numbers_size, config.model.d_model) == (1, 200, 16)
+
+
+@pytest.mark.parametrize("stream, message", [(0, "stdin is closed; give the input as a file"),
+                                             (1, "stdout is closed; write the output to a file"),
+                                             ("full", "writing the output: No space left on device")])
+def test_a_closed_or_full_standard_stream_is_one_line_and_exit_2(stream, message, space):
+    """`<&-`, `>&-` and `> /dev/full` (an AttributeError, silence from print(), or an OSError before)."""
+    argv = [sys.executable, "-m", "xattn", "translate", str(space / "model"), "-i", str(space / "src.txt")]
+    if stream == 0:
+        argv = argv[:-2]  # from stdin
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(argv, stdout=full if stream == "full" else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"},
+                                preexec_fn=(lambda: os.close(stream)) if stream in (0, 1) else None)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_python_api_names_its_own_parameters(space):
+    import xattn
+
+    translator = xattn.load(space / "model")
+    for call, message in ((lambda: translator.translate(["eins"], {"beam_size": 2}), "cfg: a DecodeConfig, got dict"),
+                          (lambda: translator.translate(["eins"], prefixes=[None]), "prefixes: prefix 1: expected a"),
+                          (lambda: translator.translate(["eins"], return_attention=True, attention_heads=(0, ())),
+                           "attention_heads: no heads given"),
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(min_len=40, max_len_b=20)),
+                           "min_len: 40 is above the")):
+        with pytest.raises(xattn.XattnError, match=message):
+            call()

@@ -267,3 +267,16 @@ def test_tracked_heads_of_a_pruned_model_with_a_head_mask_and_a_prefix_are_the_t
                                            atol=1e-5)
     with pytest.raises(xattn.XattnError, match="attention_heads: layer 1 has no head 1"):
         translator.translate(TEXTS, xattn.DecodeConfig(), return_attention=True, attention_heads=(1, (1,)))
+
+
+def test_the_default_settings_are_the_model_directory_s_and_a_call_s_batches_never_draw_alike(numbers_model):
+    """`translate(texts)` decodes as every command does (the directory's decode settings, not DecodeConfig()); and
+    a seeded sampling call draws once: one sentence per batch, the same sentence four times, is not sampled four
+    times alike (every batch reused the seed's numbers)."""
+    translator = xattn.load(numbers_model)
+    texts = ["drei", "vierhundertzwölf", "sieben"]
+    assert translator.translate(texts) == translator.translate(texts, translator.decode_config)
+    one_each = xattn.DecodeConfig(sampling=True, seed=7, max_tokens=1)
+    samples = [t.text for t in translator.translate(["siebenhundertzwölf"] * 4, one_each)]
+    assert len(set(samples)) > 1, samples
+    assert [t.text for t in translator.translate(["siebenhundertzwölf"] * 4, one_each)] == samples  # seeded

@@ -266,7 +266,8 @@ class DecodeConfig:
             raise ConfigError("decode.n_best", f"{self.n_best} is above decode.beam_size ({self.beam_size}); "
                               "raise the beam to at least n_best")
         if self.max_len_a == 0 and self.max_len_b == 0:
-            raise ConfigError("decode.max_len_b", "decode.max_len_a and max_len_b are both 0: nothing could be generated")
+            raise ConfigError("decode.max_len_b", "decode.max_len_a and decode.max_len_b are both 0: nothing could "
+                              "be generated")
 
     @property
     def hypotheses(self) -> int:

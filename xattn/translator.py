@@ -14,7 +14,7 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
-from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps
+from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps, seeded
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -126,11 +126,12 @@ class Translator:
             translator.shortlist = Shortlist.load(path, cfg.src_vocab_size, cfg.tgt_vocab_size)
         return translator
 
-    def translate(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
+    def translate(self, texts: list[str], cfg: DecodeConfig | None = None, return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
                   prefixes: list[str] | None = None,
                   attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> list[Translation]:
-        """Translate `texts`; results come back in input order.
+        """Translate `texts` with `cfg` (default: the model directory's decode settings, `decode_config`, as every
+        command and the server use them); results come back in input order.
 
         Sentences are sorted by length into batches of at most cfg.max_tokens source positions
         (hypotheses per input * sentences * longest source). An empty sentence translates to an
@@ -145,7 +146,7 @@ class Translator:
         return finish(self.translate_steps(texts, cfg, return_attention, attention_from, return_self_attention,
                                            prefixes, attention_heads))
 
-    def translate_steps(self, texts: list[str], cfg: DecodeConfig = DecodeConfig(), return_attention: bool = False,
+    def translate_steps(self, texts: list[str], cfg: DecodeConfig | None = None, return_attention: bool = False,
                         attention_from: str = "search", return_self_attention: bool = False,
                         prefixes: list[str] | None = None,
                         attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> Steps[list[Translation]]:
@@ -153,12 +154,19 @@ class Translator:
         (the server); the arguments are checked and the texts tokenized at the call."""
         if isinstance(texts, str):
             raise XattnError("translate() takes a list of sentences, got one string; pass [text]")
+        cfg = self.decode_config if cfg is None else cfg
+        if not isinstance(cfg, DecodeConfig):
+            raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__} (DecodeConfig(**settings) makes one)")
         if attention_from not in ("search", "rescore"):
             raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
         if prefixes is not None and len(prefixes) != len(texts):
             raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         eos = self.model.cfg.eos_id
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
+        if prefixes is not None and (bad := next((i for i, p in enumerate(prefixes) if not isinstance(p, str)), None)) \
+                is not None:
+            raise ParameterError("prefixes", f"prefix {bad + 1}: expected a string (\"\" for none), got "
+                                 f"{type(prefixes[bad]).__name__}")
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
         tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
         return self._steps(ids, forced, cfg, Options(return_attention, attention_from, return_self_attention, tracked))
@@ -167,9 +175,11 @@ class Translator:
                options: Options) -> Steps[list[Translation]]:
         model = self.inference.current()
         results: list[Translation | None] = [None] * len(ids)
+        generator = seeded(cfg, self.device) if cfg.sampling else None  # one a call: batches never draw alike
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
-            translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix)
+            translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix,
+                                                            generator)
             for i, translation in zip(batch, translations):
                 results[i] = translation
         return results  # type: ignore[return-value]
@@ -208,7 +218,8 @@ class Translator:
                                unpadded(enc.self_attn, S, S) if "encoder-self" in kinds else None)
 
     def _translate_batch(self, model: Transformer, ids: list[list[int]], cfg: DecodeConfig, options: Options,
-                         prefix: list[list[int]] | None) -> Steps[list[Translation]]:
+                         prefix: list[list[int]] | None,
+                         generator: torch.Generator | None = None) -> Steps[list[Translation]]:
         pad = self.model.cfg.pad_id
         src = pad_batch(ids, pad, self.device)  # (B, S)
         forced = pad_batch([p or [pad] for p in prefix], pad, self.device) if prefix is not None else None  # (B, P)
@@ -217,7 +228,7 @@ class Translator:
         with torch.inference_mode():
             enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
         nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
-                                        head_mask=self.head_mask, track=options.tracked,
+                                        head_mask=self.head_mask, track=options.tracked, generator=generator,
                                         vocab=self._vocab(src, forced) if cfg.shortlist else None)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import importlib
 import sys
@@ -11,6 +12,24 @@ from xattn.errors import ParameterError, XattnError
 VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
          "diagnose", "finetune", "compose", "prune", "shortlist", "serve")
 MODULES = {"import": "import_"}  # verbs that are Python keywords
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""Errors of a write that found no room: one line, whatever was being written."""
+
+
+class Closed:
+    """A standard stream the caller closed (`<&-`, `>&-`): its use is one clear error, not an AttributeError (or,
+    from print(), silence)."""
+
+    def __init__(self, name: str, instead: str):
+        self.name, self.instead = name, instead
+
+    def __getattr__(self, attr: str):
+        raise XattnError(f"{self.name} is closed; {self.instead}")
+
+    def flush(self) -> None:  # what the interpreter does at exit: nothing to flush
+        pass
 
 
 class Parser(argparse.ArgumentParser):
@@ -29,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdin is None:
+        sys.stdin = Closed("stdin", "give the input as a file (-i FILE, or --src)")
+    if sys.stdout is None:
+        sys.stdout = Closed("stdout", "write the output to a file (-o FILE)")
     args, extras = build_parser().parse_known_args(argv)
     if extras:  # argparse stops filling `overrides` at the first option; section.key=value may come after it
         if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extras):
@@ -45,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`)
         return 0
     except OSError as e:
+        if e.filename is None and e.errno in FULL:  # stdout, most likely: no file named
+            return _fail(args.verb, f"writing the output: {e.strerror}")
         if e.filename is None:  # not about a file the user named: a bug to show in full
             raise
         return _fail(args.verb, f"{e.filename}: {e.strerror or e}")

@@ -28,7 +28,7 @@ from xattn.decoding.processors import constraints, warpers
 
 __all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "finish",
            "gnmt_penalty", "greedy", "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search",
-           "search_steps"]
+           "search_steps", "seeded"]
 
 
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
@@ -39,15 +39,23 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
     return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab, track))
 
 
+def seeded(cfg: DecodeConfig, device: torch.device | str) -> torch.Generator:
+    """The random numbers of one sampling call: seeded from cfg.seed, or at random without one."""
+    generator = torch.Generator(device=device)
+    return generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
+
+
 def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
                  need_attention: bool = False, enc: EncoderOutput | None = None,
                  head_mask: HeadMask | None = None, vocab: Tensor | None = None,
-                 track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
+                 track: Tracked | None = None, generator: torch.Generator | None = None) -> Steps[list[list[Hypothesis]]]:
     """The search as Steps (one decoder step per `next()`). src (B, S), each row ending with EOS; prefix (B, P)
     forced first target tokens (pad-padded) or None;
     enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
     heads' outputs (Transformer.encode), applied at every step; vocab: sorted target ids, the only ones the
-    search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary.
+    search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary;
+    generator: sampling's random numbers, when a call samples several batches (one seeded generator a call, so
+    that its batches do not draw the same numbers: `seeded`); by default one seeded from cfg.seed.
 
     Returns B lists of hypotheses, best first: cfg.num_samples samples when cfg.sampling, else one
     greedy hypothesis (beam_size 1) or the cfg.n_best of beam search. With `need_attention` each
@@ -63,9 +71,7 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
         max_len = max_len.clamp(max=model.cfg.max_positions - 1)
     rules = constraints(cfg, model.cfg)
     if cfg.sampling:
-        generator = torch.Generator(device=src.device)
-        generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
-        pick = sampler(warpers(cfg), generator)
+        pick = sampler(warpers(cfg), generator or seeded(cfg, src.device))
         return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
                          need_attention, enc, head_mask, vocab, track)
     if cfg.beam_size == 1:

@@ -49,6 +49,8 @@ class Tracked:
     def checked(self, cfg) -> Tracked:
         """Itself, if the model of ModelConfig `cfg` has that layer and those heads; else a ParameterError."""
         heads = cfg.heads_per_layer("cross")
+        if self.heads is not None and not self.heads:  # their mean would be NaN everywhere
+            raise ParameterError("attention_heads", "no heads given; give some, or None for all of the layer's")
         if not 0 <= self.layer < len(heads) or heads[self.layer] == 0:
             raise ParameterError("attention_heads", f"layer {self.layer} is not a decoder layer with cross-attention "
                                  f"heads (heads per layer: {heads})")
@@ -141,8 +143,8 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
     """(B, S) -> (B,) floor(max_len_a * src_len + max_len_b), src_len counting non-pad tokens (EOS included).
 
     A source holding nothing but EOS (an empty sentence) gets 0: its translation is empty, unless a
-    forced prefix is longer; the limit never cuts a prefix. Settings that leave any other source no output token
-    are a ParameterError naming max_len_b.
+    forced prefix is longer; the limit never cuts a prefix. Settings that leave any other source no output token,
+    or fewer than min_len, are a ParameterError naming max_len_b or min_len.
     """
     src_len = src.ne(pad_id).sum(dim=1)  # (B,)
     limit = (cfg.max_len_a * src_len.double() + cfg.max_len_b).floor().long().clamp(min=0)
@@ -151,6 +153,12 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
         limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
     no_room = (limit < 1) & (src_len > 1)  # a source that would silently get an empty translation
     if bool(no_room.any()):
-        raise ParameterError("max_len_b", f"max_len_a * {int(src_len[no_room].min())} source tokens (</s> included) + "
-                             "max_len_b allows no output token; raise max_len_b (or max_len_a)")
+        raise ParameterError("max_len_b", f"the maximum output length leaves a sentence of {int(src_len[no_room].min())} "
+                             "source tokens (</s> included) no token; raise it")
+    too_short = (limit < cfg.min_len) & (src_len > 1)  # else the minimum would silently not hold
+    if bool(too_short.any()):
+        raise ParameterError("min_len", f"{cfg.min_len} is above the {int(limit[too_short].min())} output tokens the "
+                             "maximum output length allows a sentence of "
+                             f"{int(src_len[too_short][limit[too_short].argmin()])} source tokens (</s> included); "
+                             "lower it or raise the maximum")
     return limit
