@@ -571,3 +571,20 @@ def test_python_api_names_its_own_parameters(space):
                            "min_len: 40 is above the")):
         with pytest.raises(xattn.XattnError, match=message):
             call()
+
+
+def test_a_model_that_samples_by_default_can_be_searched_with_no_sample(space, monkeypatch, capsys):
+    sampling = space / "sampling-model"
+    if not sampling.exists():
+        shutil.copytree(space / "model", sampling)
+        config = (sampling / "config.yaml").read_text()
+        (sampling / "config.yaml").write_text(config.replace("  sampling: false\n", "  sampling: true\n"))
+    code, _, err = run_main(["translate", str(sampling), "--beam", "2"], b"eins\n", monkeypatch, capsys)
+    assert code == 2 and "--beam: applies to beam search, not to sampling" in err
+    assert "this model's decode settings sample: --no-sample searches" in err
+    searched = run_main(["translate", str(sampling), "--no-sample", "--beam", "2"], b"eins\n", monkeypatch, capsys)
+    plain = run_main(["translate", str(space / "model"), "--beam", "2"], b"eins\n", monkeypatch, capsys)
+    assert searched[0] == 0 and searched[1] == plain[1]
+    code, _, err = run_main(["attention", str(sampling), "eins", "--reference", "one", "--no-sample", "-o",
+                             str(space / "a.png")], b"", monkeypatch, capsys)
+    assert code == 2 and "--no-sample: not used with --reference" in err

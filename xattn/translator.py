@@ -36,7 +36,8 @@ class Translation:
     self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
     relaxed: bool = False                         # the decoding constraints left no token but end of sentence
     #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
-    alternatives: list[Translation] = field(default_factory=list)  # n-best or samples, best first
+    alternatives: list[Translation] = field(default_factory=list)  # the n-best, best first; or the samples, in
+    #   the order drawn (the first is the translation)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:

@@ -1,6 +1,7 @@
 """`xattn translate MODEL`: translate lines from stdin or a file, with any decoding strategy."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Iterator
 
@@ -58,7 +59,8 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
     for flag, (_, kind, help) in DECODE_FLAGS.items():
         if not (one_per_input and flag in MANY_PER_INPUT):
             p.add_argument(flag, type=kind, help=help)
-    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample instead of searching (--no-sample: search, where the model's decode settings sample)")
     p.add_argument("--shortlist", action="store_true", help="score only the target tokens the model's lexical "
                    "shortlist (xattn shortlist) lists for a batch's source tokens: faster, may change a few translations")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
@@ -77,8 +79,8 @@ def decode_config(args, base):
     changes = {field: getattr(args, flag[2:].replace("-", "_"), None) for flag, (field, _, _) in DECODE_FLAGS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
     given = set(changes)  # the settings the command line names (refuse_unused names them)
-    if args.sample:
-        changes["sampling"] = True
+    if args.sample is not None:
+        changes["sampling"] = args.sample
     if args.shortlist:
         changes["shortlist"] = True
     if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
@@ -94,6 +96,8 @@ def decode_config(args, base):
         problem = e.problem
         for key, flag in sorted(flags.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
             problem = problem.replace(key, flag)
+        if base.sampling and args.sample is None and "not to sampling" in problem:
+            problem += "; this model's decode settings sample: --no-sample searches"
         raise XattnError(f"{flags[e.key]}: {problem}") from None
 
 
@@ -102,7 +106,8 @@ def refuse_search_flags(args, reason: str) -> None:
     (`reason`: why, e.g. the translation is given)."""
     given = [flag for flag in DECODE_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
     given += [flag for flag in ("--sample", "--shortlist", "--compile")  # --compile: the search's step
-              if getattr(args, flag[2:].replace("-", "_"))]
+              if getattr(args, flag[2:].replace("-", "_")) not in (None, False)]
+    given += ["--no-sample"] if args.sample is False else []
     if given:
         raise XattnError(f"{given[0]}: {reason}")
 
