@@ -18,7 +18,9 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+import xattn
 from xattn.cli.main import main
+from xattn.errors import ItemError
 from tests.conftest import NUMBERS_TINY
 
 IMPORTANCE_TOP = b"# weights: " + b"f" * 64 + b"\n# method: gradient\nlayer\tplace\thead\tscore\n"
@@ -588,3 +590,15 @@ def test_a_model_that_samples_by_default_can_be_searched_with_no_sample(space, m
     code, _, err = run_main(["attention", str(sampling), "eins", "--reference", "one", "--no-sample", "-o",
                              str(space / "a.png")], b"", monkeypatch, capsys)
     assert code == 2 and "--no-sample: not used with --reference" in err
+
+
+def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_path, monkeypatch, capsys):
+    model = tmp_path / "learned"
+    assert main(["train", "numbers-de-en", "model.positions=learned", "model.max_positions=20", "data.max_len=19",
+                 "train.max_steps=3", "--out", str(model), "--quiet"]) == 0
+    (tmp_path / "in.de").write_text("drei\nvier\n" + " ".join(["siebenhundertzwölf"] * 15) + "\nfünf\n")
+    code, out, err = run_main(["translate", str(model), "-i", str(tmp_path / "in.de")], b"", monkeypatch, capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'in.de'}: line 3: " in err and "do not fit the model's 20 positions (learned)" in err
+    with pytest.raises(ItemError, match=r"texts\[1\]: .* do not fit the model's 20 positions"):
+        xattn.load(model).translate(["drei", " ".join(["siebenhundertzwölf"] * 15)])

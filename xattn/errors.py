@@ -15,3 +15,15 @@ class ParameterError(XattnError):
 
     def __reduce__(self):  # picklable across processes, like any XattnError
         return type(self), (self.name, self.problem)
+
+
+class ItemError(ParameterError):
+    """A bad item of a list parameter: `name`[`index`] (0-based), as the library names it ("texts[36]: ..."); the
+    command line names the file and line it came from instead."""
+
+    def __init__(self, name: str, index: int, problem: str):
+        XattnError.__init__(self, f"{name}[{index}]: {problem}")
+        self.name, self.index, self.problem = name, index, problem
+
+    def __reduce__(self):
+        return type(self), (self.name, self.index, self.problem)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig, RunConfig
-from xattn.errors import ParameterError, XattnError
+from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps, seeded
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
@@ -162,8 +162,12 @@ class Translator:
             raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
         if prefixes is not None and len(prefixes) != len(texts):
             raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
-        eos = self.model.cfg.eos_id
+        eos, mc = self.model.cfg.eos_id, self.model.cfg
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
+        if mc.positions == "learned" and (long := next((i for i, s in enumerate(ids) if len(s) > mc.max_positions),
+                                                       None)) is not None:  # named here, not in a batch's encoder
+            raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
+                            f"{mc.max_positions} positions (learned); shorten it or split it")
         if prefixes is not None and (bad := next((i for i, p in enumerate(prefixes) if not isinstance(p, str)), None)) \
                 is not None:
             raise ParameterError("prefixes", f"prefix {bad + 1}: expected a string (\"\" for none), got "

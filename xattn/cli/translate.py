@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
                               path_arg, settle_loaded, write_line_chunks)
-from xattn.errors import XattnError
+from xattn.errors import ItemError, XattnError
 from xattn.io import count_lines, read_line_chunks
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
@@ -156,8 +156,13 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
             given = next(prefixes, [])
             if len(given) < len(texts):
                 raise XattnError(f"line counts differ: {args.prefix} has {count + len(given)} lines, the input more")
-        results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
-                                       attention_heads=links.heads if links else None)
+        try:
+            results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
+                                           attention_heads=links.heads if links else None)
+        except ItemError as e:  # one line of the input: name the file and line
+            if e.name != "texts":
+                raise
+            raise XattnError(f"{args.input or 'stdin'}: line {count + e.index + 1}: {e.problem}") from None
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
         yield output_lines(results, texts, count, args.scores, links)
         count += len(texts)
