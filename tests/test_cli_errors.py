@@ -234,6 +234,7 @@ CASES = {
     "quantize int4": (["translate", M, "--quantize", "int4"], "--quantize"),
     "device cuda": (["translate", M, "--device", "cuda"], "--device=cuda: no CUDA device"),
     "device tpu": (["translate", M, "--device", "tpu"], "'tpu' is not a device"),
+    "device empty": (["translate", M, "--device", ""], "--device: '' is not a device"),  # not auto, silently
     "evaluate device cuda:3": (["evaluate", M, "--device", "cuda:3"], "--device=cuda:3"),
     # config values
     "n_heads 0": ([*TRAIN, "model.n_heads=0"], "model.n_heads: must be >= 1"),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from xattn.analysis.alignment import SYMMETRISATIONS
-from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, output_arg, path_arg,
+from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, device_of, output_arg, path_arg,
                               read_sentence_pairs, settle_loaded, write_output_lines)
 from xattn.errors import XattnError
 
@@ -45,7 +45,6 @@ def check_reverse(args, forward, backward) -> None:
 
 def run(args) -> int:
     from xattn.analysis.alignment import align_pairs, flip, format_links, symmetrise
-    from xattn.devices import resolve_device
     from xattn.translator import Translator
     from xattn.words import split_words
 
@@ -55,7 +54,7 @@ def run(args) -> int:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
     first, second = read_pairs(args)
     src, tgt = (second, first) if args.reverse else (first, second)
-    device = resolve_device(args.device or "auto", "--device")
+    device = device_of(args)
     forward = Translator.from_dir(args.model, device=device)
     settings = alignment_settings(args, args.model, forward.model.cfg)
     if args.backward:

@@ -32,6 +32,13 @@ def flag_of(args, name: str) -> str | None:
     return args.flags.get(name) or (f"--{name.replace('_', '-')}" if hasattr(args, name) else None)
 
 
+def device_of(args):
+    """The torch device of `--device` (auto when not given; an empty one is an error, not auto)."""
+    from xattn.devices import resolve_device
+
+    return resolve_device("auto" if args.device is None else args.device, "--device")
+
+
 def path_arg(value: str) -> str:
     """argparse type of a file or folder argument: an empty one would silently mean the current folder."""
     if not value.strip():

@@ -6,7 +6,7 @@ import sys
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
 from xattn.analysis.importance import METHODS as IMPORTANCE_METHODS
 from xattn.cli.align import read_pairs
-from xattn.cli.common import add_verb, output_arg, path_arg, write_output_lines
+from xattn.cli.common import add_verb, device_of, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import json_text, read_lines
@@ -69,7 +69,6 @@ def run_align(args) -> int:
     from xattn.analysis.choice import save
     from xattn.analysis.heads import rank_alignment_heads
     from xattn.analysis.maps import HeadChoice
-    from xattn.devices import resolve_device
     from xattn.translator import Translator
 
     if args.max_tokens < 1:
@@ -86,7 +85,7 @@ def run_align(args) -> int:
     gold = parse_alignments(gold_lines, str(args.gold), one_indexed=args.gold_one_indexed, lengths=lengths)
     if not any(sure for sure, _ in gold):
         raise XattnError(f"{args.gold}: no sure links in the {len(gold)} pairs used; nothing to rank heads by")
-    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
+    translator = Translator.from_dir(args.model, device=device_of(args))
     src, tgt = (second, first) if args.reverse else (first, second)
     ranking = rank_alignment_heads(translator, src, tgt, gold, [args.method] if args.method else METHODS,
                                    args.reverse, eos=args.eos, punct=args.punct, max_tokens=args.max_tokens)
@@ -112,14 +111,13 @@ def run_importance(args) -> int:
     from xattn.analysis.importance import IMPORTANCE_FILE, About, batches, format_table, head_importance
     from xattn.checkpoint import weights_id
     from xattn.cli.evaluate import test_pairs
-    from xattn.devices import resolve_device
     from xattn.translator import Translator
 
     if args.sentences is not None and args.sentences < 1:
         raise XattnError(f"--sentences: must be >= 1, got {args.sentences}")
     if args.max_tokens < 1:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
-    translator = Translator.from_dir(args.model, device=resolve_device(args.device or "auto", "--device"))
+    translator = Translator.from_dir(args.model, device=device_of(args))
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
     rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)

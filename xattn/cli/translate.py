@@ -5,8 +5,8 @@ import argparse
 import dataclasses
 from collections.abc import Iterator
 
-from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, output_arg,
-                              path_arg, settle_loaded, write_line_chunks)
+from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, device_of,
+                              output_arg, path_arg, settle_loaded, write_line_chunks)
 from xattn.errors import ItemError, XattnError
 from xattn.io import count_lines, read_line_chunks
 
@@ -114,10 +114,9 @@ def refuse_search_flags(args, reason: str) -> None:
 
 def load_translator(args):
     """The model directory of `args.model` on `--device`, with `--quantize`, `--compile` and `--head-mask`."""
-    from xattn.devices import resolve_device
     from xattn.translator import Translator
 
-    device = resolve_device(args.device or "auto", "--device")
+    device = device_of(args)
     translator = Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile)
     if getattr(args, "head_mask", None):
         from xattn.analysis.pruning import read_head_mask
