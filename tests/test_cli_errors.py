@@ -603,3 +603,7 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
     assert f"{tmp_path / 'in.de'}: line 3: " in err and "do not fit the model's 20 positions (learned)" in err
     with pytest.raises(ItemError, match=r"texts\[1\]: .* do not fit the model's 20 positions"):
         xattn.load(model).translate(["drei", " ".join(["siebenhundertzwölf"] * 15)])
+    (tmp_path / "in.en").write_text("three\nfour\nseven hundred\nfive\n")
+    code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
+                            b"", monkeypatch, capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and ": line 3: its " in err and "on the source side" in err, err
