@@ -66,8 +66,11 @@ def test_align_methods_heads_threshold_and_symmetrisation(work, capsys):
     assert len(naive) == len(head) == len(SRC)
     sym = {m: links(run(capsys, *base, "--backward", work / "reverse", "--sym", m)[1])
            for m in ("intersect", "grow-diag-final", "union")}
+    forward = links(run(capsys, *base)[1])
     for k in range(len(SRC)):
+        assert sym["intersect"][k] <= forward[k] <= sym["union"][k]
         assert sym["intersect"][k] <= sym["grow-diag-final"][k] <= sym["union"][k]
+    assert sym["intersect"] != sym["union"], "the backward model's links took no part"  # (they had been dropped)
 
 
 def test_translate_alignment_every_strategy(work, capsys):

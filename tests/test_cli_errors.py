@@ -546,6 +546,12 @@ def test_overrides_may_follow_options(space, capsys):
     assert (config.train.max_steps, config.data.numbers_size, config.model.d_model) == (1, 200, 16)
 
 
+def test_help_with_stdout_closed_is_quiet_as_before(space):
+    result = subprocess.run([sys.executable, "-m", "xattn", "translate", "--help"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, timeout=120, preexec_fn=lambda: os.close(1))
+    assert result.returncode == 0 and "Traceback" not in result.stderr.decode(), result.stderr.decode()
+
+
 @pytest.mark.parametrize("stream, message", [(0, "stdin is closed; give the input as a file"),
                                              (1, "stdout is closed; write the output to a file"),
                                              ("full", "writing the output: No space left on device")])

@@ -69,6 +69,7 @@ def run(args) -> int:
                                                  f"aligning with {args.backward}")]
     except ItemError as e:  # one pair: name its line
         raise XattnError(f"{args.pairs or f'{args.src}, {args.tgt}'}: line {e.index + 1}: {e.problem}") from None
+    if args.backward:
         links = [symmetrise(f, b, args.sym, len(split_words(s)), len(split_words(t)))
                  for f, b, s, t in zip(links, back, src, tgt)]
     if args.reverse:

@@ -7,7 +7,7 @@ import gc
 import importlib
 import sys
 
-from xattn.errors import ParameterError, XattnError
+from xattn.errors import ItemError, ParameterError, XattnError
 
 VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
          "diagnose", "finetune", "compose", "prune", "shortlist", "serve")
@@ -18,6 +18,11 @@ FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """Errors of a write that found no room: one line, whatever was being written."""
 
 
+class ClosedStream(XattnError, AttributeError):
+    """The use of a closed standard stream: one error line from main; an AttributeError too, which is what
+    argparse's own printing (--help) quietly gives up on, as it did on a missing stream."""
+
+
 class Closed:
     """A standard stream the caller closed (`<&-`, `>&-`): its use is one clear error, not an AttributeError (or,
     from print(), silence)."""
@@ -26,7 +31,7 @@ class Closed:
         self.name, self.instead = name, instead
 
     def __getattr__(self, attr: str):
-        raise XattnError(f"{self.name} is closed; {self.instead}")
+        raise ClosedStream(f"{self.name} is closed; {self.instead}")
 
     def flush(self) -> None:  # what the interpreter does at exit: nothing to flush
         pass
@@ -59,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     try:
         return args.run(args) or 0
+    except ItemError as e:  # an item of a list the command read (a verb that does not name its line itself)
+        return _fail(args.verb, str(e))
     except ParameterError as e:  # a library parameter the command line sets with a flag: name the flag
         from xattn.cli.common import flag_of
 

@@ -195,6 +195,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
 def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
     """POST /translate_file (a .txt file, LibreTranslate's multipart form) and GET /download_file/{name}."""
     store = Store()
+    parts = asyncio.Semaphore(max(1, limits.queue_size // 2))  # of every file together: requests keep the other half
 
     @app.post("/translate_file", openapi_extra=openapi_body(FileRequest))
     async def translate_file(request: Request):
@@ -214,8 +215,7 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         async def part(lines: list[str]) -> list[str]:
             asked = TranslateRequest(q=lines, source=source, target=target)
             return (await translated(model, asked, limits, record, None))["translatedText"]
-        translation = await while_connected(request, translate_lines(document, part, limits.max_items,
-                                                                     max(1, limits.queue_size // 2)))
+        translation = await while_connected(request, translate_lines(document, part, limits.max_items, parts))
         name = store.put(download_name(filename, target), translation.encode())
         return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
 

@@ -144,17 +144,15 @@ ITEM = re.compile(r"^q(\[(\d+)\])?:")
 
 
 async def translate_lines(document: Document, translate: Callable[[list[str]], Awaitable[list[str]]],
-                          max_items: int, at_once: int) -> str:
+                          max_items: int, gate: asyncio.Semaphore) -> str:
     """`document` translated by `translate` (a /translate request's texts -> translations) in parts of at most
-    `max_items` lines, `at_once` of them sent together so that the batcher can join them (a file must not fill the
-    queue that requests share: on an idle server it would be refused as busy); an error of a part names the file
-    and the line instead of q[i]. No line to translate is a 422."""
+    `max_items` lines, as many of them sent together as `gate` lets in, so that the batcher can join them (files
+    must not fill the queue that requests share: on an idle server a file would be refused as busy); an error of
+    a part names the file and the line instead of q[i]. No line to translate is a 422."""
     texts, numbers = document.texts()
     if not texts:
         raise ApiError(422, "file: no text to translate (every line is blank)", "invalid_request")
     parts = [list(range(start, min(start + max_items, len(texts)))) for start in range(0, len(texts), max_items)]
-
-    gate = asyncio.Semaphore(at_once)
 
     async def part(indices: list[int]) -> list[str]:
         try:
