@@ -125,6 +125,13 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def beyond_positions(self, sequences) -> int | None:
+        """The index of the first of `sequences` (token lists) longer than learned positions hold; None when all fit
+        (sinusoidal positions extend as needed)."""
+        if self.positions != "learned":
+            return None
+        return next((i for i, s in enumerate(sequences) if len(s) > self.max_positions), None)
+
     as_dict = _as_dict
 
     LATER: ClassVar[dict[str, Any]] = {"attention": {}, "heads": {}, "length_ratio": None}

@@ -164,8 +164,7 @@ class Translator:
             raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
         eos, mc = self.model.cfg.eos_id, self.model.cfg
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
-        if mc.positions == "learned" and (long := next((i for i, s in enumerate(ids) if len(s) > mc.max_positions),
-                                                       None)) is not None:  # named here, not in a batch's encoder
+        if (long := mc.beyond_positions(ids)) is not None:  # named here, not in a batch's encoder
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
         if prefixes is not None and (bad := next((i for i, p in enumerate(prefixes) if not isinstance(p, str)), None)) \

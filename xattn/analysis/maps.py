@@ -295,11 +295,10 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
     tok, cfg = translator.tokenizers, translator.model.cfg
     (src_ids, src_of), (tgt_ids, tgt_of) = (by_words(t, texts, cfg.eos_id) for t, texts in ((tok.src, sources),
                                                                                            (tok.tgt, targets)))
-    if cfg.positions == "learned":  # named here, not in a batch's encoder or decoder
-        for name, ids in (("sources", src_ids), ("targets", tgt_ids)):  # (the decoder reads BOS and all but EOS)
-            if (long := next((i for i, s in enumerate(ids) if len(s) > cfg.max_positions), None)) is not None:
-                raise ItemError(name, long, f"its {len(ids[long])} tokens (</s> included) do not fit the model's "
-                                f"{cfg.max_positions} positions (learned) on the {name[:-1]} side")
+    for name, ids in (("sources", src_ids), ("targets", tgt_ids)):  # named here, not in a batch's encoder or decoder
+        if (long := cfg.beyond_positions(ids)) is not None:  # (the decoder reads BOS and all but EOS: as many)
+            raise ItemError(name, long, f"its {len(ids[long])} tokens (</s> included) do not fit the model's "
+                            f"{cfg.max_positions} positions (learned) on the {name[:-1]} side")
     for batch in token_batches([max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)], max_tokens):
         src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, translator.device)  # (B, S)
         forced = translator.forced_attention(src, [tgt_ids[i][:-1] for i in batch], kinds=kinds)  # EOS is predicted

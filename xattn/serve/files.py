@@ -67,11 +67,10 @@ def strict_utf8(content_type: str, raw: bytes) -> None:
     charset = header.get_param("charset") or "UTF-8"
     for part in (b"\r\n" + raw).split(b"\r\n--" + boundary)[1:-1]:  # a boundary starts a line, as the parser reads it
         head, _, data = part.partition(b"\r\n\r\n")
-        name = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
-        name = name[0] or name[1]
-        decoded(name, charset, "body: a multipart field name")
-        if name != b"file" and not re.search(rb"\bfilename=", head):
-            decoded(data.removesuffix(b"\r\n"), charset, f"{decoded(name, charset, '')}")
+        quoted, bare = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
+        name = decoded(quoted or bare, charset, "body: a multipart field name")
+        if name != "file" and not re.search(rb"\bfilename=", head):
+            decoded(data.removesuffix(b"\r\n"), charset, name)
 
 
 def decoded(data: bytes, charset: str, field: str) -> str:

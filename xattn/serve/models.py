@@ -65,8 +65,7 @@ class Model:
         if settings.wider is None:
             return first
         wider = yield from self.translator.translate_steps(texts, settings.wider)
-        kept = settings.wider.num_samples if settings.wider.sampling else settings.wider.n_best
-        return with_alternatives(first, wider, kept - 1)
+        return with_alternatives(first, wider, settings.wider.hypotheses - 1)  # (a wider beam keeps n_best = beam)
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.translator.tokenizers.src.encode_batch(texts)]
