@@ -20,6 +20,7 @@ from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
 from xattn.registry import place_problem
+from xattn.variants import build_attention
 
 
 @dataclass
@@ -141,8 +142,6 @@ def context(place: str, layer: int, need_weights: bool, positions: Tensor, head_
 
 def default_attention(cfg: ModelConfig) -> AttentionBuilder:
     """The variant the config names for each place and layer (xattn.variants; learned by default)."""
-    from xattn.variants import build_attention
-
     return lambda place, layer: build_attention(cfg, place, layer)
 
 
