@@ -163,6 +163,8 @@ def test_attention_files(work, capsys, kind):
                "--beam", "2")[0] == 0
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "drei" in text
+    heading = text.split('<h1 id="xa-title">')[1].split("</h1>")[0]  # the pickers choose the layer and head
+    assert heading.split("\n")[1].startswith("drei hundert vier \u2192 ") and "layer" not in heading
 
 
 def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):

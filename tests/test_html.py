@@ -287,6 +287,24 @@ def test_pieces_are_labelled_as_words_start_not_with_the_raw_mark(open_view):
     assert page.inner_text("#xa-readout").startswith("nd (in Hund) \u2192 g (in dog): ")
 
 
+def test_an_unknown_piece_shows_the_character_its_word_has(open_view):
+    """A source's unknown piece is part of its word and shows what it stands for; a translation's is a word of its
+    own, printed as SentencePiece prints it."""
+    cols = ["\u2581Hut", "<unk>", "Mantel", "\u2581", "<unk>", "</s>"]  # "Hut·Mantel 😀"
+    rows = ["\u2581A", "<unk>", "</s>"]                                  # "A ⁇"
+    w = rows_sum_to_one(np.random.default_rng(5).random((1, 2, len(rows), len(cols))))
+    page = open_view(AttentionMaps(w, rows=rows, cols=cols, row_words=["A", "\u2047"],
+                                   col_words=["Hut\u00b7Mantel", "\U0001F600"]))
+    assert page.locator("th.xa-col").all_inner_texts() == ["Hut", "\u00b7", "Mantel", "\u2423", "\U0001F600", "</s>"]
+    assert page.locator("th.xa-row").all_inner_texts() == ["A", "\u2047", "</s>"]
+    starts = "(s) => [...document.querySelectorAll(s)].map((e) => e.dataset.col || e.firstChild.dataset.row)"
+    assert page.evaluate(starts, "th.xa-col.xa-ws") == ["3", "5"] and page.evaluate(starts, "tr.xa-wr") == ["1", "2"]
+    cell(page, 0, 1).hover()
+    assert page.inner_text("#xa-readout").startswith("\u00b7 (in Hut\u00b7Mantel) \u2192 A: ")
+    cell(page, 1, 4).hover()
+    assert page.inner_text("#xa-readout").startswith("\U0001F600 \u2192 \u2047: ")  # the whole word
+
+
 def test_colours_are_on_a_square_root_scale_that_the_legend_shows(open_view):
     w = np.array([[0.25, 0.25, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
     page = open_view(AttentionMaps(w[None, None], rows=["a", "b"], cols=["w", "x", "y", "z"]))

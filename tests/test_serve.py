@@ -464,3 +464,21 @@ def test_a_model_without_cross_heads_translates_and_refuses_what_needs_them_nami
                   f"{field}: every cross-attention head of this model was pruned", "invalid_request")
     finally:
         c.__exit__(None, None, None)
+
+
+def test_alternatives_are_distinct_texts_best_first(numbers_model):
+    """Samples repeat and two hypotheses can print the same text: the alternatives are the others whose texts
+    differ from the translation's and from each other's, best first, fewer when there are fewer."""
+    from xattn.serve.api import TranslateRequest, result_of, with_alternatives
+
+    one = xattn.load(numbers_model).translate(["drei"])[0]
+    named = {text: dataclasses.replace(one, text=text, score=score)
+             for text, score in (("a", -1.0), ("b", -2.0), ("c", -3.0))}
+    a, b, c = named.values()
+    listed = [a, dataclasses.replace(b), a, dataclasses.replace(a, score=-0.5), b, c]  # a first, then repeats
+    out = result_of(dataclasses.replace(a, alternatives=listed), "drei", TranslateRequest(q="drei"), None)
+    assert [(x["translatedText"], x["score"]) for x in out["alternatives"]] == [("b", -2.0), ("c", -3.0)]
+    first = with_alternatives([a], [dataclasses.replace(a, alternatives=[a, b, b, a, c])], 1)[0]
+    assert [x.text for x in first.alternatives] == ["a", "b"]
+    assert [x.text for x in with_alternatives([a], [dataclasses.replace(a, alternatives=[b, a, b])], 3)[0]
+            .alternatives] == ["a", "b"]

@@ -13,6 +13,8 @@ pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]
 from test_serve_live import post, serving  # noqa: E402
 from test_serve_models import alone  # noqa: E402  (what a model gives a text by itself)
 
+from xattn.analysis.pieces import piece_words  # noqa: E402
+
 HINT = "hover over or tap a cell, or Tab into the map and use the arrow keys"
 LONG = "sieben hundert drei und zwanzig tausend neun hundert neun und neunzig"
 
@@ -171,11 +173,11 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
 def test_ctrl_enter_translates_and_the_counter_counts_characters(open_page):
     page = open_page()
     page.fill("#text", "drei")
-    assert page.text_content("#count") == "4 / 300 characters"
+    assert page.text_content("#count") == "4 / 300 characters \u00b7 at most 256 tokens"
     page.fill("#text", "\U0001F642" * 3)  # characters as the server counts them, not UTF-16 units
-    assert page.text_content("#count") == "3 / 300 characters"
+    assert page.text_content("#count") == "3 / 300 characters \u00b7 at most 256 tokens"
     page.fill("#text", "x" * 301)
-    assert page.text_content("#count") == "301 / 300 characters: 1 too many"
+    assert page.text_content("#count") == "301 / 300 characters: 1 too many \u00b7 at most 256 tokens"
     assert "over" in page.get_attribute("#count", "class")
     page.fill("#text", "drei")
     page.focus("#text")
@@ -192,6 +194,39 @@ def test_copy_puts_the_translation_on_the_clipboard(open_page):
     page.click("#copy")
     page.wait_for_selector("#copy:text-is('Copied')")  # the clipboard answers asynchronously
     assert page.evaluate("navigator.clipboard.readText()") == page.text_content("#translation")
+    page.fill("#text", "sieben hundert vier")  # what was copied is not what the text gives now
+    assert page.text_content("#copy") == "Copy"
+
+
+@pytest.mark.parametrize("text", ["\u200b", " \ufeff\n", "\u2060\u00ad"])
+def test_a_text_of_invisible_characters_is_no_text(open_page, text):
+    page = open_page()
+    sent = []
+    page.on("request", lambda r: r.url.endswith("/translate") and sent.append(r))
+    translate(page, text)
+    assert page.text_content("#error") == "Type a text to translate first." and not sent
+
+
+def test_a_word_with_an_unknown_character_keeps_its_links_and_shows_the_character(open_page, server):
+    """A source's unknown piece is part of its word (the translation's would be a word, printed " \u2047 "): the
+    links stay on their cells, and the piece's label is the character it stands for."""
+    text = "sieben\u00b7hundert drei"
+    page = open_page()
+    translate(page, text)
+    result = post(server, {"q": text, "attention": "full", "alignment": True})[1]["results"][0]
+    src, tgt = result["source_tokens"], result["target_tokens"]
+    assert "<unk>" in src and result["source_words"] == ["sieben\u00b7hundert", "drei"] and result["alignment"]
+    _, sw = piece_words(src)
+    _, tw = piece_words(tgt, " \u2047 ")
+    marked = {(int(c.get_attribute("data-row")), int(c.get_attribute("data-col")))
+              for c in page.locator("td.xa-link").all()}
+    assert marked == {(r, c) for i, j in result["alignment"] for r in range(len(tgt)) if tw[r] == j
+                      for c in range(len(src)) if sw[c] == i}
+    unknown = src.index("<unk>")
+    assert page.locator("th.xa-col").nth(unknown).text_content() == "\u00b7"
+    cell(page, 0, unknown).hover()
+    assert page.text_content("#xa-readout").startswith("\u00b7 (in sieben\u00b7hundert) \u2192 ")
+    assert "<unk>" not in page.inner_text("#attention")
 
 
 def test_settings_that_do_not_apply_are_disabled_and_say_why(open_page):
@@ -209,8 +244,15 @@ def test_settings_that_do_not_apply_are_disabled_and_say_why(open_page):
     assert sent[-1]["beam_size"] == 3
     page.fill("#alternatives", "3")  # a beam of 3 holds 3 translations: 1 + 2 others
     page.click("#go")
-    assert page.text_content("#error") == ("Beam width: 3 keeps 3 translations, too few for 3 other ones; make it 4 "
-                                           "or more (or the model's own, 2).")
+    assert page.text_content("#error") == ("Beam width: a beam of 3 keeps 3 translations, too few for 3 others; make "
+                                           "it 4 or more, or set it back to the model's own (2): the server widens "
+                                           "that to hold them.")
+    page.fill("#beam", "1")
+    page.fill("#alternatives", "1")
+    page.click("#go")
+    assert page.text_content("#error") == ("Beam width: a beam of 1 keeps 1 translation, too few for 1 other; make "
+                                           "it 2 or more (the model's own, 2, does).")
+    page.fill("#alternatives", "3")
     page.fill("#beam", "2")  # the model's own: the server searches wider for the others
     translate(page, "drei")
     assert "beam_size" not in sent[-1] and sent[-1]["alternatives"] == 3 and page.locator("#alts li").count() == 3
@@ -257,6 +299,19 @@ def test_arrow_keys_move_the_selection_and_the_readout(open_page, server):
         assert readout.startswith(shown(src[col])) and f"\u2192 {shown(tgt[row])}" in readout, (key, readout)
         assert readout_weight(page) == f"{float(cell(page, row, col).get_attribute('data-w')):.3f}"
         assert page.locator('td.xa-cell[tabindex="0"]').count() == 1
+
+
+def test_tab_comes_back_to_the_cell_last_shown(open_page):
+    page = open_page()
+    translate(page, LONG)
+    cell(page, 2, 3).hover()
+    page.focus("#xa-head")
+    for _ in range(3):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.tagName") == "TD":
+            break
+    assert page.evaluate("[document.activeElement.dataset.row, document.activeElement.dataset.col]") == ["2", "3"]
+    assert page.locator('td.xa-cell[tabindex="0"]').count() == 1
 
 
 INSIDE = """(width) => [...document.querySelectorAll(
@@ -324,6 +379,7 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
         page.fill("#key", "k3y")
         translate(page, "drei")  # full attention is over this server's limit: the page falls back to the mean
         assert page.locator("#xa-head option").all_text_contents() == ["mean of heads"]
+        assert page.locator("#mean-only").is_visible()
         assert page.locator("td.xa-cell").count() > 0
         page.fill("#key", "wrong")
         translate(page, "drei")
@@ -400,7 +456,8 @@ def test_each_pair_translates_with_its_own_model_and_the_page_follows_it(open_pa
     assert sent[-1]["beam_size"] == 3
     page.fill("#alternatives", "3")
     page.click("#go")
-    assert page.text_content("#error").endswith("make it 4 or more (or the model's own, 2).")
+    assert page.text_content("#error").endswith("make it 4 or more, or set it back to the model's own (2): the server "
+                                                "widens that to hold them.")
 
 
 def test_another_pair_clears_the_answer_and_keeps_the_text(open_page, pairs):

@@ -113,7 +113,8 @@ def _view(name: str, maps: AttentionMaps, links_layer: int | None) -> dict:
             "layers": L, "heads": heads, "w": [ints(weights[layer, :n]) for layer, n in enumerate(heads)],
             "mean": [ints(means[layer]) if n else None for layer, n in enumerate(heads)],
             "masked": masked, "links": [[int(c), int(r)] for c, r in maps.links], "linksLabel": maps.links_label,
-            "linksLayer": links_layer if maps.links else None}
+            "linksLayer": links_layer if maps.links else None,
+            **({"rowWords": maps.row_words, "colWords": maps.col_words} if maps.row_words is not None else {})}
 
 
 PAGE_HEAD = """<!DOCTYPE html>

@@ -124,6 +124,8 @@ class AttentionMaps:
     links: list[tuple[int, int]] = field(default_factory=list)  # (col, row) cells that are alignment links
     words: bool = False                 # rows and columns are words (pieces merged) rather than pieces
     links_label: str = "alignment link" # what the links are, for the legend (say, the settings that made them)
+    row_words: list[str] | None = None  # the words of the text the rows' pieces spell, when known (not `words`)
+    col_words: list[str] | None = None  # the columns' (xattn.words)
 
     def __post_init__(self):
         L, H, R, C = self.weights.shape
@@ -252,12 +254,13 @@ class PairAttention:
         }[kind]
         masked = np.triu(np.ones((len(rows), len(cols)), dtype=bool), k=1) if kind == "decoder-self" else None
         word_links = list(links) if kind == "cross" else []
+        row_words = self.tgt_words if kind != "encoder-self" else self.src_words
+        col_words = self.src_words if kind != "decoder-self" else self.tgt_words
         if not words:  # a word link marks every cell of its source pieces x target pieces
             cells = [(s, t) for i, j in word_links for t, wt in enumerate(self.tgt_word_of) if wt == j
                      for s, ws in enumerate(self.src_word_of) if ws == i]
-            return AttentionMaps(weights, list(rows), list(cols), kind, masked, cells)
-        row_words = self.tgt_words if kind != "encoder-self" else self.src_words
-        col_words = self.src_words if kind != "decoder-self" else self.tgt_words
+            return AttentionMaps(weights, list(rows), list(cols), kind, masked, cells, row_words=list(row_words),
+                                 col_words=list(col_words))
         row_member, row_labels = groups_of(row_of, rows, row_words)
         col_member, col_labels = groups_of(col_of, cols, col_words)
         if masked is not None:  # a word cell is masked when every piece cell under it is

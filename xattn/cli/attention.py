@@ -70,7 +70,7 @@ def run(args) -> int:
     choice = view_choice(args, heads_per_layer(maps.weights))
     if kind == ".html":
         from xattn.io import atomic_write_text
-        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, choice),
+        atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, None),
                                             links_layer=links_layer))
     else:
         view = None if args.grid else choice
@@ -93,12 +93,13 @@ def view_choice(args, heads: list[int]):
 
 
 def title(args, pair, choice) -> str:
-    """What is drawn, and the pair: "cross-attention, layer 2, mean of heads" over "source -> target"."""
+    """What is drawn, and the pair: "cross-attention, layer 2, mean of heads" over "source -> target"; without
+    the layer and heads when `choice` is None (the HTML view, whose pickers change them)."""
     from xattn.analysis.plots import TITLES
 
-    view = "every layer and head" if args.grid else str(choice)
+    view = "" if choice is None else ", every layer and head" if args.grid else f", {choice}"
     which = " (reference)" if args.reference is not None else ""
-    return f"{TITLES[args.kind]}, {view}\n{args.sentence} \u2192 {' '.join(pair.tgt_words)}{which}"
+    return f"{TITLES[args.kind]}{view}\n{args.sentence} \u2192 {' '.join(pair.tgt_words)}{which}"
 
 
 def attention_pair(args, translator):

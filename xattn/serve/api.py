@@ -261,9 +261,16 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConf
 
 def with_alternatives(first: list, wider: list, count: int) -> list:
     """Each translation of `first` with, as its alternatives, itself and then the `count` best of the wider
-    search's translations (`wider`, same texts) that differ from it."""
-    return [dataclasses.replace(f, alternatives=[f] + [a for a in w.alternatives if a.text != f.text][:count])
+    search's translations (`wider`, same texts) that are `distinct`: fewer when the wider search found fewer."""
+    return [dataclasses.replace(f, alternatives=[f, *distinct(f, w.alternatives)[:count]])
             for f, w in zip(first, wider)]
+
+
+def distinct(translation, others: list) -> list:
+    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
+    repeat, and two hypotheses of a beam can print the same text."""
+    seen = {translation.text}
+    return [a for a in others if a.text not in seen and not seen.add(a.text)]
 
 
 def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits) -> None:
@@ -329,7 +336,7 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
         out["alignment"] = sorted([int(i), int(j)] for i, j in links)
     if translation.alternatives:
         out["alternatives"] = [{"translatedText": a.text, "score": round(float(a.score), 4)}
-                               for a in translation.alternatives[1:]]
+                               for a in distinct(translation, translation.alternatives)]
     return out
 
 

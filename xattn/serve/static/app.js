@@ -57,7 +57,7 @@ function alternativesChanged() {
 
 // The first setting that cannot be sent as it is, in plain words with the field to fix; null when all are fine.
 function problem(text) {
-  if (!text.trim()) return {field: "text", message: "Type a text to translate first."};
+  if (!/[^\s\p{Cc}\p{Cf}]/u.test(text)) return {field: "text", message: "Type a text to translate first."};
   const chars = [...text].length;  // characters as the server counts them (code points)
   const most = server ? server.limits.max_chars : Infinity;
   if (chars > most) {
@@ -77,9 +77,13 @@ function problem(text) {
   const alternatives = number("alternatives"), beam = number("beam");
   if (!sampling() && ownBeam()) {  // a beam the user set must hold the alternatives too
     const own = server && defaults().beam_size;
-    checks.push(["beam", () => beam >= alternatives + 1, `Beam width: ${beam} keeps ${beam} translations, too few ` +
-                 `for ${alternatives} other ones; make it ${alternatives + 1} or more` +
-                 (own ? ` (or the model's own, ${own}).` : eachOwn() ? " (or empty: each model's own)." : ".")]);
+    const many = (n, one, more) => `${n} ${n === 1 ? one : more}`;
+    const back = own ? (own > alternatives ? ` (the model's own, ${own}, does)` : `, or set it back to the model's ` +
+                        `own (${own}): the server widens that to hold them`) :
+      eachOwn() ? ", or leave it empty: each model's own, which the server widens to hold them" : "";
+    checks.push(["beam", () => beam >= alternatives + 1, `Beam width: a beam of ${beam} keeps ` +
+                 `${many(beam, "translation", "translations")}, too few for ` +
+                 `${many(alternatives, "other", "others")}; make it ${alternatives + 1} or more${back}.`]);
   }
   const bad = checks.find(([id, ok]) => !ok(number(id)));
   return bad ? {field: bad[0], message: bad[2]} : null;
@@ -93,7 +97,9 @@ const eachOwn = () => server !== null && defaults().beam_size === null;
 function counted() {  // the character counter, and whether what is shown is still the text's translation
   const text = $("text").value, chars = [...text].length, most = server ? server.limits.max_chars : null;
   $("count").textContent = most === null ? `${chars} characters` : `${chars} / ${most} characters` +
-    (chars > most ? `: ${chars - most} too many` : "");
+    (chars > most ? `: ${chars - most} too many` : "") +
+    ` \u00b7 at most ${server.limits.max_source_tokens} tokens`;  // (a token: a word or a piece of one)
+  $("copy").textContent = "Copy";  // what was copied is no longer what the text would give
   $("count").classList.toggle("over", most !== null && chars > most);
   const stale = shown !== null && text !== shown.text;
   $("result").classList.toggle("stale", stale);
@@ -131,7 +137,7 @@ async function translate(event) {
     if (mine !== ticket) return;
     if (!reply.ok) fail(plain(data, reply.status) + (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ?
                                                       ": pick the languages above instead of detecting them." : ""));
-    else show(text, data, body.attention, answering(data));
+    else show(text, data, body, answering(data));
   } catch (e) {
     if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
   } finally {
@@ -182,6 +188,7 @@ function clear() {  // nothing of the last answer stays: text, alternatives, hea
   $("detected").hidden = true;
   $("attention").hidden = true;
   $("no-attention").hidden = true;
+  $("mean-only").hidden = true;
   $("xa-view").replaceChildren();
   $("links").replaceChildren();
   counted();
@@ -194,8 +201,10 @@ function fail(message) {
   $("error").hidden = false;
 }
 
-function show(text, data, kind, model) {  // model: the one that answered (null before /info)
+// The answer to the request `asked` (its body) about `text`, from `model` (the one that answered; null before /info)
+function show(text, data, asked, model) {
   clear();
+  const kind = asked.attention;
   const result = data.results[0], detected = data.detectedLanguage;
   shown = {text, result, model};
   $("placeholder").hidden = true;
@@ -212,16 +221,23 @@ function show(text, data, kind, model) {  // model: the one that answered (null 
     li.textContent = a;
     return li;
   }));
-  $("others").hidden = alternatives.length === 0;
+  $("others").hidden = alternatives.length === 0 && asked.alternatives === 0;
+  const way = asked.sampling ? "the samples repeated" : "the other hypotheses read the same";
+  $("fewer").textContent = alternatives.length < asked.alternatives ? `${alternatives.length} of the ` +
+    `${asked.alternatives} asked for: only these differ from the translation and from each other (${way}).` : "";
+  $("fewer").hidden = alternatives.length >= asked.alternatives;
   $("copy").disabled = false;
   $("copy").textContent = "Copy";
   counted();
   if (kind === "none") { $("no-attention").hidden = false; return; }
   $("attention").hidden = false;  // before drawing: the heatmap and the links measure what they draw
+  $("mean-only").hidden = kind !== "mean";
   const previous = heatmap && heatmap.model === model && heatmap.viewer.choice();
+  if (previous && heatmap.meanOnly) previous.head = heatmap.head;  // the head picked before a mean-only map
   const first = model && model.alignment ? model.alignment.layer : result.attention.length - 1;
-  heatmap = {model, viewer: XattnHeatmap.mount($("xa-view"), {views: [attentionView(result, kind, model)],
-                                                            initial: previous || {layer: first, head: "mean"}})};
+  const initial = previous || {layer: first, head: "mean"};
+  heatmap = {model, meanOnly: kind === "mean", head: initial.head,
+             viewer: XattnHeatmap.mount($("xa-view"), {views: [attentionView(result, kind, model)], initial})};
   drawLinks();
 }
 
@@ -240,13 +256,15 @@ function attentionView(result, kind, model) {
   const where = model && model.alignment;
   return {name: "cross-attention", kind: "cross", rows: result.target_tokens, cols: result.source_tokens,
           layers: layers.length, heads, w: kind === "mean" ? null : layers.map((hs) => hs.map(scaled)), mean,
-          masked: null, links: linkCells(result), pieces: true,
+          masked: null, links: linkCells(result), pieces: true, rowWords: result.target_words,
+          colWords: result.source_words,
           linksLabel: where ? `alignment link (${where.method}, layer ${where.layer})` : "alignment link",
           linksLayer: where ? where.layer : null};
 }
 
 function linkCells(result) {  // [col, row] of every piece of every linked word pair; none if the words disagree
-  const src = XattnHeatmap.wordIndex(result.source_tokens), tgt = XattnHeatmap.wordIndex(result.target_tokens);
+  const src = XattnHeatmap.wordIndex(result.source_tokens, false);  // a source's unknown piece: inside its word
+  const tgt = XattnHeatmap.wordIndex(result.target_tokens, true);    // a translation's: a word, printed " \u2047 "
   if (!result.alignment || Math.max(...src) + 1 !== result.source_words.length ||
       Math.max(...tgt) + 1 !== result.target_words.length) return [];
   const cells = [];

@@ -3,13 +3,15 @@
 // `root`: the pickers (map, layer, heads, alignment links), a readout, the heatmap as an HTML table and a legend.
 // No framework and no request of any kind: labels go in as text, never as markup.
 //
-// data: {views: [view, ...], initial: {layer, head}}; each view (one kind of attention of one sentence pair):
-//   name, kind ("cross", "decoder-self", "encoder-self"), rows (R labels), cols (C labels), layers (L),
-//   heads (heads per layer; 0: pruned), w (per layer, each head's R*C weights x SCALE as integers; null: only
-//   the mean is known), mean (per layer, R*C integers, null for a layer without heads), masked ("0"/"1" per cell,
-//   or null), links ([[col, row], ...] cells that are alignment links), linksLabel (what made the links, for the
-//   legend), linksLayer (the layer the links were read from, or null), pieces (optional: the labels are
-//   SentencePiece pieces, or not; by default, when one of them starts with the word-start mark).
+// data: {views: [view, ...], initial: {layer, head, links (optional; false: the links start hidden)}}; each view
+//   (one kind of attention of one sentence pair): name, kind ("cross", "decoder-self", "encoder-self"), rows
+//   (R labels), cols (C labels), layers (L), heads (heads per layer; 0: pruned), w (per layer, each head's R*C
+//   weights x SCALE as integers; null: only the mean is known), mean (per layer, R*C integers, null for a layer
+//   without heads), masked ("0"/"1" per cell, or null), links ([[col, row], ...] cells that are alignment links),
+//   linksLabel (what made the links, for the legend), linksLayer (the layer the links were read from, or null),
+//   pieces (optional: the labels are SentencePiece pieces, or not; by default, when one of them starts with the
+//   word-start mark), rowWords and colWords (optional: the words of the text the rows' and the columns' pieces
+//   spell, xattn.words).
 "use strict";
 const XattnHeatmap = (() => {
   const SCALE = 10000;
@@ -18,6 +20,8 @@ const XattnHeatmap = (() => {
                  [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
   const TICKS = [0, 0.01, 0.05, 0.1, 0.25, 0.5, 1];
   const WORD_START = "\u2581";  // SentencePiece's mark of a piece that starts a word
+  const SPECIALS = ["<s>", "</s>", "<pad>"], UNK = "<unk>";  // pieces of no text; an unknown character's piece
+  const UNK_SURFACE = "\u2047";  // what SentencePiece prints for an unknown piece
   const AXES = {"cross": "rows: the translation, each attending over the columns: the source",
                 "decoder-self": "rows: the translation, each attending over the columns: the tokens before it",
                 "encoder-self": "rows and columns: the source, each row attending over the columns"};
@@ -36,30 +40,51 @@ const XattnHeatmap = (() => {
   // Labels as people read them: a SentencePiece piece without its word-start mark (a piece that is only the
   // mark is shown as an open box, a space), and where each word starts. `pieces`: whether the labels are pieces
   // (the first always starts a word, as SentencePiece decodes it); by default, when one of them has the mark.
-  // -> [{text, start, word, special}]; word: the whole word the label belongs to.
-  function labels(raw, pieces) {
+  // `unkAlone`: an unknown piece ("<unk>") is a word of its own, as in a translation, whose printed text has
+  // " \u2047 " there; otherwise (a source) it stands for characters inside its word. `words`: the text's words
+  // (xattn.words), when known: each label's word is then the text's own, and an unknown piece shows the
+  // characters it stands for where its word tells them. -> [{text, start, word, special}]
+  function labels(raw, pieces, unkAlone, words) {
     if (pieces === undefined || pieces === null) pieces = raw.some((t) => t.startsWith(WORD_START));
-    const special = (t) => /^<[^<>\s]+>$/.test(t);
+    const special = (t) => SPECIALS.includes(t);
+    const apart = (t) => special(t) || (unkAlone !== false && t === UNK);  // not part of a word around it
     const out = raw.map((t, i) => {
-      const text = t.replace(/^\u2581/, "").split(WORD_START).join(" ");
-      return {text: text || "\u2423", bare: text, special: special(t),
-              start: !pieces || i === 0 || special(t) || special(raw[i - 1]) || t.startsWith(WORD_START)};
+      const text = t === UNK && pieces ? UNK_SURFACE : t.replace(/^\u2581/, "").split(WORD_START).join(" ");
+      return {text: text || "\u2423", bare: text, special: special(t), unknown: t === UNK,
+              start: !pieces || i === 0 || apart(t) || apart(raw[i - 1]) || t.startsWith(WORD_START)};
     });
-    let first = 0;
+    const groups = [];  // the pieces of each word, in order
     out.forEach((l, i) => {
-      if (l.start) first = i;
       if (!pieces || l.special) { l.word = l.bare; return; }
-      let end = i + 1;
-      while (end < out.length && !out[end].start) end++;
-      l.word = out.slice(first, end).map((p) => p.bare).join("");
+      if (l.start || !groups.length) groups.push([]);
+      groups[groups.length - 1].push(l);
+    });
+    const known = words && words.length === groups.length;
+    groups.forEach((group, k) => {
+      const word = known ? words[k] : group.map((p) => p.bare).join("");
+      if (known) spell(group, word);
+      for (const l of group) l.word = word;
     });
     return out;
   }
 
+  // An unknown piece shows what it stands for: the characters of its word that its other pieces do not spell
+  // (when it is the word's only unknown piece and they spell the rest as they are).
+  function spell(group, word) {
+    const unknown = group.filter((l) => l.unknown);
+    if (unknown.length !== 1) return;
+    const at = group.indexOf(unknown[0]);
+    const spelled = (part) => part.map((l) => l.bare).join("");
+    const before = spelled(group.slice(0, at)), after = spelled(group.slice(at + 1));
+    if (word.length > before.length + after.length && word.startsWith(before) && word.endsWith(after)) {
+      unknown[0].text = unknown[0].bare = word.slice(before.length, word.length - after.length);
+    }
+  }
+
   // The word of the text each piece belongs to, counting only words of the text: -1 for </s> and the like.
-  function wordIndex(raw) {
+  function wordIndex(raw, unkAlone) {
     let word = -1;
-    return labels(raw, true).map((l) => l.special ? -1 : (l.start ? ++word : word));
+    return labels(raw, true, unkAlone).map((l) => l.special ? -1 : (l.start ? ++word : word));
   }
 
   function el(tag, attrs, text) {
@@ -118,12 +143,13 @@ const XattnHeatmap = (() => {
       this.listen();
       options(this.kind, data.views.map((_, i) => i), data.views.map((v) => v.name), 0, () => false);
       this.kind.parentElement.hidden = data.views.length < 2;
+      this.links.checked = data.initial.links !== false;
       this.build(data.initial.layer, data.initial.head);
       this.paint();
     }
 
-    choice() {  // the layer and head shown, to open the next map on
-      return {layer: Number(this.layer.value), head: this.head.value};
+    choice() {  // the layer and head shown and whether links are, to open the next map on
+      return {layer: Number(this.layer.value), head: this.head.value, links: this.links.checked};
     }
 
     listen() {
@@ -160,8 +186,9 @@ const XattnHeatmap = (() => {
       const view = this.view = this.data.views[Number(this.kind.value)];
       this.pickLayer(Math.min(l, view.layers - 1));
       this.pickHead(h);
-      this.rows = labels(view.rows, view.pieces);
-      this.cols = labels(view.cols, view.pieces);
+      const sourceRows = view.kind === "encoder-self", sourceCols = view.kind !== "decoder-self";
+      this.rows = labels(view.rows, view.pieces, !sourceRows, view.rowWords);
+      this.cols = labels(view.cols, view.pieces, !sourceCols, view.colWords);
       this.drawTable();
       const none = view.links.length === 0, $ = this.$;
       this.links.disabled = none;
@@ -202,6 +229,7 @@ const XattnHeatmap = (() => {
           return td;
         });
       });
+      this.tabbed = this.cells.length && this.cells[0].length ? this.cells[0][0] : null;
       const scroll = this.$("xa-scroll");  // a focused cell scrolls clear of the sticky labels
       scroll.style.scrollPaddingTop = corner.offsetHeight + "px";
       scroll.style.scrollPaddingLeft = corner.offsetWidth + "px";
@@ -229,8 +257,11 @@ const XattnHeatmap = (() => {
       const link = td.classList.contains("xa-link") && this.links.checked ? " \u00b7 alignment link" : "";
       const named = (label) => label.word === label.bare ? label.text : label.text + " (in " + label.word + ")";
       this.readout.textContent = named(this.cols[c]) + " \u2192 " + named(this.rows[r]) + ": " + value + link;
-      if (this.selected && this.selected !== td) this.selected.tabIndex = -1;
-      td.tabIndex = 0;
+      if (this.tabbed !== td) {  // the one cell in the tab order
+        if (this.tabbed) this.tabbed.tabIndex = -1;
+        td.tabIndex = 0;
+        this.tabbed = td;
+      }
       this.selected = td;
     }
 
