@@ -386,6 +386,30 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
         assert "Invalid API key" in page.text_content("#error") and page.locator("#result").is_hidden()
 
 
+def test_a_text_too_long_for_each_heads_map_shows_the_mean_and_keeps_the_head(open_page, server, numbers_model,
+                                                                             tmp_path):
+    info = json.load(urllib.request.urlopen(server + "/info"))
+    a, b, maps = info["decode"]["max_len_a"], info["decode"]["max_len_b"], sum(info["heads"])
+
+    def full(text: str) -> float:  # the values full attention could hold, as the server bounds them up front
+        n = len(post(server, {"q": text})[1]["results"][0]["source_tokens"]) - 1
+        return (a * n + b + 1) * (n + 1) * maps
+
+    short, long = "drei", "sieben hundert drei"
+    assert full(short) < full(long)
+    with serving(numbers_model, tmp_path / "log", "--max-attention-values", str(int(full(short)))) as url:
+        page = open_page(1280, url)
+        translate(page, short)
+        page.select_option("#xa-head", "1")
+        page.uncheck("#xa-links")
+        translate(page, long)
+        assert page.locator("#xa-head option").all_text_contents() == ["mean of heads"]
+        assert page.locator("#mean-only").is_visible() and page.locator("td.xa-cell").count() > 0
+        translate(page, short)
+        assert page.input_value("#xa-head") == "1" and page.locator("#mean-only").is_hidden()
+        assert not page.is_checked("#xa-links")
+
+
 # ------------------------------------------------------------------------------ several models
 
 GERMAN = "Ein Mann in einem blauen Hemd steht auf einer Leiter."
