@@ -2,6 +2,7 @@
 import json
 import math
 import os
+from pathlib import Path
 
 from xattn.io import json_text
 
@@ -100,3 +101,34 @@ def test_json_files_refuse_a_key_given_twice_and_non_json_numbers(tmp_path):
         assert str(e.value).startswith(str(tmp_path / "v.json")) and "\n" not in str(e.value)
     (tmp_path / "v.json").write_text('{"a": [1, {"b": null}]}')
     assert read_json(tmp_path / "v.json") == {"a": [1, {"b": None}]}
+
+
+def test_a_link_stays_a_link_and_what_is_not_a_file_is_written_into(tmp_path):
+    import threading
+
+    import pytest
+
+    from xattn.errors import XattnError
+    from xattn.io import atomic_write_text
+
+    (tmp_path / "real.txt").write_text("old")
+    (tmp_path / "link.txt").symlink_to("real.txt")
+    atomic_write_text(tmp_path / "link.txt", "new")
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real.txt").read_text() == "new"
+    (tmp_path / "dangling.txt").symlink_to("made.txt")
+    atomic_write_text(tmp_path / "dangling.txt", "made")
+    assert (tmp_path / "dangling.txt").is_symlink() and (tmp_path / "made.txt").read_text() == "made"
+    fifo, got = tmp_path / "pipe", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    atomic_write_text(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert got == ["through the pipe\n"] and fifo.is_fifo()
+    if os.path.exists("/dev/full"):
+        with pytest.raises(XattnError, match=r"^/dev/full: cannot write \(No space left on device\)$"):
+            atomic_write_text("/dev/full", "x")
+        assert Path("/dev/full").is_char_device()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(XattnError, match=rf"^{tmp_path}/file/x.txt: cannot write \("):  # no folder there to make
+        atomic_write_text(tmp_path / "file" / "x.txt", "x")
