@@ -20,7 +20,7 @@ import torch
 from xattn.checkpoint import load_model_dir, save_model_dir, weights_of
 from xattn.cli.main import main
 from xattn.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, load_config
-from xattn.decoding import search
+from xattn.decoding import Vocab, search
 from xattn.errors import XattnError
 from xattn.interop import require
 from xattn.interop.marian import check_exportable, check_importable, name_map
@@ -386,10 +386,10 @@ def test_ct2_with_the_exported_shortlist_matches_xattn_with_it(tmp_path, transfo
     out = export_ct2(model_dir, tmp_path / "ct2")
     assert (out / "vmap.txt").is_file()
     src = batch(tok.src, SOURCES, cfg.pad_id, last=[cfg.eos_id])
-    vocab = shortlist.candidates(src)
+    vocab = shortlist.candidates(src).ids  # CTranslate2's vocabulary map: the batch's lists for every sentence
     assert len(vocab) < cfg.tgt_vocab_size / 2
     ours = [tok.tgt.pieces(h[0].tokens) for h in search(loaded.model, src, DecodeConfig(
-        beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN), vocab=vocab)]
+        beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN), vocab=Vocab(vocab))]
     assert any(ours) and all(len(o) < MAX_LEN for o in ours) and all(set(tok.tgt.encode(" ".join(o))) <= set(vocab.tolist()) for o in ours if o)
     pieces = [tok.src.pieces(tok.src.encode(s)) + ["</s>"] for s in SOURCES]
     never = [[tok.tgt.pieces([i])[0]] for i in (cfg.pad_id, cfg.bos_id)]

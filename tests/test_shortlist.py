@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import xattn
-from xattn.decoding import search
+from xattn.decoding import Vocab, search
 from xattn.inference import Speedups, prepare
 from xattn.shortlist import FILE, Shortlist, build
 
@@ -24,13 +24,18 @@ def test_counts_rank_translations_by_dice_above_frequent_words():
     assert sl.pairs == 5
 
 
-def test_candidates_are_the_union_of_the_batch_lists_the_frequent_and_forced_ids():
+def test_each_sentences_candidates_are_its_lists_the_frequent_and_its_forced_ids():
     table = np.full((6, 2), -1, np.int32)
     table[3], table[4] = [10, 11], [12, -1]
     sl = Shortlist(np.array([2, 20]), table)
-    src = torch.tensor([[3, 2, 0], [4, 3, 2]])
-    assert sl.candidates(src).tolist() == [2, 10, 11, 12, 20]
-    assert sl.candidates(src, torch.tensor([15])).tolist() == [2, 10, 11, 12, 15, 20]
+    src = torch.tensor([[3, 2, 0], [4, 0, 0]])
+    listed = sl.candidates(src)
+    assert listed.ids.tolist() == [2, 10, 11, 12, 20]  # the batch's: the rows of the output projection
+    assert listed.allowed.tolist() == [[True, True, True, False, True], [True, False, False, True, True]]
+    listed = sl.candidates(src, [7], torch.tensor([[15, 0], [0, 0]]), pad=0)  # a forced prefix: its sentence's
+    assert listed.ids.tolist() == [2, 7, 10, 11, 12, 15, 20]
+    assert [[i for i, on in zip(listed.ids.tolist(), row) if on] for row in listed.allowed.tolist()] == \
+        [[2, 7, 10, 11, 15, 20], [2, 7, 12, 20]]
 
 
 def model_and_list(seed=0):
@@ -47,7 +52,7 @@ def test_decoding_over_the_whole_vocabulary_changes_nothing(cfg):
     model, src = model_and_list()
     every = torch.arange(model.cfg.tgt_vocab_size)
     plain = search(model, src, cfg)
-    listed = search(model, src, cfg, vocab=every)
+    listed = search(model, src, cfg, vocab=Vocab(every))
     for a, b in zip(plain, listed):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
@@ -60,7 +65,7 @@ def test_decoding_produces_only_listed_ids_with_their_own_scores(speedups, beam)
     decoder = prepare(model, speedups) if speedups is not None else model
     vocab = torch.tensor([2, 5, 7, 11, 13, 17, 19, 23, 29, 31])  # EOS and a few others
     cfg = xattn.DecodeConfig(beam_size=beam, max_len_a=0, max_len_b=8)
-    hyps = search(decoder, src, cfg, vocab=vocab)
+    hyps = search(decoder, src, cfg, vocab=Vocab(vocab))
     for (h,) in hyps:
         assert set(h.tokens) <= set(vocab.tolist())
     # the same search over a model whose other outputs are impossible anyway
@@ -72,6 +77,24 @@ def test_decoding_produces_only_listed_ids_with_their_own_scores(speedups, beam)
     assert [h[0].tokens for h in hyps] == [h[0].tokens for h in reference]
     assert [h[0].score for h in hyps] == pytest.approx([h[0].score for h in reference], abs=0.05 if speedups and
                                                         speedups.quantize else 1e-4)
+
+
+@pytest.mark.parametrize("cfg", [xattn.DecodeConfig(beam_size=1), xattn.DecodeConfig(beam_size=3, n_best=3),
+                                 xattn.DecodeConfig(beam_size=2, coverage_penalty=0.5, stopping="early")])
+def test_a_sentence_gets_what_its_own_list_gives_it_whatever_else_is_in_the_batch(cfg):
+    """Each sentence is scored over its own list: the same tokens and scores in a batch as alone, though the
+    batch's other lists add rows to the output projection."""
+    model, src = model_and_list(3)
+    rng = np.random.default_rng(0)
+    table = rng.choice(np.arange(3, 50), size=(40, 3)).astype(np.int32)
+    sl = Shortlist(np.array([2, 4]), table)
+    batch = search(model, src, cfg, vocab=sl.candidates(src))
+    assert len(sl.candidates(src).ids) > max(len(sl.candidates(src[b:b + 1]).ids) for b in range(len(src)))
+    for b, hyps in enumerate(batch):
+        (alone,) = search(model, src[b:b + 1], cfg, vocab=sl.candidates(src[b:b + 1]))
+        own = set(sl.candidates(src[b:b + 1]).ids.tolist())
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone] and all(set(h.tokens) <= own for h in hyps)
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
 
 
 def test_the_model_directory_keeps_it_and_refuses_another_vocabulary(tmp_path):
@@ -109,7 +132,7 @@ def test_cli_counts_the_training_data_and_translate_uses_it(numbers_model, tmp_p
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     allowed = set(translator.shortlist.candidates(torch.tensor(
-        [translator.tokenizers.src.encode(s) + [2] for s in ["drei"]])).tolist())
+        [translator.tokenizers.src.encode(s) + [2] for s in ["drei"]])).ids.tolist())
     out = translator.translate(["drei"], xattn.DecodeConfig(beam_size=2, shortlist=True))[0]
     assert set(translator.tokenizers.tgt.encode(out.text)) <= allowed
 
@@ -141,7 +164,7 @@ def test_constraints_and_prefixes_hold_over_the_listed_columns(cfg):
     prefix = torch.tensor([[9, 30], [47, 0], [0, 0], [12, 12]])  # pad-ended; 12 12 against no-repeat: relaxed
     masked = torch.full((model.cfg.tgt_vocab_size,), -1e9)
     masked[vocab] = 0.0
-    listed = search(model, src, cfg, prefix, vocab=vocab)
+    listed = search(model, src, cfg, prefix, vocab=Vocab(vocab))
     with torch.no_grad():
         model.generator.bias += masked
     reference = search(model, src, cfg, prefix)

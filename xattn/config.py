@@ -258,7 +258,7 @@ class DecodeConfig:
     #   beam_size hypotheses have finished (fairseq's, CTranslate2's rule: faster, may return a worse one)
     max_tokens: int = 8000              # token budget of one translation batch
     shortlist: bool = False             # score only the target tokens the model's lexical shortlist lists for
-    #   a batch's source tokens (xattn shortlist; xattn/shortlist.py): faster, may change a few translations
+    #   a sentence's source tokens (xattn shortlist; xattn/shortlist.py): faster, may change a few translations
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         beam_size=within(1, 1024), temperature=within(0, lo_open=True), top_k=NON_NEGATIVE,

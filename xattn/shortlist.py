@@ -5,9 +5,11 @@ most of its rows cannot be the next token of a given sentence. As Marian's lexic
 CTranslate2's vocabulary map do, a shortlist lists for every source token the target tokens that occur
 most often in the translations of the training sentences holding it, ranked by the Dice coefficient
 2 c(s, t) / (c(s) + c(t)) over sentence pairs (c: pairs containing a token, or both); the `frequent`
-most frequent target tokens are on every list. A batch is decoded over the union of its source tokens'
-lists (with EOS, UNK and the forced prefixes' tokens): `Shortlist.candidates`; the search scores every
-other token -inf (decoding/step.py). Built by `xattn shortlist` from a model's training corpus, stored in
+most frequent target tokens are on every list. A sentence may produce the tokens of its own source tokens'
+lists, with EOS, UNK and its forced prefix's tokens (`Shortlist.candidates`): the output projection of a
+batch is cut to the union of its sentences' lists, and each sentence's softmax is taken over its own list,
+every other token -inf (decoding/step.py), so that a sentence gets the same translation whichever other
+sentences share its batch (CTranslate2's vocabulary map and Marian's shortlists score the whole union). Built by `xattn shortlist` from a model's training corpus, stored in
 the model directory as shortlist.safetensors, used with `translate --shortlist` (DecodeConfig.shortlist).
 The BLEU it costs and the speed it gains: benchmarks/README.md, Translation speed.
 """
@@ -16,11 +18,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from xattn.decoding.processors import Vocab
 from xattn.errors import XattnError
 
 FILE = "shortlist.safetensors"
@@ -37,15 +41,24 @@ class Shortlist:
     def per_source(self) -> int:
         return self.table.shape[1]
 
-    def candidates(self, src: Tensor, also: Tensor | None = None) -> Tensor:
-        """The sorted target ids a batch may produce: src (B, S) source ids (pad's list is empty), `also`
-        (any shape) ids that must be on it (a forced prefix); a 1-D int64 tensor on src's device."""
-        table = torch.from_numpy(self.table).to(src.device)
-        listed = table[src.flatten()].flatten()
-        parts = [listed[listed >= 0].long(), torch.from_numpy(self.frequent).to(src.device)]
-        if also is not None:
-            parts.append(also.flatten().long().to(src.device))
-        return torch.unique(torch.cat(parts))  # sorted
+    def candidates(self, src: Tensor, always: Sequence[int] = (), prefix: Tensor | None = None,
+                   pad: int = -1) -> Vocab:
+        """What each sentence of a batch may produce: src (B, S) source ids (pad's list is empty). A sentence's
+        list: the lists of its source ids, the frequent ids, `always` and its own forced prefix (prefix (B, P),
+        `pad` where it has ended). Vocab.ids: the sorted ids of all the lists, on src's device."""
+        device = src.device
+        listed = torch.from_numpy(self.table).to(device)[src].flatten(1).long()  # (B, S * k), -1 where none
+        also = torch.tensor(list(always), dtype=torch.long, device=device)
+        on_every = torch.cat([torch.from_numpy(self.frequent).to(device), also])
+        own = torch.cat([listed, prefix.long().to(device)], 1) if prefix is not None else listed  # (B, S * k + P)
+        own = own.masked_fill(own.eq(pad), -1)
+        ids = torch.unique(torch.cat([own[own >= 0], on_every]))  # (W,) sorted
+        column = torch.full((int(ids.max()) + 1,), len(ids), dtype=torch.long, device=device)
+        column[ids] = torch.arange(len(ids), device=device)
+        allowed = torch.zeros(src.shape[0], len(ids) + 1, dtype=torch.bool, device=device)  # a last column for -1
+        allowed.scatter_(1, torch.where(own >= 0, column[own.clamp(min=0)], len(ids)), True)
+        allowed[:, column[on_every]] = True
+        return Vocab(ids, allowed[:, :-1])
 
     def save(self, folder: str | Path, metadata: dict) -> Path:
         from safetensors.torch import save

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
-from xattn.decoding import Hypothesis, Steps, Tracked, finish, search_steps, seeded
+from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, finish, search_steps, seeded
 from xattn.decoding.stream import Stream
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -258,16 +258,13 @@ class Translator:
             out.append(replace(options_[0], alternatives=options_ if many else []))
         return out
 
-    def _vocab(self, src: Tensor, forced: Tensor | None) -> Tensor:
-        """The target ids the shortlist allows for this batch, with EOS and its forced prefixes' tokens."""
+    def _vocab(self, src: Tensor, forced: Tensor | None) -> Vocab:
+        """The target ids the shortlist allows each sentence of this batch, with EOS and its forced prefix's."""
         if self.shortlist is None:
             raise ParameterError("shortlist", "this model has no shortlist; build one with `xattn shortlist "
                                  "MODEL_DIR`")
         cfg = self.model.cfg
-        must = torch.tensor([cfg.eos_id], device=src.device)
-        if forced is not None:
-            must = torch.cat([must, forced[forced.ne(cfg.pad_id)]])
-        return self.shortlist.candidates(src, must)
+        return self.shortlist.candidates(src, [cfg.eos_id], forced, cfg.pad_id)
 
     def _translation(self, hyp: Hypothesis, src_tokens: list[str], cross: np.ndarray | None,
                      selfw: np.ndarray | None) -> Translation:

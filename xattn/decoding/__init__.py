@@ -24,16 +24,16 @@ from xattn.decoding.beam import beam_search
 from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, finish, gnmt_penalty, hypothesis, make_step,
                                  max_lengths, prepare_cache)
 from xattn.model import EncoderOutput, HeadMask, Transformer
-from xattn.decoding.processors import constraints, warpers
+from xattn.decoding.processors import Vocab, constraints, warpers
 
 __all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "finish",
            "gnmt_penalty", "greedy", "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search",
-           "search_steps", "seeded"]
+           "search_steps", "seeded", "Vocab"]
 
 
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
            need_attention: bool = False, enc: EncoderOutput | None = None,
-           head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+           head_mask: HeadMask | None = None, vocab: Vocab | None = None,
            track: Tracked | None = None) -> list[list[Hypothesis]]:
     """search_steps run to its end."""
     return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab, track))
@@ -47,13 +47,13 @@ def seeded(cfg: DecodeConfig, device: torch.device | str) -> torch.Generator:
 
 def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
                  need_attention: bool = False, enc: EncoderOutput | None = None,
-                 head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+                 head_mask: HeadMask | None = None, vocab: Vocab | None = None,
                  track: Tracked | None = None, generator: torch.Generator | None = None) -> Steps[list[list[Hypothesis]]]:
     """The search as Steps (one decoder step per `next()`). src (B, S), each row ending with EOS; prefix (B, P)
     forced first target tokens (pad-padded) or None;
     enc: model.encode(src, head_mask=head_mask) when the caller has it already; head_mask: factors on the
-    heads' outputs (Transformer.encode), applied at every step; vocab: sorted target ids, the only ones the
-    search may produce (a shortlist's candidates, xattn/shortlist.py), or None for the whole vocabulary;
+    heads' outputs (Transformer.encode), applied at every step; vocab: the only target ids the search may
+    produce, each sentence its own (a shortlist's candidates, processors.Vocab), or None for the whole vocabulary;
     generator: sampling's random numbers, when a call samples several batches (one seeded generator a call, so
     that its batches do not draw the same numbers: `seeded`); by default one seeded from cfg.seed.
 

@@ -10,7 +10,7 @@ from torch import Tensor
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, finish, hypothesis, make_step, prepare_cache
 from xattn.model import EncoderOutput, HeadMask, Transformer
-from xattn.decoding.processors import Columns, Constraints, Processor, StepState, apply_all, constraints
+from xattn.decoding.processors import Columns, Constraints, Processor, StepState, Vocab, apply_all, constraints
 
 Pick = Callable[[Tensor, StepState], Tensor]
 """(constrained log-probs (N, V), state) -> chosen token (N,)."""
@@ -32,7 +32,7 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None,
-              head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+              head_mask: HeadMask | None = None, vocab: Vocab | None = None,
               track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
     """One token per step for each of `copies` rows per sentence: greedy with `argmax`, sampling with `sampler`.
 
@@ -53,9 +53,9 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     attention: Tensor | None = None
     alive = torch.arange(R, device=device)  # (N,) row of each live hypothesis
     last = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)  # (N, 1)
-    columns = Columns.of(vocab, cfg.tgt_vocab_size) if vocab is not None else None
+    columns = Columns.of(vocab.ids, cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
-        raw, attn = step(last, cache)
+        raw, attn = step(last, cache, alive // copies if vocab is not None else None)
         state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N, V), (N,) or None
         if exhausted is not None:

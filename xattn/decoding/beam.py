@@ -15,7 +15,7 @@ from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
 from xattn.errors import XattnError
 from xattn.model import EncoderOutput, HeadMask, Transformer, nearest_with_heads
-from xattn.decoding.processors import Columns, Constraints, StepState
+from xattn.decoding.processors import Columns, Constraints, StepState, Vocab
 
 NEG_INF = float("-inf")
 
@@ -203,7 +203,7 @@ def candidates(lp: Tensor, beam: Beam, K: int, state: StepState) -> Candidates:
 @torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
                 prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
-                head_mask: HeadMask | None = None, vocab: Tensor | None = None,
+                head_mask: HeadMask | None = None, vocab: Vocab | None = None,
                 track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
     """src (B, S), max_len (B,) -> B lists of up to cfg.n_best hypotheses, best first, one step per `next()`
     (step.Steps).
@@ -224,10 +224,10 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     beam, finished = start(model, src, K, T, need_attention, beta > 0, track)
     read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
-    columns = Columns.of(vocab, model.cfg.tgt_vocab_size) if vocab is not None else None
+    columns = Columns.of(vocab.ids, model.cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
         N = beam.sentence.shape[0]
-        raw, attn = step(last, cache)
+        raw, attn = step(last, cache, beam.sentence if vocab is not None else None)  # (one row per sentence at t 0)
         if t == 0:  # now give each sentence its K rows
             cache.expand(K, grouped=True)
             raw = raw.repeat_interleave(K, dim=0)

@@ -33,6 +33,15 @@ class Columns:
         return cls(ids, where.index_copy_(0, ids, torch.arange(len(ids), device=ids.device)))
 
 
+@dataclass(frozen=True)
+class Vocab:
+    """The target ids a search may produce, when not all of them (a shortlist's, xattn/shortlist.py): the
+    output projection scores `ids`, and each sentence then only the ids its own list has (`allowed`), so that
+    what a sentence gets does not depend on the other sentences of its batch."""
+    ids: Tensor                     # (W,) sorted target ids: every sentence's list together
+    allowed: Tensor | None = None   # (B, W) bool: the ids of each sentence's list; None: all W for every one
+
+
 @dataclass
 class StepState:
     t: int                          # index of the token being chosen (0 = first after BOS)

@@ -14,9 +14,12 @@ from xattn.attention import DecoderCache
 from xattn.config import DecodeConfig
 from xattn.errors import ParameterError
 from xattn.inference import linear_rows
+from xattn.decoding.processors import NEG_INF, Vocab
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 
-Step = Callable[[Tensor, DecoderCache], tuple[Tensor, Tensor | None]]
+Step = Callable[..., tuple[Tensor, Tensor | None]]
+"""(tokens (N, 1), cache[, the sentence of each row or group of rows]) -> this step's log-probabilities (N, V)
+and cross-attention (or None): make_step."""
 R = TypeVar("R")
 Steps = Generator[None, None, R]
 """A computation run one decoder step per `next()`: it yields between two steps and returns its result.
@@ -83,23 +86,28 @@ def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 
 def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None,
-              vocab: Tensor | None = None, track: Tracked | None = None) -> Step:
+              vocab: Vocab | None = None, track: Tracked | None = None) -> Step:
     """A `Step` over the model's decoder (with `head_mask`, see Transformer.encode); with `need_weights` it
     also returns this step's cross-attention, every layer's (N, L, H, S) or, with `track`, the mean of its
-    heads (N, 1, 1, S). `vocab`: sorted target ids (a shortlist's candidates), the only ones the step scores:
-    its log-probabilities then have one column per id of `vocab` (processors.Columns)."""
-    output = restricted(model.generator, vocab) if vocab is not None else None
+    heads (N, 1, 1, S). `vocab` (a shortlist's): the only target ids the step scores, its log-probabilities
+    then having one column per id of vocab.ids (processors.Columns); each row's distribution is over its own
+    sentence's ids, vocab.allowed[sentences] (the step's third argument: the sentence of each row, or of each
+    group of cache.group rows), as if that sentence were decoded alone."""
+    output = restricted(model.generator, vocab.ids) if vocab is not None else None
     layers = (track.layer,) if need_weights and track is not None else ()
     every = need_weights and not layers
     one_layer = {"cross_layers": layers} if layers else {}  # the decoder's own call otherwise
 
-    def step(tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, Tensor | None]:
+    def step(tokens: Tensor, cache: DecoderCache, sentences: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         if output is None:
             out = model.decode(tokens, None, cache=cache, need_weights=every, head_mask=head_mask, **one_layer)
             logits = out.logits[:, -1].float()  # (N, V), this step's own tensor
         else:
             out = model.decode_states(tokens, None, cache=cache, need_weights=every, head_mask=head_mask, **one_layer)
             logits = output(out.states[:, -1]).float()  # (N, len(vocab))
+            if vocab.allowed is not None:  # other sentences' ids out of this row's softmax
+                unlisted = ~vocab.allowed.index_select(0, sentences).unsqueeze(1)  # (N / group, 1, W)
+                logits.view(unlisted.shape[0], -1, logits.shape[1]).masked_fill_(unlisted, NEG_INF)
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no N x V allocation per step
         if not need_weights:
             return log_probs, None
