@@ -179,3 +179,30 @@ def test_a_quickstart_cut_by_its_time_cap_says_so_and_how_to_go_on(tmp_path, cap
     assert f"xattn quickstart --out {tmp_path / 'capped'} --minutes 0.1 data.numbers_size=3000" in out
     again = quickstart(tmp_path / "capped", capsys, "--minutes", "0.05")
     assert "already trained to max_minutes" in again and "raise --minutes to go on" in again
+
+
+def test_sampling_draws_anew_for_each_chunk_of_a_file(numbers_model, tmp_path, capsys, monkeypatch):
+    """A file is translated CHUNK_LINES at a time; one generator for the whole run, so a chunk does not repeat
+    the draws of the one before (translate and evaluate)."""
+    monkeypatch.setattr("xattn.io.CHUNK_LINES", 2)
+    src, ref = tmp_path / "in.de", tmp_path / "ref.en"
+    src.write_text("drei hundert\n" * 4)
+    ref.write_text("three hundred\n" * 4)
+    sample = ["--sample", "--seed", "3", "--temperature", "3"]
+    assert main(["translate", str(numbers_model), "-i", str(src), *sample]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[2:] != lines[:2]
+    out = tmp_path / "out.en"
+    assert main(["evaluate", str(numbers_model), "--src", str(src), "--ref", str(ref), "-o", str(out), *sample]) == 0
+    assert out.read_text().splitlines() == lines  # the same run's draws
+
+
+def test_a_prefix_file_longer_than_the_input_on_stdin_is_named(numbers_model, tmp_path, capsys, monkeypatch):
+    import io
+
+    prefix = tmp_path / "p.txt"
+    prefix.write_text("a\nb\nc\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"drei\nvier\n")))
+    assert main(["translate", str(numbers_model), "--prefix", str(prefix)]) == 2
+    assert capsys.readouterr().err.strip() == f"xattn translate: error: line counts differ: {prefix} has more lines " \
+        "than the input's 2"

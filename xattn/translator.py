@@ -130,7 +130,8 @@ class Translator:
     def translate(self, texts: list[str], cfg: DecodeConfig | None = None, return_attention: bool = False,
                   attention_from: str = "search", return_self_attention: bool = False,
                   prefixes: list[str] | None = None,
-                  attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> list[Translation]:
+                  attention_heads: tuple[int, tuple[int, ...] | None] | None = None,
+                  generator: torch.Generator | None = None) -> list[Translation]:
         """Translate `texts` with `cfg` (default: the model directory's decode settings, `decode_config`, as every
         command and the server use them); results come back in input order.
 
@@ -142,15 +143,18 @@ class Translator:
         pass over the final hypotheses (`"rescore"`, cheaper under beam search); both agree. With
         `attention_heads` = (layer, heads or None for all), only the mean of those heads is kept, as a
         (1, 1, T, S) cross_attention; tracked along the search, it costs one layer's weights and a row per
-        step (the links of a guided head, xattn.guidance).
+        step (the links of a guided head, xattn.guidance). Sampling draws from `generator` when given (one
+        torch.Generator passed to several calls, as the CLI does over a file's chunks, so that they do not draw
+        alike), else from one seeded with cfg.seed for this call (decoding.seeded).
         """
         return finish(self.translate_steps(texts, cfg, return_attention, attention_from, return_self_attention,
-                                           prefixes, attention_heads))
+                                           prefixes, attention_heads, generator))
 
     def translate_steps(self, texts: list[str], cfg: DecodeConfig | None = None, return_attention: bool = False,
                         attention_from: str = "search", return_self_attention: bool = False,
                         prefixes: list[str] | None = None,
-                        attention_heads: tuple[int, tuple[int, ...] | None] | None = None) -> Steps[list[Translation]]:
+                        attention_heads: tuple[int, tuple[int, ...] | None] | None = None,
+                        generator: torch.Generator | None = None) -> Steps[list[Translation]]:
         """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
         (the server); the arguments are checked and the texts tokenized at the call."""
         if isinstance(texts, str):
@@ -173,13 +177,15 @@ class Translator:
                                  f"{type(prefixes[bad]).__name__}")
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
         tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
-        return self._steps(ids, forced, cfg, Options(return_attention, attention_from, return_self_attention, tracked))
+        options = Options(return_attention, attention_from, return_self_attention, tracked)
+        return self._steps(ids, forced, cfg, options, generator)
 
-    def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig,
-               options: Options) -> Steps[list[Translation]]:
+    def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
+               generator: torch.Generator | None) -> Steps[list[Translation]]:
         model = self.inference.current()
         results: list[Translation | None] = [None] * len(ids)
-        generator = seeded(cfg, self.device) if cfg.sampling else None  # one a call: batches never draw alike
+        if cfg.sampling and generator is None:  # one a call at least: its batches never draw alike
+            generator = seeded(cfg, self.device)
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
             translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix,

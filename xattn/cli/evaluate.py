@@ -55,15 +55,17 @@ def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str]
 
 
 def run(args) -> int:
+    from xattn.decoding import seeded
     from xattn.evaluation import Scorer
 
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
     scorer = Scorer()
+    generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
 
     def hypotheses() -> Iterator[list[str]]:
         for src, refs in test_chunks(args, translator.config.data):
-            hyps = [t.text for t in translator.translate(src, cfg)]
+            hyps = [t.text for t in translator.translate(src, cfg, generator=generator)]
             scorer.add(hyps, refs)
             yield hyps
     if args.output:

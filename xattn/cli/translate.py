@@ -144,20 +144,26 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
     """The output lines of each chunk of the input, in input order (a chunk is length-sorted into batches
     inside translate); the lines whose constraints were relaxed into `relaxed`. Two files' line counts are
     compared first, by a quick pass, so a mismatch is reported before anything is translated."""
+    from xattn.decoding import seeded
+
     prefixes = read_line_chunks(args.prefix) if args.prefix else None
     if args.prefix and args.input not in (None, "-"):
         if (n := count_lines(args.prefix)) != (m := count_lines(args.input)):
             raise XattnError(f"line counts differ: {args.prefix} has {n} lines, the input {m}")
     count = 0
+    generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
     for texts in input_batches(args):
         given = None
         if prefixes is not None:
             given = next(prefixes, [])
             if len(given) < len(texts):
                 raise XattnError(f"line counts differ: {args.prefix} has {count + len(given)} lines, the input more")
+            if len(given) > len(texts):  # (the input's last chunk)
+                raise XattnError(f"line counts differ: {args.prefix} has more lines than the input's "
+                                 f"{count + len(texts)}")
         try:
             results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
-                                           attention_heads=links.heads if links else None)
+                                           attention_heads=links.heads if links else None, generator=generator)
         except ItemError as e:  # one line of the input: name the file and line
             if e.name != "texts":
                 raise
