@@ -190,7 +190,7 @@ def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "layer 2 is not a layer"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", ""], "--heads: expected 'mean' or head numbers"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", ""], "--heads: expected 'mean' or head numbers"),
-    (["translate", "{m}", "-i", "{w}/src.txt", "--layer", "0", "--eos", "keep"], "--layer, --eos apply to --alignment"),
+    (["translate", "{m}", "-i", "{w}/src.txt", "--layer", "0", "--eos", "keep"], "--layer, --eos: apply to --alignment only"),
     (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/empty-gold.txt"], "no sure links"),
     (["heads", "align", "{m}", "--pairs", "{w}/pairs.txt", "--gold", "{w}/short.txt", "--first", "1"],
      "line counts differ"),

@@ -577,9 +577,34 @@ def test_python_api_names_its_own_parameters(space):
                           (lambda: translator.translate(["eins"], return_attention=True, attention_heads=(0, ())),
                            "attention_heads: no heads given"),
                           (lambda: translator.translate(["eins"], xattn.DecodeConfig(min_len=40, max_len_b=20)),
-                           "min_len: 40 is above the")):
+                           "min_len: 40 is above the"),
+                          (lambda: translator.translate(["eins"], prefixes="one"),
+                           "prefixes: a list of one prefix per text"),
+                          (lambda: translator.translate(["eins"], prefixes=["one", "two"]),
+                           "prefixes: 2 prefixes for 1 texts"),
+                          (lambda: translator.translate(["eins"], attention_heads=(0, None)),
+                           "attention_heads: applies with return_attention=True"),
+                          (lambda: translator.translate(["eins"], return_attention=True, attention_heads=(1.5, None)),
+                           r"attention_heads: \(layer, heads\): a layer number and a tuple"),
+                          (lambda: translator.translate(["eins"], return_attention=True, attention_heads=1),
+                           r"attention_heads: \(layer, heads or None\), got 1"),
+                          # a setting the search would ignore (the model's own settings are not the caller's)
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(beam_size=1, temperature=0.1)),
+                           "decode.temperature: applies to sampling only"),
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(sampling=True, n_best=3)),
+                           "decode.n_best: applies to beam search, not to sampling"),
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(beam_size=1, coverage_penalty=2.0)),
+                           "decode.coverage_penalty: applies to beam search with decode.beam_size 2 or more")):
         with pytest.raises(xattn.XattnError, match=message):
             call()
+    import torch
+
+    for factors, message in ((torch.tensor([1.0, float("nan")]), r"head_mask: cross layer 0: factors must be finite"),
+                             (torch.tensor([1.0, 5.0]), r"head_mask: cross layer 0: factors must be in \[0, 1\]"),
+                             ([1.0, 0.0], "head_mask: cross layer 0: expected a 1-D float tensor of factors, got list")):
+        with pytest.raises(xattn.XattnError, match=message):
+            translator.head_mask = {"cross": [factors]}
+    assert translator.head_mask is None
 
 
 def test_a_model_that_samples_by_default_can_be_searched_with_no_sample(space, monkeypatch, capsys):

@@ -76,6 +76,18 @@ def test_a_request_within_every_other_limit_is_bounded_by_its_work(client):
     assert client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 5}).status_code == 200
 
 
+def test_an_empty_text_has_no_minimum_length_to_reach(client):
+    """An empty text is translated empty whatever min_len says (as translate does): the other texts' maximum
+    lengths bound min_len, not its own."""
+    refused = client.post("/translate", json={"q": "drei", "min_len": 1000}).json()["error"]
+    most = int(refused.split("is above the ")[1].split(" ")[0])  # the longest output "drei" may have
+    reply = client.post("/translate", json={"q": ["", "drei"], "min_len": most})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["translatedText"][0] == ""
+    error(client.post("/translate", json={"q": ["", "drei"], "min_len": most + 1}), 422,
+          f"min_len: {most + 1} is above the {most} output tokens that max_len_a * ")
+
+
 def test_fields_in_the_query_string_as_deep_translator_sends_them(client):
     reply = client.post("/translate?q=drei&source=de&target=en&format=text")  # no body at all
     assert reply.status_code == 200, reply.text

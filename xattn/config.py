@@ -290,6 +290,13 @@ class DecodeConfig:
     WIDE_BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"coverage_penalty", "stopping"})
     """Settings of beam search that greedy search (a beam of 1) has no use for."""
 
+    def set_besides(self, base: DecodeConfig) -> list[str]:
+        """The settings of this config that differ both from the defaults and from `base` (a model's own): what
+        a caller set, for refuse_unused."""
+        default = DecodeConfig()
+        return [f.name for f in dataclasses.fields(self)
+                if getattr(self, f.name) not in (getattr(default, f.name), getattr(base, f.name))]
+
     def refuse_unused(self, given: Iterable[str]) -> None:
         """Of the settings a user gave (`given`, field names), the first that this config's kind of search
         would ignore is a ConfigError naming it: the beam's when sampling, the sampler's when searching, the

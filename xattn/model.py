@@ -268,12 +268,19 @@ class Transformer(nn.Module):
 
     def check_head_mask(self, mask: HeadMask | None) -> HeadMask | None:
         """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
-        tensor; places left out are unmasked. A ValueError names what does not fit."""
+        tensor of finite factors (0 switches a head off, 1 leaves it as trained; others scale it, as a gradient
+        check does); places left out are unmasked. A ValueError names what does not fit."""
+        if mask is not None and not isinstance(mask, dict):
+            raise ValueError(f"head_mask: a dict of places to lists of per-layer factors, got {type(mask).__name__}")
         for place, layers in (mask or {}).items():
             if problem := layout_problem(self.cfg, place, list(layers)):
                 raise ValueError(f"head_mask: {problem}")
-            if bad := [i for i, f in enumerate(layers) if f is not None and f.dim() != 1]:
-                raise ValueError(f"head_mask: {place} layer {bad[0]}: expected a 1-D tensor of factors")
+            for i, f in enumerate(layers):
+                if f is not None and (not isinstance(f, Tensor) or f.dim() != 1 or not f.is_floating_point()):
+                    raise ValueError(f"head_mask: {place} layer {i}: expected a 1-D float tensor of factors, got "
+                                     f"{type(f).__name__ if not isinstance(f, Tensor) else f'{f.dtype} {tuple(f.shape)}'}")
+                if f is not None and not bool(f.isfinite().all()):
+                    raise ValueError(f"head_mask: {place} layer {i}: factors must be finite, got {f.tolist()}")
         return mask
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False,

@@ -95,13 +95,22 @@ class Translator:
 
     @property
     def head_mask(self) -> HeadMask | None:
-        """Factors on the heads' outputs (Transformer.encode) that every search and teacher-forced pass of
-        this Translator applies; None: every head as trained."""
+        """Factors on the heads' outputs (Transformer.encode), from 0 (the head off) to 1 (as trained), as a
+        mask file has them (`translate --head-mask`), that every search and teacher-forced pass of this
+        Translator applies; None: every head as trained. A mask that does not fit is a ParameterError."""
         return self._head_mask
 
     @head_mask.setter
     def head_mask(self, mask: HeadMask | None) -> None:
-        self._head_mask = self.model.check_head_mask(mask)
+        try:
+            self.model.check_head_mask(mask)
+        except ValueError as e:
+            raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
+        for place, layers in (mask or {}).items():
+            for i, f in enumerate(layers):
+                if f is not None and not bool(((f >= 0) & (f <= 1)).all()):
+                    raise ParameterError("head_mask", f"{place} layer {i}: factors must be in [0, 1], got {f.tolist()}")
+        self._head_mask = mask
 
     @property
     def decode_config(self) -> DecodeConfig:
@@ -162,10 +171,16 @@ class Translator:
         cfg = self.decode_config if cfg is None else cfg
         if not isinstance(cfg, DecodeConfig):
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__} (DecodeConfig(**settings) makes one)")
+        cfg.refuse_unused(cfg.set_besides(self.decode_config))  # a setting this search would ignore, named
+        if attention_heads is not None and not return_attention:
+            raise ParameterError("attention_heads", "applies with return_attention=True (the heads of the "
+                                 "cross-attention returned)")
         if attention_from not in ("search", "rescore"):
             raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
+        if isinstance(prefixes, str):
+            raise ParameterError("prefixes", "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):
-            raise XattnError(f"{len(prefixes)} prefixes for {len(texts)} sentences")
+            raise ParameterError("prefixes", f"{len(prefixes)} prefixes for {len(texts)} texts; give one per text")
         eos, mc = self.model.cfg.eos_id, self.model.cfg
         ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
         if (long := mc.beyond_positions(ids)) is not None:  # named here, not in a batch's encoder
@@ -176,6 +191,9 @@ class Translator:
             raise ParameterError("prefixes", f"prefix {bad + 1}: expected a string (\"\" for none), got "
                                  f"{type(prefixes[bad]).__name__}")
         forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
+        if attention_heads is not None and (not isinstance(attention_heads, (tuple, list))
+                                            or len(attention_heads) != 2):
+            raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")
         tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
         options = Options(return_attention, attention_from, return_self_attention, tracked)
         return self._steps(ids, forced, cfg, options, generator)

@@ -129,7 +129,7 @@ def load_translator(args):
 def run(args) -> int:
     unused = [f"--{flag}" for flag in ALIGNMENT_FLAGS if getattr(args, flag) is not None]
     if unused and not args.alignment:
-        raise XattnError(f"{', '.join(unused)} apply to --alignment")
+        raise XattnError(f"{', '.join(unused)}: {'applies' if len(unused) == 1 else 'apply'} to --alignment only")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
     links = alignment_of(args, translator) if args.alignment else None

@@ -52,6 +52,11 @@ class Tracked:
     def checked(self, cfg) -> Tracked:
         """Itself, if the model of ModelConfig `cfg` has that layer and those heads; else a ParameterError."""
         heads = cfg.heads_per_layer("cross")
+        whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+        if not whole(self.layer) or not (self.heads is None or isinstance(self.heads, (tuple, list))
+                                         and all(map(whole, self.heads))):
+            raise ParameterError("attention_heads", f"(layer, heads): a layer number and a tuple of head numbers or "
+                                 f"None, got ({self.layer!r}, {self.heads!r})")
         if self.heads is not None and not self.heads:  # their mean would be NaN everywhere
             raise ParameterError("attention_heads", "no heads given; give some, or None for all of the layer's")
         if not 0 <= self.layer < len(heads) or heads[self.layer] == 0:

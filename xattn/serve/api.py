@@ -284,13 +284,14 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
     can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
     most = [int(cfg.max_len_a * (n + 1) + cfg.max_len_b) for n in counts]  # tokens counted with EOS, as the search
-    shortest = min(counts)
     if none := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m < 1]:  # (an empty text is translated empty)
         raise ApiError(422, f"max_len_b: max_len_a * {counts[none[0]] + 1} source tokens (q[{none[0]}] and </s>) + "
                        "max_len_b allows no output token; raise max_len_b", "invalid_request")
-    if cfg.min_len > min(most):
-        raise ApiError(422, f"min_len: {cfg.min_len} is above the {min(most)} output tokens that max_len_a * "
-                       f"{shortest + 1} source tokens (q[{counts.index(shortest)}] and </s>) + max_len_b allow; lower "
+    texts = [i for i, n in enumerate(counts) if n]  # an empty text has no minimum length to reach either
+    if texts and cfg.min_len > min(most[i] for i in texts):
+        short = min(texts, key=lambda i: most[i])
+        raise ApiError(422, f"min_len: {cfg.min_len} is above the {most[short]} output tokens that max_len_a * "
+                       f"{counts[short] + 1} source tokens (q[{short}] and </s>) + max_len_b allow; lower "
                        "it or raise max_len_b", "invalid_request")
     work = sum(most) * cfg.hypotheses
     if work > limits.max_work:
