@@ -206,3 +206,14 @@ def test_a_prefix_file_longer_than_the_input_on_stdin_is_named(numbers_model, tm
     assert main(["translate", str(numbers_model), "--prefix", str(prefix)]) == 2
     assert capsys.readouterr().err.strip() == f"xattn translate: error: line counts differ: {prefix} has more lines " \
         "than the input's 2"
+
+
+def test_an_output_named_as_standard_output_is_written_to_it(numbers_model, tmp_path, capsys):
+    """-o /dev/stdout writes to the standard output (as -o - does), never replaces the file it may lead to."""
+    src = tmp_path / "in.de"
+    src.write_text("drei\nvier\n")
+    assert main(["translate", str(numbers_model), "-i", str(src)]) == 0
+    plain = capsys.readouterr().out
+    for name in ("/dev/stdout", "/proc/self/fd/1"):
+        assert main(["translate", str(numbers_model), "-i", str(src), "-o", name]) == 0
+        assert capsys.readouterr().out == plain

@@ -303,6 +303,15 @@ def test_an_unknown_piece_shows_the_character_its_word_has(open_view):
     assert page.inner_text("#xa-readout").startswith("\u00b7 (in Hut\u00b7Mantel) \u2192 A: ")
     cell(page, 1, 4).hover()
     assert page.inner_text("#xa-readout").startswith("\U0001F600 \u2192 \u2047: ")  # the whole word
+    # a reference read teacher-forced is tokenized word by word: its unknown piece is inside its word, as the
+    # reference's words say
+    rows = ["\u2581Hut", "<unk>", "Mantel", "</s>"]
+    w = rows_sum_to_one(np.random.default_rng(6).random((1, 2, len(rows), len(cols))))
+    page = open_view(AttentionMaps(w, rows=rows, cols=cols, row_words=["Hut\u00b7Mantel"],
+                                   col_words=["Hut\u00b7Mantel", "\U0001F600"]))
+    assert page.locator("th.xa-row").all_inner_texts() == ["Hut", "\u00b7", "Mantel", "</s>"]
+    cell(page, 1, 0).hover()
+    assert page.inner_text("#xa-readout").startswith("Hut (in Hut\u00b7Mantel) \u2192 \u00b7 (in Hut\u00b7Mantel): ")
 
 
 def test_colours_are_on_a_square_root_scale_that_the_legend_shows(open_view):

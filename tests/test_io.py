@@ -132,3 +132,6 @@ def test_a_link_stays_a_link_and_what_is_not_a_file_is_written_into(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(XattnError, match=rf"^{tmp_path}/file/x.txt: cannot write \("):  # no folder there to make
         atomic_write_text(tmp_path / "file" / "x.txt", "x")
+    (tmp_path / "to-nowhere").symlink_to(tmp_path / "file" / "x.txt")
+    with pytest.raises(XattnError, match=rf"^{tmp_path}/to-nowhere: cannot write \("):  # the name given
+        atomic_write_text(tmp_path / "to-nowhere", "x")

@@ -72,6 +72,27 @@ def test_alternatives_never_change_the_first_translation(client):
             assert len(alts) == alternatives and first not in alts and len(set(alts)) == alternatives
 
 
+def test_a_greedy_models_alternatives_take_the_beams_settings_the_first_translation_does_not_use(numbers_model,
+                                                                                                 tmp_path):
+    """A model that searches greedily: the beam settings of a request asking for alternatives (coverage_penalty,
+    stopping) go to the wider search that finds them; the first translation is the model's greedy one."""
+    import shutil
+
+    greedy = tmp_path / "greedy"
+    shutil.copytree(numbers_model, greedy)
+    config = (greedy / "config.yaml").read_text()
+    (greedy / "config.yaml").write_text(config.replace("  beam_size: 2\n", "  beam_size: 1\n"))
+    c = started(create_app(str(greedy)))
+    try:
+        plain = c.post("/translate", json={"q": ["drei", "vier"]}).json()["translatedText"]
+        for extra in ({"coverage_penalty": 0.2}, {"stopping": "early"}):
+            reply = c.post("/translate", json={"q": ["drei", "vier"], "alternatives": 2, **extra})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["translatedText"] == plain
+    finally:
+        c.__exit__(None, None, None)
+
+
 def test_constraints_that_leave_no_token_are_a_result_that_says_so(client):
     for extra in ({"beam_size": 1}, {"beam_size": 2}, {"sampling": True, "seed": 1}):
         r = client.post("/translate", json={"q": ["drei", "vier"], "no_repeat_ngram_size": 1, "min_len": 200,

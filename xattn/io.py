@@ -27,7 +27,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp_path)` and move the result to `path` in one rename. A symbolic link stays a link: the
     file it points to is replaced. What is not a file (a pipe, a terminal, a device such as /dev/stdout, or a
     link to one) is written into as it is, since it cannot be replaced. An error names `path`."""
-    path = Path(path)
+    given = path = Path(path)
     if path.is_dir():
         raise XattnError(f"{path}: is a directory")
     try:
@@ -39,7 +39,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         remove_leftovers(path)
         fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     except OSError as e:
-        raise XattnError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise XattnError(f"{given}: cannot write ({e.strerror or e})") from None
     os.close(fd)
     try:
         write(Path(tmp))
@@ -49,7 +49,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         Path(tmp).unlink(missing_ok=True)
         if e.filename not in (None, tmp, str(path)):  # another file's error (an input read on the way)
             raise
-        raise XattnError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise XattnError(f"{given}: cannot write ({e.strerror or e})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

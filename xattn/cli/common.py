@@ -66,9 +66,16 @@ def check_data_dir(data_dir: str | None, data) -> None:
                          f"{data.dataset or 'the files the config names'}")
 
 
+STDOUT_NAMES = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+"""Names of this process's standard output: written to as `-` is, not replaced by a file (they may lead to one)."""
+
+
 def output_arg(value: str) -> str:
-    """argparse type of an output file: refused at once if it names a folder, not after the work is done."""
+    """argparse type of an output file: refused at once if it names a folder, not after the work is done; a name
+    of standard output is `-`."""
     value = path_arg(value)
+    if value in STDOUT_NAMES:
+        return "-"
     if value != "-" and Path(value).is_dir():
         raise argparse.ArgumentTypeError(f"{value} is a directory; name a file")
     return value

@@ -62,7 +62,7 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
     p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=None,
                    help="sample instead of searching (--no-sample: search, where the model's decode settings sample)")
     p.add_argument("--shortlist", action="store_true", help="score only the target tokens the model's lexical "
-                   "shortlist (xattn shortlist) lists for a batch's source tokens: faster, may change a few translations")
+                   "shortlist (xattn shortlist) lists for each sentence's source tokens: faster, may change a few translations")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--compile", action="store_true",
@@ -209,7 +209,8 @@ def note_relaxed(lines: list[int], where: str) -> None:
 
     shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
     print(f"xattn translate: note: {where}: line{'s' if len(lines) > 1 else ''} {shown}: the decoding constraints "
-          "(--min-len, --no-repeat-ngram, --prefix) left no token allowed, so the translation ends there",
+          "(--min-len, --no-repeat-ngram, --prefix, over a --shortlist) left no token allowed, so the translation "
+          "ends there",
           file=sys.stderr)
 
 

@@ -41,31 +41,45 @@ const XattnHeatmap = (() => {
   // mark is shown as an open box, a space), and where each word starts. `pieces`: whether the labels are pieces
   // (the first always starts a word, as SentencePiece decodes it); by default, when one of them has the mark.
   // `unkAlone`: an unknown piece ("<unk>") is a word of its own, as in a translation, whose printed text has
-  // " \u2047 " there; otherwise (a source) it stands for characters inside its word. `words`: the text's words
-  // (xattn.words), when known: each label's word is then the text's own, and an unknown piece shows the
+  // " \u2047 " there; otherwise (a source, or a reference read teacher-forced) it stands for characters inside its
+  // word. `words`: the text's words (xattn.words), when known: each label's word is then the text's own (and the
+  // other reading of an unknown piece is taken where only it gives their number), and an unknown piece shows the
   // characters it stands for where its word tells them. -> [{text, start, word, special}]
   function labels(raw, pieces, unkAlone, words) {
     if (pieces === undefined || pieces === null) pieces = raw.some((t) => t.startsWith(WORD_START));
-    const special = (t) => SPECIALS.includes(t);
-    const apart = (t) => special(t) || (unkAlone !== false && t === UNK);  // not part of a word around it
-    const out = raw.map((t, i) => {
-      const text = t === UNK && pieces ? UNK_SURFACE : t.replace(/^\u2581/, "").split(WORD_START).join(" ");
-      return {text: text || "\u2423", bare: text, special: special(t), unknown: t === UNK,
-              start: !pieces || i === 0 || apart(t) || apart(raw[i - 1]) || t.startsWith(WORD_START)};
-    });
-    const groups = [];  // the pieces of each word, in order
-    out.forEach((l, i) => {
-      if (!pieces || l.special) { l.word = l.bare; return; }
-      if (l.start || !groups.length) groups.push([]);
-      groups[groups.length - 1].push(l);
-    });
-    const known = words && words.length === groups.length;
-    groups.forEach((group, k) => {
+    let out = read(raw, pieces, unkAlone !== false);
+    if (words && raw.includes(UNK) && groups(out).length !== words.length) {  // a reference's unknown piece is
+      const other = read(raw, pieces, unkAlone === false);                    // in its word: the words tell
+      if (groups(other).length === words.length) out = other;
+    }
+    const known = words && groups(out).length === words.length;
+    groups(out).forEach((group, k) => {
       const word = known ? words[k] : group.map((p) => p.bare).join("");
       if (known) spell(group, word);
       for (const l of group) l.word = word;
     });
+    out.forEach((l) => { if (l.word === undefined) l.word = l.bare; });
     return out;
+  }
+
+  function read(raw, pieces, unkAlone) {  // each label's text and whether a word starts there
+    const special = (t) => SPECIALS.includes(t);
+    const apart = (t) => special(t) || (unkAlone && t === UNK);  // not part of a word around it
+    return raw.map((t, i) => {
+      const text = t === UNK && pieces ? UNK_SURFACE : t.replace(/^\u2581/, "").split(WORD_START).join(" ");
+      return {text: text || "\u2423", bare: text, special: special(t), unknown: t === UNK, pieces,
+              start: !pieces || i === 0 || apart(t) || apart(raw[i - 1]) || t.startsWith(WORD_START)};
+    });
+  }
+
+  function groups(out) {  // the labels of each word, in order (none for labels that are not pieces of words)
+    const all = [];
+    out.forEach((l) => {
+      if (!l.pieces || l.special) return;
+      if (l.start || !all.length) all.push([]);
+      all[all.length - 1].push(l);
+    });
+    return all;
   }
 
   // An unknown piece shows what it stands for: the characters of its word that its other pieces do not spell
