@@ -54,8 +54,9 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     alive = torch.arange(R, device=device)  # (N,) row of each live hypothesis
     last = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)  # (N, 1)
     columns = Columns.of(vocab.ids, cfg.tgt_vocab_size) if vocab is not None else None
-    for t in range(T):
-        raw, attn = step(last, cache, alive // copies if vocab is not None else None)
+    sentences = alive // copies if vocab is not None else None  # (N,) the sentence of each row: a new tensor
+    for t in range(T):                                          # only when rows leave (make_step keeps its mask)
+        raw, attn = step(last, cache, sentences)
         state = StepState(t, out[alive, :t], max_len[alive], prefix[alive] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N, V), (N,) or None
         if exhausted is not None:
@@ -73,6 +74,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
         if keep.numel() < alive.numel():
             cache.select(keep)
             alive, token = alive[keep], token[keep]
+            sentences = alive // copies if vocab is not None else None
         last = token.unsqueeze(1)
         yield
     stop = {cfg.eos_id, cfg.pad_id}
