@@ -307,6 +307,8 @@ CASES = {
     # input files and streams
     "stdin invalid UTF-8": (["translate", M], "stdin: line 2: invalid UTF-8", b"eins\nvier\xffzig\n"),
     "input invalid UTF-8": (["translate", M, "-i", "{space}/bad-utf8.txt"], "bad-utf8.txt: line 2: invalid UTF-8"),
+    "stdin NUL": (["translate", M], "stdin: line 2: holds a NUL byte: binary data, or UTF-16 text", b"eins\nvier\x00\n"),
+    "stdin UTF-16": (["translate", M], "stdin: line 1: holds a NUL byte", "eins\nvier\n".encode("utf-16-le")),
     "input missing": (["translate", M, "-i", "{space}/nope.txt"], "nope.txt: no such file"),
     "input a directory": (["translate", M, "-i", "{space}"], "is a directory"),
     "input CR-only": (["translate", M, "-i", "{space}/cr-only.de"], "carriage return alone"),

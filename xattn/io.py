@@ -177,7 +177,11 @@ class Lines:
 
 
 def decode_line(line: bytes, where: str, number: int) -> str:
-    """One line's bytes (its "\n" removed) -> text: a trailing "\r" dropped, UTF-8 checked."""
+    """One line's bytes (its "\n" removed) -> text: a trailing "\r" dropped, UTF-8 checked, a NUL refused (as the
+    server refuses it: binary data, or UTF-16 text, whose ASCII letters are valid UTF-8 with a NUL after each)."""
+    if b"\0" in line:
+        raise XattnError(f"{where}: line {number}: holds a NUL byte: binary data, or UTF-16 text; give UTF-8 text "
+                         "(iconv -f UTF-16 -t UTF-8 converts it)")
     try:
         return line.removesuffix(b"\r").decode("utf-8")
     except UnicodeDecodeError:
