@@ -100,7 +100,8 @@ def test_decoding_flags_translate_every_line_or_fail_in_one_line(numbers_model, 
             assert all(math.isfinite(float(line.rsplit(" ||| ", 1)[1])) for line in lines)
 
 
-LINE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=25)
+LINE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\x00"), max_size=25)
+"""A line of text: any characters but a newline and NUL (refused with its line, as binary data: test_cli_errors)."""
 
 
 @settings(max_examples=60, **SETTINGS)
