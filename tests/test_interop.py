@@ -182,6 +182,27 @@ def test_export_import_round_trip(exported, tmp_path):
     assert all((out / n).read_bytes() == (model_dir / n).read_bytes() for n in names)
 
 
+def test_import_refuses_a_weights_file_that_lacks_a_tensor(exported, tmp_path):
+    """transformers would fill a missing tensor with random numbers: a partial checkpoint is refused, named."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from xattn.interop.marian import import_marian
+
+    _, hf_dir = exported
+    partial = tmp_path / "partial"
+    shutil.copytree(hf_dir, partial)
+    tensors = load_file(partial / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("self_attn.q_proj.weight"))
+    del tensors[name]
+    save_file(tensors, partial / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(XattnError, match=rf"partial: the weights file lacks 1 tensor\(s\) the model needs, e.g. "
+                                         rf"(model\.)?{name.removeprefix('model.')}"):
+        import_marian(partial, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
+
+
 def test_export_refuses_unsupported_models(tmp_path):
     for key, value in (("norm", "pre"), ("positions", "learned"), ("score", "dot")):
         cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=1,

@@ -289,9 +289,15 @@ def load_hf(hf_dir: str | Path):
         raise XattnError(f"{hf_dir}: no config.json (not a Hugging Face model directory)")
     check_importable(_read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
     try:  # float32 at load: opus-mt weights are float16, and so would be the position tables transformers builds
-        return transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True).eval()
+        model, info = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True,
+                                                                 output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:
         raise XattnError(f"{hf_dir}: cannot load the Marian model ({str(e).splitlines()[0]})") from None
+    # transformers fills a tensor the file lacks with random numbers (and builds the sinusoidal position tables)
+    if missing := sorted(k for k in info.get("missing_keys", []) if not k.endswith("embed_positions.weight")):
+        raise XattnError(f"{hf_dir}: the weights file lacks {len(missing)} tensor(s) the model needs, e.g. {missing[0]} "
+                         "(transformers would fill them with random numbers)")
+    return model.eval()
 
 
 def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
