@@ -640,3 +640,21 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
     code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
                             b"", monkeypatch, capsys)
     assert code == 2 and len(err.splitlines()) == 1 and ": line 3: its " in err and "on the source side" in err, err
+
+
+def test_training_into_a_folder_of_someone_elses_files_refuses_and_keeps_them(tmp_path, monkeypatch, capsys):
+    """A new run writes config.yaml and log.jsonl: in a folder that holds them and no run, they are not the run's,
+    and are kept; a file that only looks like a temporary one (`.draft.tmp`) is not removed as a leftover."""
+    out = tmp_path / "exp"
+    out.mkdir()
+    mine = {"config.yaml": "# my notes\nmodel: {d_model: 16}\n", "log.jsonl": "{\"step\": 1}\n", ".draft.tmp": "x"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    code, _, err = run_main([*TRAIN, "--out", str(out)], b"", monkeypatch, capsys)
+    assert code == 2 and f"{out}: holds config.yaml and log.jsonl but no training run to resume" in err
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine
+    (out / "config.yaml").unlink()
+    (out / "log.jsonl").unlink()
+    code, _, err = run_main([*TRAIN, "--out", str(out)], b"", monkeypatch, capsys)
+    assert code == 0, err
+    assert (out / ".draft.tmp").read_text() == "x" and "half-written" not in err

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -56,8 +57,9 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def is_temporary(path: Path) -> bool:
-    """True for a file `atomic_write` left behind when its process died before the rename."""
-    return path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)
+    """True for a file `atomic_write` left behind when its process died before the rename (`.NAME.tmp-PID.XXXXXXXX.tmp`:
+    a user's `.draft.tmp` is not one)."""
+    return re.fullmatch(rf"\..+\.tmp-\d+\..+{re.escape(TEMP_SUFFIX)}", path.name) is not None
 
 
 def _umask() -> int:

@@ -67,6 +67,9 @@ class Trainer:
         if manifest is None and (self.out_dir / WEIGHTS).is_file():
             raise XattnError(f"{self.out_dir}: holds a model but no training state to resume "
                              f"({STATE_DIR}/{MANIFEST}); train into a new directory")
+        if manifest is None and (theirs := [n for n in (CONFIG, LOG) if (self.out_dir / n).exists()]):
+            raise XattnError(f"{self.out_dir}: holds {' and '.join(theirs)} but no training run to resume (a new run "
+                             "would replace them); train into a new or an empty directory")
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
             self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
@@ -123,12 +126,11 @@ class Trainer:
                              "train.max_steps may change), or train into another directory")
 
     def _start(self) -> None:
-        """A new run (rank 0 writes): config.yaml, an empty log, and the checkpoint of step 0."""
-        if self.ctx.rank == 0:
+        """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
+        if self.ctx.rank == 0:  # config.yaml after the first checkpoint: without one, it is never this run's
             self._remove_leftovers()
-            (self.out_dir / LOG).unlink(missing_ok=True)
-            save_config(self.cfg, self.out_dir / CONFIG)
             self._save_state()
+            save_config(self.cfg, self.out_dir / CONFIG)
         self.ctx.barrier()
 
     def _resume(self, manifest: Manifest) -> None:
