@@ -208,3 +208,24 @@ def test_resume_refuses_another_training_subset(tmp_path):
     train(_cfg("train.max_steps=2", "data.train_subset=200"), tmp_path, quiet=True)
     with pytest.raises(XattnError, match=r"data.train_subset: 200 -> 100"):
         Trainer(_cfg("train.max_steps=4", "data.train_subset=100"), tmp_path, quiet=True)
+
+
+def test_a_resume_takes_the_weight_decay_and_betas_it_is_given(tmp_path, capsys):
+    """The optimizer's checkpoint holds the first run's weight decay and betas; a resume that changes them (as
+    config.yaml then says) trains with the new ones."""
+    from safetensors.torch import load_file
+
+    from xattn.cli.main import main
+
+    from conftest import NUMBERS_TINY
+
+    base = ["train", "numbers-de-en", *NUMBERS_TINY]
+    for name in ("same", "changed"):
+        assert main([*base, "train.max_steps=2", "--out", str(tmp_path / name)]) == 0
+    assert main([*base, "train.max_steps=4", "--out", str(tmp_path / "same")]) == 0
+    assert main([*base, "train.max_steps=4", "train.weight_decay=0.5", "train.betas=[0.5,0.6]",
+                 "--out", str(tmp_path / "changed")]) == 0
+    capsys.readouterr()
+    same, changed = (load_file(next((tmp_path / name / "train_state").glob("weights-*.safetensors")))
+                     for name in ("same", "changed"))
+    assert any(not torch.equal(same[k], changed[k]) for k in same)

@@ -138,6 +138,8 @@ class Trainer:
         state = self.state_dir.load_state()
         load_weights(self.model, self.state_dir.dir / manifest.weights, self.identity["tokenizers"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # the checkpoint's would stay, though config.yaml says this run's
+            group["weight_decay"], group["betas"] = self.cfg.train.weight_decay, tuple(self.cfg.train.betas)
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         rng = state["rng"]
