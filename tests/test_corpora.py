@@ -133,3 +133,5 @@ def test_a_named_prepared_directory_must_hold_the_corpora_the_config_lists(two_c
     more = two_corpora[-1].replace("}]", "}, {tsv: x.tsv}]")
     with pytest.raises(xattn.XattnError, match=r"^data.corpora: .* was prepared from 2 corpora, this run names 3"):
         training_corpus(load_config(None, [*two_corpora[:-1], more, f"data.prepared={tmp_path / 'out'}"]).data)
+    with pytest.raises(xattn.XattnError, match=r"^data.corpora: .* was prepared from 2 corpora, this run names 1"):
+        training_corpus(load_config(None, [*two_corpora[:-1], f"data.prepared={tmp_path / 'out'}"]).data)

@@ -122,7 +122,7 @@ def check_matches(corpus: MappedCorpus, cfg: DataConfig, inherit: dict[str, Path
         raise XattnError(f"data.prepared: {corpus.folder} was not prepared from the {dataset_name(cfg)} text this "
                          "run reads; prepare again")
     held = len(corpus.manifest.get("corpora", [len(corpus)]))
-    if cfg.corpora and held != len(cfg.corpora) + 1:
+    if held != len(cfg.corpora) + 1:  # (a corpus more than the config names would be trained on, unweighted)
         raise XattnError(f"data.corpora: {corpus.folder} was prepared from {held} corpora, this run names "
                          f"{len(cfg.corpora) + 1}; prepare again")
     by_key = {record.get("key"): record for record in records.values() if isinstance(record, dict)}
