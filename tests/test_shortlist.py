@@ -174,3 +174,21 @@ def test_constraints_and_prefixes_hold_over_the_listed_columns(cfg):
             assert [h.relaxed for h in a] == [h.relaxed for h in b]
         assert all(set(h.tokens) <= set(vocab.tolist()) and (len(h.tokens) >= 2 or h.relaxed) for h in a)
     assert all(h.tokens[:2] == [9, 30] for h in listed[0]) and all(h.tokens[:1] == [47] for h in listed[1])
+
+
+def test_a_shortlist_made_for_other_tokenizers_is_refused(numbers_model, tmp_path):
+    """Its ids are another tokenizer's pieces, though they may be as many: the file names the tokenizers it was
+    counted with (xattn shortlist), and a model directory with others refuses it."""
+    import shutil
+
+    from xattn.tokenizer import tokenizer_hashes
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    cfg = xattn.load(model).model.cfg
+    table = np.full((cfg.src_vocab_size, 2), -1, np.int32)
+    Shortlist(np.array([2]), table).save(model, {"tokenizers": tokenizer_hashes(model)})
+    Shortlist.load(model, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    Shortlist(np.array([2]), table).save(model, {"tokenizers": {"spm.model": "0" * 64}})
+    with pytest.raises(xattn.XattnError, match=r"shortlist.safetensors: made for other tokenizers than this model's"):
+        Shortlist.load(model, cfg.src_vocab_size, cfg.tgt_vocab_size)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from xattn.decoding.processors import Vocab
 from xattn.errors import XattnError
+from xattn.tokenizer import tokenizer_hashes
 
 FILE = "shortlist.safetensors"
 CHUNK = 20_000  # sentence pairs counted at a time
@@ -81,9 +82,14 @@ class Shortlist:
         try:
             with safe_open(str(path), "np") as f:
                 frequent, table = f.get_tensor("frequent").astype(np.int64), f.get_tensor("table").astype(np.int32)
-                pairs = int((f.metadata() or {}).get("pairs", 0))
+                metadata = f.metadata() or {}
+                pairs = int(metadata.get("pairs", 0))
+                made_for = json.loads(metadata["tokenizers"]) if "tokenizers" in metadata else None
         except (SafetensorError, OSError, KeyError, ValueError) as e:
             raise XattnError(f"{path}: not a shortlist ({e}); build it again with `xattn shortlist {folder}`") from None
+        if made_for is not None and made_for != tokenizer_hashes(folder):  # ids of other pieces, of the same number
+            raise XattnError(f"{path}: made for other tokenizers than this model's ({', '.join(made_for)}); build it "
+                             f"again with `xattn shortlist {folder}`")
         if table.ndim != 2 or table.shape[0] != src_vocab or frequent.ndim != 1 \
                 or (table.size and int(table.max()) >= tgt_vocab) or (frequent.size and int(frequent.max()) >= tgt_vocab) \
                 or (frequent.size and int(frequent.min()) < 0):
