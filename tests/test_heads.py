@@ -378,3 +378,36 @@ def test_pruning_keeps_frozen_parameters_frozen():
         p.requires_grad_(False)
     pruned = prune_model(model, REMOVAL)
     assert not any(p.requires_grad for p in pruned.parameters())
+
+
+def test_a_table_and_a_stored_choice_name_the_weights_they_measured(four_heads, numbers_model, tmp_path, capsys,
+                                                                     monkeypatch):
+    """Weights that change while heads importance or heads align runs (a training still writing there) do not
+    get the results measured on the weights loaded."""
+    import shutil
+
+    import xattn.analysis.heads as heads_module
+    import xattn.analysis.importance as importance_module
+    from xattn.checkpoint import weights_id
+
+    model = tmp_path / "model"
+    shutil.copytree(four_heads, model)
+    before = weights_id(model)
+
+    def replaced(compute):
+        def run(*args, **kwargs):
+            out = compute(*args, **kwargs)
+            shutil.copyfile(numbers_model / "model.safetensors", model / "model.safetensors")  # other weights now
+            return out
+        return run
+    monkeypatch.setattr(importance_module, "head_importance", replaced(importance_module.head_importance))
+    code, out, _ = cli(capsys, "heads", "importance", model, "--sentences", "8")
+    assert code == 0 and out.splitlines()[0] == f"# weights: {before}" != f"# weights: {weights_id(model)}"
+    shutil.copytree(four_heads, model, dirs_exist_ok=True)
+    pairs, gold = tmp_path / "pairs.txt", tmp_path / "gold.txt"
+    pairs.write_text("drei vier ||| three four\nsieben ||| seven\n")
+    gold.write_text("0-0 1-1\n0-0\n")
+    monkeypatch.setattr(heads_module, "rank_alignment_heads", replaced(heads_module.rank_alignment_heads))
+    code, _, err = cli(capsys, "heads", "align", model, "--pairs", pairs, "--gold", gold)
+    assert code == 0, err
+    assert f"weights: {before}" in (model / "analysis.yaml").read_text()

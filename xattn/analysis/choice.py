@@ -132,13 +132,15 @@ def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: st
                          eos or base.eos, punct or base.punct)
 
 
-def save(model_dir: str | Path, settings: AlignSettings, figures: dict) -> Path:
+def save(model_dir: str | Path, settings: AlignSettings, figures: dict, weights: str | None = None) -> Path:
     """Write analysis.yaml's alignment section (the settings, the weights they were measured on, how they
-    scored), keeping its other sections."""
+    scored), keeping its other sections. `weights`: the weights_id of the weights measured, read when they
+    were loaded (the file may have changed since: a training still writing there); by default, the file's now."""
     model_dir = Path(model_dir)
     data = read(model_dir)
     record = AlignmentRecord(**settings.choice.to_dict(), method=settings.method, threshold=settings.threshold,
-                             eos=settings.eos, punct=settings.punct, weights=weights_id(model_dir), **figures)
+                             eos=settings.eos, punct=settings.punct, weights=weights or weights_id(model_dir),
+                             **figures)
     data[SECTION] = {k: v for k, v in dataclasses.asdict(record).items() if v is not None or k == "threshold"}
     text = "# written by xattn analysis verbs; `alignment` by `xattn heads align` or guided training, read by align, " \
            "translate --alignment\n"

@@ -65,10 +65,13 @@ def register(sub) -> None:
 
 
 def run_align(args) -> int:
+    from pathlib import Path
+
     from xattn.analysis.alignment import METHODS, AlignSettings, parse_alignments
     from xattn.analysis.choice import save
     from xattn.analysis.heads import rank_alignment_heads
     from xattn.analysis.maps import HeadChoice
+    from xattn.checkpoint import weights_id
     from xattn.translator import Translator
 
     if args.max_tokens < 1:
@@ -85,6 +88,7 @@ def run_align(args) -> int:
     gold = parse_alignments(gold_lines, str(args.gold), one_indexed=args.gold_one_indexed, lengths=lengths)
     if not any(sure for sure, _ in gold):
         raise XattnError(f"{args.gold}: no sure links in the {len(gold)} pairs used; nothing to rank heads by")
+    measured = weights_id(Path(args.model))  # the weights loaded now, whatever the file holds when the ranking ends
     translator = Translator.from_dir(args.model, device=device_of(args))
     src, tgt = (second, first) if args.reverse else (first, second)
     ranking = rank_alignment_heads(translator, src, tgt, gold, [args.method] if args.method else METHODS,
@@ -99,7 +103,8 @@ def run_align(args) -> int:
         best = ranking[0]
         settings = AlignSettings(HeadChoice.parse(best["layer"], best["heads"]), best["method"], None, args.eos,
                                  args.punct)
-        path = save(args.model, settings, {"aer": round(best["aer"], 4), "pairs": len(first), "gold": str(args.gold)})
+        path = save(args.model, settings, {"aer": round(best["aer"], 4), "pairs": len(first), "gold": str(args.gold)},
+                    measured)
         print(f"stored {best['method']}, layer {best['layer']}, heads {best['heads']} "
               f"(AER {100 * best['aer']:.1f}) in {path}")
     return 0
@@ -117,11 +122,12 @@ def run_importance(args) -> int:
         raise XattnError(f"--sentences: must be >= 1, got {args.sentences}")
     if args.max_tokens < 1:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
+    measured = weights_id(Path(args.model))  # the weights loaded now, whatever the file holds when the table ends
     translator = Translator.from_dir(args.model, device=device_of(args))
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
     rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)
-    lines = format_table(rows, About(weights_id(Path(args.model)), args.method))
+    lines = format_table(rows, About(measured, args.method))
     write_output_lines(None, lines)
     output = args.output or str(Path(args.model) / IMPORTANCE_FILE)
     if output != "-":
