@@ -202,6 +202,13 @@ def test_every_verb_that_reads_a_model_reads_a_delta(children, tmp_path, capsys)
     assert scores[0] == scores[1]
     assert main(["export", str(children / "fr-en"), str(tmp_path / "ct2"), "--format", "ct2"]) == 0
     assert main(["attention", str(children / "fr-en"), "un deux", "--output", str(tmp_path / "a.svg")]) == 0
+    # an export holds whole weights: imported, it is a model of its own, which names no parent
+    assert main(["export", str(children / "fr-en"), str(tmp_path / "hf")]) == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert "parent" not in config_of(tmp_path / "back")
+    cfg = xattn.DecodeConfig(beam_size=2)
+    assert xattn.load(tmp_path / "back").translate(["un deux trois"], cfg) == \
+        xattn.load(children / "fr-en").translate(["un deux trois"], cfg)
 
 
 def test_finetune_prints_the_trained_share_per_group(parent, tmp_path, capsys):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.checkpoint import load_model_dir, save_model_dir
-from xattn.config import DataConfig, ModelConfig, RunConfig, load_config, save_config
+from xattn.config import DataConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.interop import require
 from xattn.io import atomic_dir, json_text, read_json
@@ -254,8 +254,8 @@ def read_marian_tokenizer(hf_dir: Path, out: Path) -> TokenizerPair:
 def import_run_config(hf_dir: Path, model: ModelConfig, tokenizers: TokenizerPair) -> RunConfig:
     """The run config of an import: xattn_config.yaml if the export wrote one, else defaults with the languages."""
     if (hf_dir / XATTN_CONFIG).is_file():
-        saved = load_config(hf_dir / XATTN_CONFIG)
-        return replace(saved, model=replace(model, max_positions=saved.model.max_positions))
+        saved = load_config(hf_dir / XATTN_CONFIG)  # (a parent it names is not this import's: its weights are whole)
+        return replace(saved, model=replace(model, max_positions=saved.model.max_positions), parent=ParentConfig())
     options = _tokenizer_options(hf_dir)
     langs = {k: options[h] for k, h in (("src_lang", "source_lang"), ("tgt_lang", "target_lang")) if options.get(h)}
     data = DataConfig(vocab_size=tokenizers.tgt.vocab_size, joint_vocab=tokenizers.joint, **langs)
@@ -268,7 +268,7 @@ def write_marian(model: Transformer, cfg: RunConfig, tokenizers: TokenizerPair, 
     """Write a MarianMTModel + MarianTokenizer directory for `model` into the existing folder `out`."""
     to_hf_model(model, cfg).save_pretrained(out)
     write_marian_tokenizer(tokenizers, cfg, out)
-    save_config(cfg, out / XATTN_CONFIG)
+    save_config(replace(cfg, parent=ParentConfig()), out / XATTN_CONFIG)  # whole weights: a child's are its own now
 
 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
