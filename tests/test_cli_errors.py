@@ -658,3 +658,13 @@ def test_training_into_a_folder_of_someone_elses_files_refuses_and_keeps_them(tm
     code, _, err = run_main([*TRAIN, "--out", str(out)], b"", monkeypatch, capsys)
     assert code == 0, err
     assert (out / ".draft.tmp").read_text() == "x" and "half-written" not in err
+
+
+def test_a_corpus_that_is_a_pipe_is_refused_not_waited_for(space, tmp_path, monkeypatch, capsys):
+    """A corpus is read twice (counted, then encoded): a named pipe would hang at the second open."""
+    fifo = tmp_path / "corpus.de"
+    os.mkfifo(fifo)
+    code, _, err = run_main([*TRAIN, "data.dataset=null", f"data.train_src={fifo}", f"data.train_tgt={space}/a.en",
+                             f"data.valid_src={space}/good.txt", f"data.valid_tgt={space}/good.txt", "--out",
+                             str(tmp_path / "out")], b"", monkeypatch, capsys)
+    assert code == 2 and f"data.train_src: {fifo} is not a regular file; a corpus is read twice" in err, err
