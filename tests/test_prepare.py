@@ -204,3 +204,16 @@ def test_a_links_file_that_does_not_fit_the_corpus_is_one_line_naming_file_and_l
     with pytest.raises(XattnError, match=message):
         prepare(linked_files(tmp_path, links), tmp_path / "out", workers=1)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_side_of_no_piece_is_empty_and_a_tab_does_not_join_two_pairs(tmp_path):
+    """A side whose text encodes to no piece (a zero-width space, a lone BOM) is dropped and counted as empty, as a
+    side with no text is; with dedup, two pairs whose texts differ by where a tab falls are two pairs."""
+    (tmp_path / "d.de").write_text("eins\nzwei\n\u200b\ndrei\neins zwei\tdrei\neins zwei\n")
+    (tmp_path / "d.en").write_text("one\ntwo\nthree\n\ufeff\none two three\ndrei\tone two three\n")
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "d.de"), train_tgt=str(tmp_path / "d.en"), vocab_size=20,
+                     dedup=True)
+    manifest = prepare(cfg, tmp_path / "out", workers=1)
+    assert manifest["cleaning"]["empty"] == 2 and manifest["cleaning"]["duplicate"] == 0 and manifest["pairs"] == 4
+    corpus = MappedCorpus.open(tmp_path / "out")
+    assert all(len(corpus.sentence(side, i)) for side in ("src", "tgt") for i in range(len(corpus)))

@@ -81,10 +81,11 @@ def encode_chunk(job: tuple[list[Row], int, float, str | None, bool]) -> tuple[F
     src = _TOKENIZERS.src.encode_batch([r[0] for r in rows])
     tgt = _TOKENIZERS.tgt.encode_batch([r[1] for r in rows])
     n, m = (np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in (src, tgt))
-    too_long = np.maximum(n, m) > max_len
-    ratio = ~too_long & (np.maximum(n, m) / np.maximum(1, np.minimum(n, m)) > max_ratio)
-    keep = np.flatnonzero(~(too_long | ratio)).tolist()
-    counts = asdict(FilterStats(too_long=int(too_long.sum()), ratio=int(ratio.sum())))
+    empty = np.minimum(n, m) == 0  # a side of text that encodes to no piece (U+200B, a lone BOM, control bytes)
+    too_long = ~empty & (np.maximum(n, m) > max_len)
+    ratio = ~empty & ~too_long & (np.maximum(n, m) / np.maximum(1, np.minimum(n, m)) > max_ratio)
+    keep = np.flatnonzero(~(empty | too_long | ratio)).tolist()
+    counts = asdict(FilterStats(empty=int(empty.sum()), too_long=int(too_long.sum()), ratio=int(ratio.sum())))
     src, tgt, links = [src[i] for i in keep], [tgt[i] for i in keep], None
     counts["corpus"] = rows[0][4] if rows else 0
     if links_path:
@@ -173,7 +174,7 @@ def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterSt
             if keep is not None and i not in keep:
                 continue
             if dedup:
-                key = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+                key = hashlib.blake2b(f"{len(src)}:{src}{tgt}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
                 if key in seen:
                     stats.duplicate += 1
                     continue
@@ -236,6 +237,7 @@ def counted(results: Iterator, stats: FilterStats, links: dict | None, kept: lis
     """The chunks of encode_chunk, their counts added to `stats`, (with links) to `links` and to the pairs
     `kept` of their corpus."""
     for src, tgt, pieces, counts in results:
+        stats.empty += counts["empty"]
         stats.too_long += counts["too_long"]
         stats.ratio += counts["ratio"]
         stats.kept += len(src)
