@@ -668,3 +668,12 @@ def test_a_corpus_that_is_a_pipe_is_refused_not_waited_for(space, tmp_path, monk
                              f"data.valid_src={space}/good.txt", f"data.valid_tgt={space}/good.txt", "--out",
                              str(tmp_path / "out")], b"", monkeypatch, capsys)
     assert code == 2 and f"data.train_src: {fifo} is not a regular file; a corpus is read twice" in err, err
+
+
+def test_a_validation_pair_too_long_for_learned_positions_is_named_before_training(space, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """It would fail the first evaluation, after hours of training: named with its line before any step."""
+    code, _, err = run_main([*TRAIN, "model.positions=learned", "model.max_positions=20", "data.max_len=19",
+                             "--out", str(tmp_path / "out")], b"", monkeypatch, capsys)
+    assert code == 2 and "numbers de-en val: line " in err and "do not fit model.max_positions=20" in err, err
+    assert not (tmp_path / "out" / "train_state").exists()

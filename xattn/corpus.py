@@ -7,7 +7,7 @@ run (or another DDP rank) checks that the ones there are the same, so every proc
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from xattn.config import DataConfig
@@ -28,6 +28,7 @@ class Corpus:
     valid_pairs: list[Pair]             # raw text, for BLEU
     stats: FilterStats                  # what cleaning dropped from the training pairs
     fingerprint: str                    # SHA-256 of the training ids (their arrays' hashes) and validation text
+    valid_lines: list[int] = field(default_factory=list)  # the line of each validation pair (1-based)
 
 
 def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True,
@@ -61,5 +62,18 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
     arrays = {name: spec.get("sha256") for name, spec in sorted(train.manifest["arrays"].items())}
     fingerprint = hashlib.sha256(json_text({"train": arrays, "tokenizers": prepared,
                                                "valid": text_fingerprint(valid_raw)}).encode()).hexdigest()
-    return Corpus(tokenizers, train, tokenize_pairs(valid_pairs, tokenizers), valid_pairs,
-                  FilterStats(**train.manifest["cleaning"]), fingerprint)
+    valid = tokenize_pairs(valid_pairs, tokenizers)
+    lines = [n for n, p in enumerate(valid_raw, 1) if p[0].strip() and p[1].strip()]
+    return Corpus(tokenizers, train, valid, valid_pairs, FilterStats(**train.manifest["cleaning"]), fingerprint, lines)
+
+
+def check_valid_fits(corpus: Corpus, cfg: DataConfig, model) -> None:
+    """A validation pair too long for the model's learned positions, named by its line before any step (it
+    would fail the first evaluation, after hours of training)."""
+    for side in ("src", "tgt"):  # with EOS; BOS and the target's pieces
+        ids = [[*tokens, 0] for tokens in getattr(corpus.valid, side)]
+        if (long := model.beyond_positions(ids)) is not None:
+            line = corpus.valid_lines[long]
+            raise XattnError(f"{describe_split(cfg, 'val')}: line {line}: {len(ids[long])} {side} tokens do not fit "
+                             f"model.max_positions={model.max_positions} (learned positions); shorten or drop it, or "
+                             "raise model.max_positions")

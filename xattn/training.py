@@ -22,7 +22,7 @@ from xattn import corpora, distributed as dist
 from xattn.analysis.choice import save_guided
 from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
 from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
-from xattn.corpus import Corpus
+from xattn.corpus import Corpus, check_valid_fits
 from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
@@ -81,6 +81,7 @@ class Trainer:
                     f"{stats.empty} empty, {stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over "
                     f"length ratio {cfg.data.max_ratio:g}{duplicates}), {len(self.corpus.valid)} validation pairs")
         self.cfg, self.base = parts.cfg, parts.base
+        check_valid_fits(self.corpus, self.cfg.data, self.cfg.model)
         self.guide = guided_alignment(self.cfg, self.corpus, self._print)
         self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
                                      self.ctx.world) | parts.identity
