@@ -453,3 +453,15 @@ def test_cli_errors_are_one_line(tmp_path, transformers):
     post = make_model_dir(tmp_path / "post")
     result = _run("export", str(post), str(pre))  # not an empty directory
     assert result.returncode == 2 and "not an empty directory" in result.stderr
+
+
+def test_ct2_export_refuses_a_model_without_encoder_layers_and_its_leftovers_go(tmp_path):
+    pytest.importorskip("ctranslate2")
+    from conftest import tiny_model_dir
+    from xattn.interop.ct2 import export_ct2
+
+    tiny_model_dir(tmp_path / "model", n_encoder_layers=0)
+    (tmp_path / ".ct2.tmp-999999999.hf.abc").mkdir()  # what a killed export's Hugging Face step left
+    with pytest.raises(XattnError, match=r"model.n_encoder_layers=0: CTranslate2 cannot load a model without encoder"):
+        export_ct2(tmp_path / "model", tmp_path / "ct2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

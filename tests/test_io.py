@@ -135,3 +135,21 @@ def test_a_link_stays_a_link_and_what_is_not_a_file_is_written_into(tmp_path):
     (tmp_path / "to-nowhere").symlink_to(tmp_path / "file" / "x.txt")
     with pytest.raises(XattnError, match=rf"^{tmp_path}/to-nowhere: cannot write \("):  # the name given
         atomic_write_text(tmp_path / "to-nowhere", "x")
+
+
+def test_a_directory_written_through_a_link_keeps_the_link_and_the_current_one_is_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from xattn.errors import XattnError
+    from xattn.io import atomic_dir
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to("empty")
+    with atomic_dir(tmp_path / "link") as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "a.txt").read_text() == "a"
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(XattnError, match=r"^\.: the current directory, which cannot be replaced"):
+        with atomic_dir(Path(".")):
+            raise AssertionError("refused before any work")

@@ -141,6 +141,8 @@ def test_cli_counts_the_training_data_and_translate_uses_it(numbers_model, tmp_p
     (["--src", "S"], "--src and --tgt go together"),
     (["--src", "S", "--tgt", "T"], "T: ends at line 2, before the other side"),
     (["--per-source", "0"], "--per-source: must be at least 1"),
+    (["--per-source", "1000000000"], "--per-source: 1000000000 is more than the model's"),
+    (["--frequent", "100000"], "--frequent: 100000 is more than the model's"),
 ])
 def test_cli_refuses_bad_input_in_one_line(numbers_model, tmp_path, capsys, args, message):
     from xattn.cli.main import main

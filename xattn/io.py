@@ -290,9 +290,13 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     """Write a new directory as a whole (prune, compose, export, import): yields a temporary sibling
     `.NAME.tmp-PID` to fill, renamed to `path` at the end (`path` must not exist, or be an empty directory);
     on an error the temporary one is removed and `path` untouched."""
-    path = Path(path)
+    given = path = Path(path)
+    if path.is_symlink():  # a link to an empty directory: that directory is replaced, the link kept
+        path = Path(os.path.realpath(path))
+    if path.exists() and path.resolve() == Path.cwd().resolve():
+        raise XattnError(f"{given}: the current directory, which cannot be replaced; name a new directory")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise XattnError(f"{path}: already exists and is not an empty directory")
+        raise XattnError(f"{given}: already exists and is not an empty directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(path)
     tmp = _temporary(path)

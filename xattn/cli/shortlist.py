@@ -41,6 +41,9 @@ def run(args) -> int:
         raise XattnError("--src and --tgt go together: give both, or neither to count the training data")
     folder = check_model_dir(args.model)
     cfg, _ = read_model(folder)
+    for flag, value in (("--per-source", args.per_source), ("--frequent", args.frequent)):
+        if value > cfg.model.tgt_vocab_size:  # (a list longer than the vocabulary: a table of -1s, or no memory)
+            raise XattnError(f"{flag}: {value} is more than the model's {cfg.model.tgt_vocab_size} target tokens")
     tokenizers = load_tokenizers(folder)
     counts = Counts(cfg.model.src_vocab_size, cfg.model.tgt_vocab_size)
     where = f"{args.src} + {args.tgt}" if args.src else "the training data"

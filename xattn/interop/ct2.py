@@ -11,6 +11,7 @@ model has a lexical shortlist (xattn/shortlist.py), the same lists as CTranslate
 """
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -79,10 +80,15 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         raise XattnError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     require("transformers")
     require("ctranslate2")
-    with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory() as hf_dir:
+    out = Path(out_dir)  # the Hugging Face step beside it, named as its leftovers are (io.remove_leftovers)
+    beside = {"dir": out.parent, "prefix": f".{out.name}.tmp-{os.getpid()}.hf."}
+    with atomic_dir(out) as tmp, tempfile.TemporaryDirectory(**beside) as hf_dir:
         loaded = load_model_dir(model_dir)
         check_exportable(loaded.model)
         cfg = loaded.config.model
+        if empty := [side for side in ("encoder", "decoder") if getattr(cfg, f"n_{side}_layers") == 0]:
+            raise XattnError(f"model.n_{empty[0]}_layers=0: CTranslate2 cannot load a model without {empty[0]} "
+                             "layers; export it to Hugging Face instead (--format hf)")
         src = pieces_by_id(loaded.tokenizers.src, cfg.src_vocab_size)
         tgt = pieces_by_id(loaded.tokenizers.tgt, cfg.tgt_vocab_size)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, Path(hf_dir))
