@@ -45,6 +45,8 @@ def test_upsampling_and_weights_become_copies_per_epoch():
     assert draws(counts, factors) == [20, 60, 20]
     with pytest.raises(ConfigError, match="lists 1 corpora besides the first, but the prepared directory holds 2"):
         mixture(data("data.corpora=[{tsv: a, upsample: 2}]"), [10, 10, 10])
+    with pytest.raises(ConfigError, match=r"^data.corpora\[0\]: no pair of this corpus is left after cleaning"):
+        mixture(data("data.corpora=[{tsv: a, weight: 3}]"), [300, 0])  # (else a quarter of the 300 an epoch)
 
 
 @pytest.mark.parametrize("factors", [(1.0, 3.0), (2.0, 0.5), (0.25, 1.5)])
