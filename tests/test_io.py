@@ -55,7 +55,8 @@ def test_a_dead_writers_temporary_file_is_removed_when_the_file_is_written_again
     kept = tmp_path / f".out.txt.tmp-{os.getpid()}.zz.tmp"  # this process is alive
     kept.write_text("mine")
     atomic_write_text(tmp_path / "out.txt", "whole\n")
-    assert not stale.exists() and kept.exists() and is_temporary(kept)
+    assert not stale.exists() and kept.exists()
+    assert is_temporary(stale) and not is_temporary(kept)  # a leftover of a writer gone, not of a live one
     assert f"removed {stale}, left half-written by process {dead}" in capsys.readouterr().err
     assert (tmp_path / "out.txt").read_text() == "whole\n"
 

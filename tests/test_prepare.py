@@ -87,7 +87,7 @@ def test_bad_files_are_one_line_and_leave_nothing(tmp_path, content, message):
 
 
 def test_nothing_left_after_cleaning_is_an_error_and_leaves_nothing(tmp_path):
-    with pytest.raises(XattnError, match="no training pairs left after the data.max_len"):
+    with pytest.raises(XattnError, match=r"no training pairs left after cleaning \(sides of no piece, data.max_len"):
         prepare(DataConfig(dataset="numbers", numbers_size=500, vocab_size=120, max_len=1), tmp_path / "out", workers=1)
     assert list(tmp_path.iterdir()) == []
 
@@ -217,3 +217,13 @@ def test_a_side_of_no_piece_is_empty_and_a_tab_does_not_join_two_pairs(tmp_path)
     assert manifest["cleaning"]["empty"] == 2 and manifest["cleaning"]["duplicate"] == 0 and manifest["pairs"] == 4
     corpus = MappedCorpus.open(tmp_path / "out")
     assert all(len(corpus.sentence(side, i)) for side in ("src", "tgt") for i in range(len(corpus)))
+
+
+def test_a_nul_in_a_corpus_is_refused_with_its_line_as_everywhere(tmp_path):
+    """A BOM-less UTF-16 file reads as UTF-8 with a NUL after each ASCII letter: refused, whatever else the block
+    holds, as the CLI's and the server's readers refuse it."""
+    (tmp_path / "u.de").write_bytes("eins\nzwei\n".encode("utf-16-le"))
+    (tmp_path / "u.en").write_text("one\ntwo\n")
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "u.de"), train_tgt=str(tmp_path / "u.en"), vocab_size=20)
+    with pytest.raises(XattnError, match=r"u.de: line 1: holds a NUL byte"):
+        prepare(cfg, tmp_path / "out", workers=1)

@@ -89,7 +89,7 @@ def mixture(data, counts: list[int]) -> Mixture | None:
                           f"directory holds {len(counts) - 1}")
     if kind == "weight":
         if empty := [i for i, (w, n) in enumerate(zip(values, counts)) if w > 0 and n == 0]:  # its share of every
-            name = "data" if empty[0] == 0 else f"data.corpora[{empty[0] - 1}]"               # epoch would be lost
+            name = "data.weight" if empty[0] == 0 else f"data.corpora[{empty[0] - 1}]"        # epoch would be lost
             raise ConfigError(name, "no pair of this corpus is left after cleaning, so its weight would shrink every "
                               "epoch; remove it")
         total = sum(counts)

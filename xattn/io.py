@@ -57,9 +57,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def is_temporary(path: Path) -> bool:
-    """True for a file `atomic_write` left behind when its process died before the rename (`.NAME.tmp-PID.XXXXXXXX.tmp`:
-    a user's `.draft.tmp` is not one)."""
-    return re.fullmatch(rf"\..+\.tmp-\d+\..+{re.escape(TEMP_SUFFIX)}", path.name) is not None
+    """True for a file `atomic_write` left behind when its process died before the rename (`.NAME.tmp-PID.XXXXXXXX.tmp`
+    of a process that is gone: a user's `.draft.tmp` is not one, nor a live writer's file)."""
+    found = re.fullmatch(rf"\..+\.tmp-(\d+)\..+{re.escape(TEMP_SUFFIX)}", path.name)
+    return found is not None and not _alive(int(found[1]))
 
 
 def _umask() -> int:

@@ -88,8 +88,8 @@ class Shortlist:
         except (SafetensorError, OSError, KeyError, ValueError) as e:
             raise XattnError(f"{path}: not a shortlist ({e}); build it again with `xattn shortlist {folder}`") from None
         if made_for is not None and made_for != tokenizer_hashes(folder):  # ids of other pieces, of the same number
-            raise XattnError(f"{path}: made for other tokenizers than this model's ({', '.join(made_for)}); build it "
-                             f"again with `xattn shortlist {folder}`")
+            raise XattnError(f"{path}: made for other tokenizers than this model's (the SHA-256 of its "
+                             f"{', '.join(made_for)} differ); build it again with `xattn shortlist {folder}`")
         if table.ndim != 2 or table.shape[0] != src_vocab or frequent.ndim != 1 \
                 or (table.size and int(table.max()) >= tgt_vocab) or (frequent.size and int(frequent.max()) >= tgt_vocab) \
                 or (frequent.size and int(frequent.min()) < 0):

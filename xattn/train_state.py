@@ -64,12 +64,14 @@ class TrainStateDir:
         try:
             manifest = read_record(Manifest, read_json(path), f"{path}: damaged")
         except XattnError as e:
-            raise XattnError(f"{e}; delete {self.dir} to train from the start") from None
+            raise XattnError(f"{e}; delete {self.dir}, config.yaml and log.jsonl beside it to train from the "
+                             "start") from None
         for name, digest in manifest.files.items():
             file = self.dir / name
             if not file.is_file() or sha256_file(file) != digest:
                 problem = "is missing" if not file.is_file() else "does not match its checksum in " + MANIFEST
-                raise XattnError(f"{file}: {problem} (the checkpoint is damaged); delete {self.dir} to train from the start")
+                raise XattnError(f"{file}: {problem} (the checkpoint is damaged); delete {self.dir}, config.yaml and "
+                                 "log.jsonl beside it to train from the start")
         self.manifest = manifest
         return manifest
 

@@ -99,7 +99,7 @@ class Inputs:
         import gzip
 
         if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, a device
-            raise XattnError(f"data.{key}: {path} is not a regular file; a corpus is read twice (counted, then encoded), "
+            raise XattnError(f"data.{key.replace('.train_', '.')}: {path} is not a regular file; a corpus is read twice (counted, then encoded), "
                              "so give a file (for a pipe or <(...), save its lines to one first)")
         digest, opener, number, rest = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open, 0, b""
         try:
@@ -129,6 +129,8 @@ class Inputs:
         if before == 0:
             data = data.removeprefix(b"\xef\xbb\xbf")
         try:
+            if b"\0" in data:  # refused by decode_line, with its line, as every reader refuses it
+                raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL")
             return [line.rstrip() for line in data.decode("utf-8").split("\n")]
         except UnicodeDecodeError:  # find the line, for the message
             return [decode_line(raw, path, n).rstrip() for n, raw in enumerate(data.split(b"\n"), start=before + 1)]

@@ -148,7 +148,8 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
                         | ({"corpora": kept} if len(kept) > 1 else {}),
                         cfg.max_len if links else None)
         if stats.kept == 0:
-            raise XattnError(f"{where}: no training pairs left after the data.max_len / data.max_ratio filter")
+            raise XattnError(f"{where}: no training pairs left after cleaning (sides of no piece, data.max_len, "
+                             "data.max_ratio)")
     return manifest
 
 

@@ -80,7 +80,8 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         raise XattnError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     require("transformers")
     require("ctranslate2")
-    out = Path(out_dir)  # the Hugging Face step beside it, named as its leftovers are (io.remove_leftovers)
+    out = Path(os.path.realpath(out_dir) if Path(out_dir).is_symlink() else out_dir)  # as atomic_dir writes it;
+    # the Hugging Face step beside it, named as its leftovers are (io.remove_leftovers)
     beside = {"dir": out.parent, "prefix": f".{out.name}.tmp-{os.getpid()}.hf."}
     with atomic_dir(out) as tmp, tempfile.TemporaryDirectory(**beside) as hf_dir:
         loaded = load_model_dir(model_dir)
