@@ -227,3 +227,10 @@ def test_a_nul_in_a_corpus_is_refused_with_its_line_as_everywhere(tmp_path):
     cfg = DataConfig(dataset=None, train_src=str(tmp_path / "u.de"), train_tgt=str(tmp_path / "u.en"), vocab_size=20)
     with pytest.raises(XattnError, match=r"u.de: line 1: holds a NUL byte"):
         prepare(cfg, tmp_path / "out", workers=1)
+
+
+def test_a_tsv_line_with_an_empty_target_is_an_empty_pair_as_one_with_an_empty_source(tmp_path):
+    (tmp_path / "c.tsv").write_text("eins\tone\n\ttwo\nzehn\t\ndrei\tthree\n")
+    cfg = DataConfig(dataset=None, train_tsv=str(tmp_path / "c.tsv"), vocab_size=20)
+    manifest = prepare(cfg, tmp_path / "out", workers=1)
+    assert manifest["cleaning"]["empty"] == 2 and manifest["pairs"] == 2

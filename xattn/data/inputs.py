@@ -54,7 +54,7 @@ class Inputs:
             self.records[dataset_name(cfg)] = {"sha256": text_fingerprint(pairs)}
             yield from pairs
         elif cfg.train_tsv:
-            for n, line in enumerate(self.lines(cfg.train_tsv, f"{prefix}train_tsv"), start=1):
+            for n, line in enumerate(self.lines(cfg.train_tsv, f"{prefix}train_tsv", tsv=True), start=1):
                 fields = line.split("\t")
                 if len(fields) != 2:
                     raise XattnError(f"{cfg.train_tsv}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
@@ -92,7 +92,7 @@ class Inputs:
 
         return text_fingerprint(read_all(cfg, "train"))
 
-    def lines(self, path: str, key: str) -> Iterator[str]:
+    def lines(self, path: str, key: str, tsv: bool = False) -> Iterator[str]:
         """The lines of a plain or `.gz` file (config key `key`), trailing whitespace stripped, read a block at
         a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
         file's size and time. The rules and messages are xattn.io.read_lines'."""
@@ -111,12 +111,12 @@ class Inputs:
                         rest = block
                         continue
                     rest = block[cut:]
-                    yield from self.decoded(block[:cut - 1], str(path), number)
+                    yield from self.decoded(block[:cut - 1], str(path), number, tsv)
                     number += block.count(b"\n", 0, cut)
                 if rest:
                     if b"\r" in rest.rstrip(b"\r"):
                         raise XattnError(f"{path}: lines end in a carriage return alone (\\r); convert them to \\n")
-                    yield from self.decoded(rest, str(path), number)
+                    yield from self.decoded(rest, str(path), number, tsv)
         except FileNotFoundError:
             raise XattnError(f"{path}: no such file") from None
         except (OSError, EOFError) as e:
@@ -124,16 +124,24 @@ class Inputs:
         self.records[str(path)] = {"key": key, "sha256": digest.hexdigest(), **file_stamp(path)}
 
     @staticmethod
-    def decoded(data: bytes, path: str, before: int) -> list[str]:
-        """Lines `before` + 1, ... (`data`: their bytes joined by newlines), decoded and stripped."""
+    def decoded(data: bytes, path: str, before: int, tsv: bool = False) -> list[str]:
+        """Lines `before` + 1, ... (`data`: their bytes joined by newlines), decoded and stripped (in a TSV file,
+        a tab among the trailing whitespace stays: it ends an empty last field, `src<TAB>`)."""
         if before == 0:
             data = data.removeprefix(b"\xef\xbb\xbf")
         try:
             if b"\0" in data:  # refused by decode_line, with its line, as every reader refuses it
                 raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL")
-            return [line.rstrip() for line in data.decode("utf-8").split("\n")]
+            lines = data.decode("utf-8").split("\n")
         except UnicodeDecodeError:  # find the line, for the message
-            return [decode_line(raw, path, n).rstrip() for n, raw in enumerate(data.split(b"\n"), start=before + 1)]
+            lines = [decode_line(raw, path, n) for n, raw in enumerate(data.split(b"\n"), start=before + 1)]
+        return [_stripped(line, tsv) for line in lines]
+
+
+def _stripped(line: str, tsv: bool) -> str:
+    """`line` without trailing whitespace; in a TSV file, a tab that was part of it stays (an empty last field)."""
+    stripped = line.rstrip()
+    return stripped + "\t" if tsv and "\t" in line[len(stripped):] else stripped
 
 
 def file_stamp(path: str | Path) -> dict:
