@@ -154,3 +154,17 @@ def test_a_directory_written_through_a_link_keeps_the_link_and_the_current_one_i
     with pytest.raises(XattnError, match=r"^\.: the current directory, which cannot be replaced"):
         with atomic_dir(Path(".")):
             raise AssertionError("refused before any work")
+
+
+def test_yaml_merge_keys_are_read_and_a_key_given_twice_is_still_refused(tmp_path):
+    import pytest
+
+    from xattn.errors import XattnError
+    from xattn.io import read_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("base: &b {tsv: x.tsv, upsample: 2}\ncorpora:\n  - {<<: *b, upsample: 3}\n  - <<: *b\n")
+    assert read_yaml(path)["corpora"] == [{"tsv": "x.tsv", "upsample": 3}, {"tsv": "x.tsv", "upsample": 2}]
+    path.write_text("corpora:\n  - {tsv: a, tsv: b}\n")
+    with pytest.raises(XattnError, match="'tsv' is given twice"):
+        read_yaml(path)
