@@ -234,3 +234,14 @@ def test_a_tsv_line_with_an_empty_target_is_an_empty_pair_as_one_with_an_empty_s
     cfg = DataConfig(dataset=None, train_tsv=str(tmp_path / "c.tsv"), vocab_size=20)
     manifest = prepare(cfg, tmp_path / "out", workers=1)
     assert manifest["cleaning"]["empty"] == 2 and manifest["pairs"] == 2
+
+
+def test_a_carriage_return_inside_the_last_line_is_a_character_as_in_every_other_line(tmp_path):
+    (tmp_path / "c.de").write_bytes(b"eins\nzwei\ndrei\rvier")  # the last line has no newline
+    (tmp_path / "c.en").write_text("one\ntwo\nthree four\n")
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "c.de"), train_tgt=str(tmp_path / "c.en"), vocab_size=20)
+    assert prepare(cfg, tmp_path / "out", workers=1)["pairs"] == 3
+    (tmp_path / "cr.de").write_bytes(b"eins\rzwei\rdrei")  # no newline at all: lines that end in CR alone
+    with pytest.raises(XattnError, match="cr.de: lines end in a carriage return alone"):
+        prepare(DataConfig(dataset=None, train_src=str(tmp_path / "cr.de"), train_tgt=str(tmp_path / "c.en"),
+                           vocab_size=20), tmp_path / "out2", workers=1)

@@ -114,7 +114,7 @@ class Inputs:
                     yield from self.decoded(block[:cut - 1], str(path), number, tsv)
                     number += block.count(b"\n", 0, cut)
                 if rest:
-                    if b"\r" in rest.rstrip(b"\r"):
+                    if number == 0 and b"\r" in rest.rstrip(b"\r"):  # no "\n" at all (read_lines' rule)
                         raise XattnError(f"{path}: lines end in a carriage return alone (\\r); convert them to \\n")
                     yield from self.decoded(rest, str(path), number, tsv)
         except FileNotFoundError:
