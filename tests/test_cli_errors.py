@@ -282,7 +282,9 @@ CASES = {
     "config missing": (["train", "{space}/nope.yaml"], "config file not found"),
     "config is a directory": (["train", "{space}"], "config file not found"),
     "preset misspelt": (["train", "numbers-de-fr"], "no preset of that name"),
-    "quickstart no budget": (["quickstart", "--minutes", "0", "--out", "{space}/new-qs"], "--minutes: must be > 0"),
+    "quickstart no budget": (["quickstart", "--minutes", "0", "--out", "{space}/new-qs"], "--minutes: must be a number above 0"),
+    "quickstart infinite budget": (["quickstart", "--minutes", "inf", "--out", "{space}/new-qs"],
+                                   "--minutes: must be a number above 0, got inf"),
     "quickstart minutes nan": (["quickstart", "--minutes", "nan", "--out", "{space}/new-qs"], "--minutes"),
     "quickstart bad override": (["quickstart", "model.n_heads=0", "--out", "{space}/new-qs"], "model.n_heads"),
     # a flag that would be silently ignored, or silently beat an override

@@ -369,7 +369,7 @@ def test_pruning_renumbers_or_drops_the_stored_head_choice(tmp_path, removed, st
         assert record is None
     else:
         assert record.heads == (list(left) if left != "mean" else "mean") and record.method == "shift"
-        assert record.aer == 0.3
+        assert record.aer is None  # measured on the unpruned weights: pruning any head changes what it scored
 
 
 def test_pruning_keeps_frozen_parameters_frozen():

@@ -131,8 +131,9 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
         if record is not None:
             layer = record.settings.choice.layer
             settings = remapped(record.settings, removal.get("cross"), loaded.model.cfg.heads_of("cross", layer))
-            if settings is not None:
-                choice.save(tmp, settings, record.figures)
+            if settings is not None:  # the choice, not its score: that was measured on the unpruned weights
+                kept = {k: v for k, v in record.figures.items() if k not in ("aer", "pairs", "gold")}
+                choice.save(tmp, settings, kept)
     return pruned
 
 

@@ -33,8 +33,8 @@ def run(args) -> int:
     from xattn.training import train
     from xattn.translator import Translator
 
-    if args.minutes is not None and not args.minutes > 0:
-        raise XattnError(f"--minutes: must be > 0, got {args.minutes:g} (a training budget in minutes)")
+    if args.minutes is not None and not 0 < args.minutes < float("inf"):
+        raise XattnError(f"--minutes: must be a number above 0, got {args.minutes:g} (a training budget in minutes)")
     if args.examples < 0:
         raise XattnError(f"--examples: must be >= 0, got {args.examples}")
     if any(item.partition("=")[0].strip() == "data.dataset" for item in args.overrides):
