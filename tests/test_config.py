@@ -63,3 +63,14 @@ def test_keys_added_later_are_written_only_when_set_so_older_versions_read_the_f
     save_config(cfg, tmp_path / "set.yaml")
     assert load_config(tmp_path / "set.yaml").decode.shortlist is True
     assert load_config(tmp_path / "plain.yaml") == RunConfig()
+
+
+def test_an_overridden_list_entry_that_is_wrong_is_not_blamed_on_the_file(tmp_path):
+    path = tmp_path / "base.yaml"
+    path.write_text("train:\n  lr: 0.001\n")
+    with pytest.raises(XattnError) as e:
+        load_config(path, ["data.corpora=[{tsv: x.tsv, upsample: 0}]"])
+    assert str(e.value).startswith("data.corpora[0].upsample:") and "base.yaml" not in str(e.value)
+    path.write_text("data:\n  corpora: [{tsv: x.tsv, upsample: 0}]\n")
+    with pytest.raises(XattnError, match=r"base.yaml: data.corpora\[0\].upsample:"):
+        load_config(path)

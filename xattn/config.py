@@ -10,6 +10,7 @@ a ConfigError naming `section.key`; an unknown key names the nearest valid one.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -395,7 +396,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             parts[name] = build(cls, merged[name], name, getattr(base, name))
         except ConfigError as e:  # name the file unless the value came from an override
-            if path is None or e.key.partition(".")[2] in given.get(name, {}):
+            key = re.match(r"[^.\[]*", e.key.partition(".")[2])[0]  # data.corpora[0].upsample: corpora
+            if path is None or key in given.get(name, {}):
                 raise
             raise XattnError(f"{path}: {e}") from None
     return RunConfig(**parts)
