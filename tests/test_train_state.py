@@ -79,7 +79,8 @@ def test_a_train_state_of_an_older_xattn_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: (d / "a.en").write_text("one\ntwo\nthree!\nfour\n"), "data.corpus_sha256"),
+    (lambda d: (d / "a.en").write_text("one\ntwo\nthree!\nfour\n"),
+     "data.corpus_sha256: .*; that is, the text of the training or validation files, or the tokenizers made from it"),
     (lambda d: train_sentencepiece(["fünf sechs", "five six"] * 20, d / "m" / "spm.model", 20), "tokenizers.spm.model"),
 ])
 def test_a_resume_refuses_other_text_or_tokenizer_and_writes_nothing(tmp_path, change, message):

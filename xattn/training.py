@@ -122,9 +122,12 @@ class Trainer:
             saved = {part: {k: v for k, v in saved.get(part, {}).items() if k in keys}
                      for part, keys in identity.items()}
         if diffs := differences(saved, identity):
-            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings "
-                             f"({'; '.join(diffs[:3])}); rerun with the same settings to resume (budgets such as "
-                             "train.max_steps may change), or train into another directory")
+            what = "; ".join(diffs[:3]) + ("; that is, the text of the training or validation files, or the "
+                                           "tokenizers made from it, changed since the run began"
+                                           if any(d.startswith("data.corpus_sha256") for d in diffs[:3]) else "")
+            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings ({what}); "
+                             "rerun with the same settings to resume (budgets such as train.max_steps may change), or "
+                             "train into another directory")
 
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
