@@ -24,6 +24,7 @@ from xattn.corpora import check as check_corpora
 from xattn.errors import XattnError
 from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
+from xattn.overrides import drop_retired, parse_overrides
 from xattn.parent import ParentConfig
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
 
@@ -343,35 +344,6 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "dec
             "parent": ParentConfig, "alignment": AlignmentConfig}
 
 
-def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
-    """`["train.lr=1e-3", "model.d_model=128"]` -> {"train": {"lr": "1e-3"}, "model": {"d_model": "128"}}."""
-    out: dict[str, dict[str, str]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot or not name:
-            raise XattnError(f"override {item!r}: expected section.key=value, e.g. train.lr=5e-4")
-        if section not in SECTIONS:
-            raise XattnError(f"override {item!r}: unknown section {section!r}{nearest(section, list(SECTIONS))}")
-        out.setdefault(section, {})[name] = value
-    return out
-
-
-RETIRED = {"decode": {"early_stopping": "decode.stopping (exact | early)"}}
-"""Keys that older versions wrote into every model directory's config.yaml. Read from a file they are
-dropped (their recorded value was the old default); given as an override they are an error naming the
-replacement."""
-
-
-def _drop_retired(raw: dict, given: dict[str, dict[str, str]]) -> None:
-    for section, keys in RETIRED.items():
-        for key, replacement in keys.items():
-            if key in given.get(section, {}):
-                raise XattnError(f"{section}.{key} is no longer a setting; use {replacement}")
-            if isinstance(raw.get(section), dict):
-                raw[section] = {k: v for k, v in raw[section].items() if k != key}
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: RunConfig | None = None) -> RunConfig:
     """Read a YAML run config (sections model/data/train/decode), then apply `section.key=value` overrides."""
@@ -385,8 +357,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise XattnError(f"{path}: unknown config section {name!r}{nearest(str(name), list(SECTIONS))}")
         if values is not None and not isinstance(values, dict):
             raise XattnError(f"{path}: section {name!r} must be a mapping of keys to values, got {values!r}")
-    given = parse_overrides(overrides or [])
-    _drop_retired(raw, given)
+    given = parse_overrides(overrides or [], SECTIONS)
+    drop_retired(raw, given)
     merged = {name: dict(raw.get(name) or {}) for name in SECTIONS}
     for name, values in given.items():
         merged[name].update(values)

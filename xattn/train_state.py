@@ -19,12 +19,15 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from xattn.checkpoint import CONFIG, WEIGHTS
 from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
 from xattn import corpora
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
-from xattn.io import atomic_write, atomic_write_text, json_text, read_json, sha256_file
+from xattn.io import atomic_write, atomic_write_text, is_temporary, json_text, read_json, sha256_file
 
+STATE_DIR = "train_state"  # in a run's directory: its checkpoints
+LOG = "log.jsonl"          # beside it: one JSON record per logged step
 MANIFEST = "manifest.json"
 FORMAT = "xattn.train_state/1"
 LEGACY = ("state.pt", "last.safetensors")  # the unchecked layout of xattn before manifests
@@ -159,3 +162,29 @@ def run_identity(cfg: RunConfig, corpus_sha256: str, tokenizers: dict[str, str],
     if cfg.alignment.on:  # what the loss teaches (runs without guidance keep the identity they had)
         identity["alignment"] = cfg.alignment.as_dict()
     return json.loads(json_text(identity))  # as the manifest stores it
+
+
+def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:
+    """A run directory's checkpoints and their manifest (None: a new run), once `out_dir` is one a run may go
+    into: not a file, nor a model without training state, nor a folder whose config.yaml or log.jsonl a new
+    run would replace (refused in one line)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise XattnError(f"{out_dir}: exists and is not a directory; train into a new or a model directory")
+    state_dir = TrainStateDir(out_dir / STATE_DIR)
+    manifest = state_dir.read()
+    if manifest is None and (out_dir / WEIGHTS).is_file():
+        raise XattnError(f"{out_dir}: holds a model but no training state to resume ({STATE_DIR}/{MANIFEST}); "
+                         "train into a new directory")
+    if manifest is None and (theirs := [n for n in (CONFIG, LOG) if (out_dir / n).exists()]):
+        raise XattnError(f"{out_dir}: holds {' and '.join(theirs)} but no training run to resume (a new run "
+                         "would replace them); train into a new or an empty directory")
+    return state_dir, manifest
+
+
+def remove_leftovers(out_dir: Path, state_dir: TrainStateDir) -> list[str]:
+    """Remove what a killed process left half-written in a run directory (its temporary files, an incomplete
+    checkpoint); their names."""
+    stale = [f for f in out_dir.iterdir() if f.is_file() and is_temporary(f)]
+    for f in stale:
+        f.unlink(missing_ok=True)
+    return [f.name for f in stale] + [f"{STATE_DIR}/{n}" for n in state_dir.remove_unlisted()]

@@ -20,21 +20,20 @@ import torch
 
 from xattn import corpora, distributed as dist
 from xattn.analysis.choice import save_guided
-from xattn.checkpoint import CONFIG, WEIGHTS, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
+from xattn.checkpoint import CONFIG, load_weights, read_weights, save_model_dir, save_weights, tokenizer_hashes
 from xattn.config import DecodeConfig, RunConfig, TrainConfig, save_config
 from xattn.corpus import Corpus, check_valid_fits
 from xattn.data import Batch, TokenBatchSampler
 from xattn.devices import amp_dtype, resolve_device
 from xattn.errors import XattnError
 from xattn.evaluation import bleu
-from xattn.io import is_temporary, json_text
+from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import MANIFEST, Manifest, Progress, TrainStateDir, data_identity, differences, run_identity
+from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, differences,  # noqa: F401 (LOG,
+                               open_run_dir, remove_leftovers, run_identity)  # STATE_DIR: benchmarks/faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 
-STATE_DIR = "train_state"
-LOG = "log.jsonl"
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -55,21 +54,12 @@ class Trainer:
                  flags: dict[str, str] | None = None):
         self.out_dir, self.quiet = Path(out_dir), quiet
         self.flags = flags or {}  # how the caller's command line names a config key, for messages
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise XattnError(f"{self.out_dir}: exists and is not a directory; train into a new or a model directory")
         self.ctx = dist.setup(cfg.train.device)
         self.device = self.ctx.device if self.ctx.world > 1 else resolve_device(cfg.train.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
-        self.state_dir = TrainStateDir(self.out_dir / STATE_DIR)
-        manifest = self.state_dir.read()
-        if manifest is None and (self.out_dir / WEIGHTS).is_file():
-            raise XattnError(f"{self.out_dir}: holds a model but no training state to resume "
-                             f"({STATE_DIR}/{MANIFEST}); train into a new directory")
-        if manifest is None and (theirs := [n for n in (CONFIG, LOG) if (self.out_dir / n).exists()]):
-            raise XattnError(f"{self.out_dir}: holds {' and '.join(theirs)} but no training run to resume (a new run "
-                             "would replace them); train into a new or an empty directory")
+        self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
             self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
@@ -163,11 +153,7 @@ class Trainer:
 
     def _remove_leftovers(self) -> None:
         """Remove what a killed process left half-written: temporary files, an incomplete checkpoint."""
-        stale = [f for f in self.out_dir.iterdir() if f.is_file() and is_temporary(f)]
-        for f in stale:
-            f.unlink(missing_ok=True)
-        removed = [f.name for f in stale] + [f"{STATE_DIR}/{n}" for n in self.state_dir.remove_unlisted()]
-        if removed:
+        if removed := remove_leftovers(self.out_dir, self.state_dir):
             self._print(f"{self.out_dir}: removed {len(removed)} half-written file(s) of an interrupted run "
                         f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
 
