@@ -266,10 +266,11 @@ class Transformer(nn.Module):
             return DecoderStates(states, tuple(cross), tuple(selfw))
         return DecoderStates(states, tuple(cross) if cross_layers else None)
 
-    def check_head_mask(self, mask: HeadMask | None) -> HeadMask | None:
+    def check_head_mask(self, mask: HeadMask | None, unit: bool = False) -> HeadMask | None:
         """`mask` if it fits this model: per place, one entry per layer, None or a (heads of that layer,)
         tensor of finite factors (0 switches a head off, 1 leaves it as trained; others scale it, as a gradient
-        check does); places left out are unmasked. A ValueError names what does not fit."""
+        check does; with `unit`, as a Translator and a mask file take them, only 0 to 1); places left out are
+        unmasked. A ValueError names what does not fit."""
         if mask is not None and not isinstance(mask, dict):
             raise ValueError(f"head_mask: a dict of places to lists of per-layer factors, got {type(mask).__name__}")
         for place, layers in (mask or {}).items():
@@ -277,10 +278,12 @@ class Transformer(nn.Module):
                 raise ValueError(f"head_mask: {problem}")
             for i, f in enumerate(layers):
                 if f is not None and (not isinstance(f, Tensor) or f.dim() != 1 or not f.is_floating_point()):
-                    raise ValueError(f"head_mask: {place} layer {i}: expected a 1-D float tensor of factors, got "
-                                     f"{type(f).__name__ if not isinstance(f, Tensor) else f'{f.dtype} {tuple(f.shape)}'}")
+                    got = type(f).__name__ if not isinstance(f, Tensor) else f"{f.dtype} {tuple(f.shape)}"
+                    raise ValueError(f"head_mask: {place} layer {i}: expected a 1-D float tensor of factors, got {got}")
                 if f is not None and not bool(f.isfinite().all()):
                     raise ValueError(f"head_mask: {place} layer {i}: factors must be finite, got {f.tolist()}")
+                if f is not None and unit and not bool(((f >= 0) & (f <= 1)).all()):
+                    raise ValueError(f"head_mask: {place} layer {i}: factors must be in [0, 1], got {f.tolist()}")
         return mask
 
     def forward(self, src: Tensor, tgt: Tensor, need_weights: bool = False,

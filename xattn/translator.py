@@ -103,14 +103,9 @@ class Translator:
     @head_mask.setter
     def head_mask(self, mask: HeadMask | None) -> None:
         try:
-            self.model.check_head_mask(mask)
+            self._head_mask = self.model.check_head_mask(mask, unit=True)
         except ValueError as e:
             raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
-        for place, layers in (mask or {}).items():
-            for i, f in enumerate(layers):
-                if f is not None and not bool(((f >= 0) & (f <= 1)).all()):
-                    raise ParameterError("head_mask", f"{place} layer {i}: factors must be in [0, 1], got {f.tolist()}")
-        self._head_mask = mask
 
     @property
     def decode_config(self) -> DecodeConfig:

@@ -47,13 +47,13 @@ const XattnHeatmap = (() => {
   // characters it stands for where its word tells them. -> [{text, start, word, special}]
   function labels(raw, pieces, unkAlone, words) {
     if (pieces === undefined || pieces === null) pieces = raw.some((t) => t.startsWith(WORD_START));
-    let out = read(raw, pieces, unkAlone !== false);
-    if (words && raw.includes(UNK) && groups(out).length !== words.length) {  // a reference's unknown piece is
-      const other = read(raw, pieces, unkAlone === false);                    // in its word: the words tell
-      if (groups(other).length === words.length) out = other;
+    let out = read(raw, pieces, unkAlone !== false), grouped = groups(out);
+    if (words && raw.includes(UNK) && grouped.length !== words.length) {  // a reference's unknown piece is in its
+      const other = read(raw, pieces, unkAlone === false);                // word: the words tell
+      if (groups(other).length === words.length) [out, grouped] = [other, groups(other)];
     }
-    const known = words && groups(out).length === words.length;
-    groups(out).forEach((group, k) => {
+    const known = words && grouped.length === words.length;
+    grouped.forEach((group, k) => {
       const word = known ? words[k] : group.map((p) => p.bare).join("");
       if (known) spell(group, word);
       for (const l of group) l.word = word;
