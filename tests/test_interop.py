@@ -334,6 +334,24 @@ def test_opus_mt_like_import(tmp_path, transformers, shared):
                                atol=1e-5, rtol=0)
 
 
+def test_opus_mt_import_of_languages_outside_multi30k_names_no_dataset(tmp_path, transformers):
+    """opus-mt covers hundreds of pairs: an en->es import loads and translates, its config names no dataset (it
+    was not trained on Multi30k), and `evaluate` without files asks for them instead of scoring Multi30k."""
+    from xattn.interop.marian import import_marian
+
+    hf_dir = make_opus_dir(tmp_path / "opus", transformers, shared=True)
+    options = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(options | dict(source_lang="en", target_lang="es")))
+    out = import_marian(hf_dir, tmp_path / "model")
+    translator = Translator.from_dir(out, device="cpu")
+    data = translator.config.data
+    assert (data.dataset, data.src_lang, data.tgt_lang) == (None, "en", "es")
+    assert len(translator.translate(SOURCES[:2], DecodeConfig(beam_size=1))) == 2
+    result = _run("evaluate", str(out))
+    assert result.returncode == 2 and "give --src and --ref" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 # ------------------------------------------------------------------------------------- tokenizer table
 
 def test_tokenizer_id_table(tmp_path):

@@ -190,9 +190,6 @@ class DataConfig:
                 problem = one_of(*self.LANGUAGES[self.dataset])(getattr(self, key))
                 if problem:
                     raise ConfigError(f"data.{key}", f"{problem} (the languages of {self.dataset})")
-        elif not (self.train_tsv or (self.train_src and self.train_tgt) or self.prepared):
-            raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, data.train_tsv or "
-                              "data.prepared")
         for prefix in ("train", "valid"):
             if bool(getattr(self, f"{prefix}_src")) != bool(getattr(self, f"{prefix}_tgt")):
                 raise ConfigError(f"data.{prefix}_src", f"data.{prefix}_src and data.{prefix}_tgt go together")
@@ -200,6 +197,13 @@ class DataConfig:
             raise ConfigError("data.train_links", "goes with the pairs it links: data.dataset, data.train_src + "
                               "data.train_tgt or data.train_tsv (a prepared directory holds its links already)")
         check_corpora(self)
+
+    def require_pairs(self) -> None:
+        """Training needs pairs: a dataset, training files or a prepared directory. (A model directory's config may
+        name none: an imported model's says only its languages.)"""
+        if self.dataset is None and not (self.train_tsv or (self.train_src and self.train_tgt) or self.prepared):
+            raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, data.train_tsv or "
+                              "data.prepared")
 
     as_dict = _as_dict
     LATER: ClassVar[dict[str, Any]] = {"train_links": None, "corpora": [], "upsample": None, "weight": None}

@@ -43,6 +43,7 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
     from xattn.data.store import training_corpus
 
     ctx = ctx or Context()
+    cfg.require_pairs()
     valid_raw = read_split(cfg, "val")
     valid_pairs = [p for p in valid_raw if p[0].strip() and p[1].strip()]
     if not valid_pairs:

@@ -47,7 +47,8 @@ def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str]
         yield from zip(read_line_chunks(args.src), read_line_chunks(args.ref))
         return
     if data_cfg.dataset is None:
-        raise XattnError("the model was trained on own files; give --src and --ref")
+        raise XattnError("the model's config names no dataset (it was trained on its own files, or imported); "
+                         "give --src and --ref")
     check_data_dir(args.data_dir, data_cfg)
     pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split or split,
                        args.data_dir or data_cfg.data_dir)

@@ -123,6 +123,7 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
 
     if workers is not None and not 1 <= workers <= 256:
         raise XattnError(f"workers: must be in [1, 256], got {workers}")
+    cfg.require_pairs()
     where = describe_split(cfg, "train")
     keep = subset(cfg)
     first, counts = Inputs(cfg), FilterStats()

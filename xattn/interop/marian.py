@@ -252,13 +252,14 @@ def read_marian_tokenizer(hf_dir: Path, out: Path) -> TokenizerPair:
 
 
 def import_run_config(hf_dir: Path, model: ModelConfig, tokenizers: TokenizerPair) -> RunConfig:
-    """The run config of an import: xattn_config.yaml if the export wrote one, else defaults with the languages."""
+    """The run config of an import: xattn_config.yaml if the export wrote one, else defaults with the languages and
+    no dataset (what the model was trained on is not known: `evaluate` asks for files)."""
     if (hf_dir / XATTN_CONFIG).is_file():
         saved = load_config(hf_dir / XATTN_CONFIG)  # (a parent it names is not this import's: its weights are whole)
         return replace(saved, model=replace(model, max_positions=saved.model.max_positions), parent=ParentConfig())
     options = _tokenizer_options(hf_dir)
     langs = {k: options[h] for k, h in (("src_lang", "source_lang"), ("tgt_lang", "target_lang")) if options.get(h)}
-    data = DataConfig(vocab_size=tokenizers.tgt.vocab_size, joint_vocab=tokenizers.joint, **langs)
+    data = DataConfig(dataset=None, vocab_size=tokenizers.tgt.vocab_size, joint_vocab=tokenizers.joint, **langs)
     return RunConfig(model=model, data=data)
 
 
