@@ -49,6 +49,9 @@ def test_batches_small_and_large_encode_as_one_call_on_the_whole_list(joint_dir,
         tok.encode_batch(["\ud800", *texts])
     with pytest.raises(XattnError, match="text 1: expected a string, got bytes"):  # SentencePiece would take it
         tok.encode_batch([b"Ein Hund.", *texts])
+    utf16 = "Ein Hund.".encode("utf-16-le").decode("utf-8")  # valid UTF-8: a NUL after each letter
+    with pytest.raises(XattnError, match=f"text {len(texts) + 1}: holds a NUL character \\(at character 2\\)"):
+        tok.encode_batch([*texts, utf16])  # as the command line and the server refuse it; an unknown piece before
 
 
 def test_unseen_character_maps_to_unk(joint_dir):

@@ -104,8 +104,8 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """N sentences -> N lists of token ids, no bos/eos; text that is not a valid string is an XattnError."""
         texts = list(texts)
-        if not all(isinstance(text, str) for text in texts):  # SentencePiece would take bytes, and a list as a batch
-            _check_texts(texts)
+        if not all(isinstance(text, str) for text in texts) or any("\0" in text for text in texts):
+            _check_texts(texts)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
         out_type = str if self._ids is not None else int
         try:
             if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH)
@@ -139,10 +139,14 @@ class Tokenizer:
 
 
 def _check_texts(texts: Sequence[object]) -> None:
-    """Raise an XattnError naming the first text that is not a string of valid Unicode."""
+    """Raise an XattnError naming the first text that is not a string of valid Unicode without NUL characters (as the
+    command line and the server refuse them: binary data, or UTF-16 text read as UTF-8)."""
     for number, text in enumerate(texts, start=1):
         if not isinstance(text, str):
             raise XattnError(f"text {number}: expected a string, got {type(text).__name__}")
+        if "\0" in text:
+            raise XattnError(f"text {number}: holds a NUL character (at character {text.index(chr(0)) + 1}): binary "
+                             "data, or UTF-16 text read as UTF-8; give text")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
