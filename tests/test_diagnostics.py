@@ -23,6 +23,12 @@ def test_coverage_and_under_translation():
     assert abs(d.entropy - expected) < 1e-5
 
 
+def test_one_hot_attention_has_entropy_zero_not_minus_zero():
+    d = diagnose(pair_with([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]), HeadChoice(0))
+    assert d.entropy == 0.0 and str(d.entropy) == "0.0"  # -(1 * log 1) is -0.0, printed as such before
+    assert str(summary([d])["mean_entropy"]) == "0.0"
+
+
 def test_over_translation_and_detached():
     over = diagnose(pair_with([[1, 0, 0, 0]] * 3 + [[0.3, 0.3, 0.4, 0]]), HeadChoice(0), Thresholds(over=2.5))
     assert "over" in over.flags and over.most_covered == "a"

@@ -59,7 +59,7 @@ def diagnose(pair: PairAttention, choice: HeadChoice, thresholds: Thresholds = T
     coverage = (weights @ member.T).sum(axis=0)  # (S_w,)
     eos = np.array([w < 0 for w in pair.src_word_of])
     p = np.clip(weights, 1e-12, 1.0)
-    entropy = float(-(weights * np.log(p)).sum(axis=1).mean())
+    entropy = max(0.0, float(-(weights * np.log(p)).sum(axis=1).mean()))  # a one-hot map's is -0.0, printed so
     eos_mass = float(weights[:, eos].sum(axis=1).mean())
     words = word_attention(pair, "naive", choice)  # (T_w, S_w + 1)
     eos_share = float((words.argmax(axis=1) == n_src).mean()) if len(words) else 0.0
