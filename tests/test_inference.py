@@ -12,8 +12,7 @@ import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
-from xattn.inference import (SELF_PROJECTIONS, PackedLinear, Speedups, int8_engine, pack_linear_layers,
-                             quantized_engine, rewrite)
+from xattn.inference import SELF_PROJECTIONS, PackedLinear, Speedups, pack_linear_layers, rewrite
 from xattn.attention import LayerCache, MultiHeadAttention, ScaledDotScore
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm
 from xattn.translator import Translator
@@ -108,34 +107,12 @@ def test_int8_feed_forward_fuses_a_relu_into_its_first_layer(activation):
     from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU as QuantizedLinearReLU
     torch.manual_seed(0)
     ffn = FeedForward(16, 64, activation).eval()
-    with quantized_engine(int8_engine()):  # the engine rewrite packs for (oneDNN on a CPU with AMX)
-        apart = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ffn), {torch.nn.Linear}, dtype=torch.qint8)
+    apart = torch.ao.quantization.quantize_dynamic(copy.deepcopy(ffn), {torch.nn.Linear}, dtype=torch.qint8)
     fused = rewrite(copy.deepcopy(ffn), Speedups(quantize="int8"))
     assert isinstance(fused.fc1, QuantizedLinearReLU) is (activation == "relu")
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         assert torch.equal(fused(x), apart(x))
-
-
-@pytest.mark.parametrize("amx", [True, False])
-def test_int8_layers_are_packed_by_onednn_where_the_cpu_has_amx(monkeypatch, amx):
-    if "onednn" not in torch.backends.quantized.supported_engines:
-        pytest.skip("PyTorch built without the oneDNN quantized engine")
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    before, engines = torch.backends.quantized.engine, []
-    quantize = torch.ao.quantization.quantize_dynamic
-
-    def recorded(*args, **kwargs):
-        engines.append(torch.backends.quantized.engine)
-        return quantize(*args, **kwargs)
-    monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", recorded)
-    torch.manual_seed(0)
-    ffn = FeedForward(16, 64, "relu").eval()
-    fused = rewrite(copy.deepcopy(ffn), Speedups(quantize="int8"))
-    assert engines == ["onednn" if amx else before] and torch.backends.quantized.engine == before
-    x = torch.randn(2, 5, 16)
-    with torch.no_grad():  # the packed layers run whatever engine is set now
-        torch.testing.assert_close(fused(x), ffn(x), atol=0.05, rtol=0.05)
 
 
 def test_speedup_errors():

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import copy
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,34 +62,13 @@ def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
     fused into its first layer where the rewrite has a fused form (ReLU in int8; ReLU, GELU and swish packed)."""
     if speedups.quantize == "int8":
         fuse_activations(module, INT8_FUSED)
-        with warnings.catch_warnings(), quantized_engine(int8_engine()):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear, LinearReLU}, dtype=torch.qint8,
                                                    inplace=True)
     elif speedups.pack and not speedups.compile:
         pack_linear_layers(module)
     return module
-
-
-def int8_engine() -> str:
-    """The quantized engine that packs int8 layers (and so runs them: a layer keeps the kernels it was packed for):
-    oneDNN where the CPU has AMX tiles (Intel Xeon since Sapphire Rapids), whose int8 products it runs several
-    times as fast as the default engine does for a decoder step's hundreds of rows; the default elsewhere (the
-    figures: benchmarks/README.md, Translation speed)."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)  # (private; absent in older releases)
-    return "onednn" if "onednn" in torch.backends.quantized.supported_engines and amx() else \
-        torch.backends.quantized.engine
-
-
-@contextmanager
-def quantized_engine(name: str) -> Iterator[None]:
-    """torch.backends.quantized.engine set to `name` for the block, and the one before restored."""
-    before = torch.backends.quantized.engine
-    torch.backends.quantized.engine = name
-    try:
-        yield
-    finally:
-        torch.backends.quantized.engine = before
 
 
 Fused = dict[Callable[[Tensor], Tensor], Callable[[torch.nn.Linear], torch.nn.Module]]
