@@ -104,7 +104,7 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """N sentences -> N lists of token ids, no bos/eos; text that is not a valid string is an XattnError."""
         texts = list(texts)
-        if not all(isinstance(text, str) for text in texts) or any("\0" in text for text in texts):
+        if not all(isinstance(text, str) and "\0" not in text for text in texts):  # one pass over the texts
             _check_texts(texts)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
         out_type = str if self._ids is not None else int
         try:
@@ -144,9 +144,9 @@ def _check_texts(texts: Sequence[object]) -> None:
     for number, text in enumerate(texts, start=1):
         if not isinstance(text, str):
             raise XattnError(f"text {number}: expected a string, got {type(text).__name__}")
-        if "\0" in text:
-            raise XattnError(f"text {number}: holds a NUL character (at character {text.index(chr(0)) + 1}): binary "
-                             "data, or UTF-16 text read as UTF-8; give text")
+        if (at := text.find("\0")) >= 0:
+            raise XattnError(f"text {number}: holds a NUL character (at character {at + 1}): binary data, or UTF-16 "
+                             "text read as UTF-8; give text")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
