@@ -99,8 +99,9 @@ class Inputs:
         import gzip
 
         if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, a device
-            raise XattnError(f"data.{key.replace('.train_', '.')}: {path} is not a regular file; a corpus is read twice (counted, then encoded), "
-                             "so give a file (for a pipe or <(...), save its lines to one first)")
+            raise XattnError(f"data.{key.replace('.train_', '.')}: {path} is not a regular file; a corpus is read "
+                             "twice (counted, then encoded), so give a file (for a pipe or <(...), save its lines to "
+                             "one first)")
         digest, opener, number, rest = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open, 0, b""
         try:
             with opener(path, "rb") as f:
