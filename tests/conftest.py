@@ -85,7 +85,8 @@ def tiny_model():
     return xattn.Transformer(tiny_config()).eval()
 
 
-# Tests use tiny models; one thread avoids contention on small machines and keeps results repeatable.
+# Tests use tiny models; one thread avoids contention on small machines (the test command runs two workers,
+# one per core) and keeps results repeatable.
 torch.set_num_threads(1)
 
 
