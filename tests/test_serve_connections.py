@@ -18,7 +18,7 @@ from tests.test_serve_live import serving  # noqa: E402
 @pytest.fixture(scope="module")
 def server(numbers_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with serving(numbers_model, log, "--read-timeout", "0.5", "--max-connections", "8") as url:
+    with serving(numbers_model, log, "--read-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8") as url:
         yield int(url.rsplit(":", 1)[1]), log
 
 
@@ -140,6 +140,38 @@ def test_a_client_that_hangs_up_stops_its_translation(server):
         time.sleep(0.1)
     assert stopped(port) == before + 1
     assert '"status": 499' in log.read_text() and "the client went away before its answer was ready" in log.read_text()
+
+
+def test_a_client_that_stops_reading_its_answer_is_cut_off(server):
+    """A client that sends a request and never reads holds its connection and the megabytes of its answer until
+    --write-timeout cuts it off (before, for ever: even once closing, such a connection could never be made room
+    for). The answer here, the full attention of 32 texts of 480 tokens, is 7 MB: more than the kernel buffers."""
+    port, log = server
+    body = json.dumps({"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 1, "min_len": 480, "max_len_a": 0, "max_len_b": 480,
+                       "attention": "full"}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(60)
+    with sock:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        for _ in range(600):  # a bound against hanging, not a timing check
+            if "took in none of its answer for 0.5 s" in log.read_text():
+                break
+            time.sleep(0.1)
+        assert "took in none of its answer for 0.5 s" in log.read_text()
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):  # what the kernel held, then the end
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    head = answer.split(b"\r\n\r\n", 1)[0].decode()
+    assert head.startswith("HTTP/1.1 200")
+    length = int(next(line.split(":")[1] for line in head.split("\r\n") if line.lower().startswith("content-length")))
+    assert len(answer) - len(head) - 4 < length  # cut off
+    assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
 
 
 def run_serve(model, *flags: str, files: int | None = None) -> subprocess.CompletedProcess:

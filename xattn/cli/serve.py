@@ -77,6 +77,8 @@ CONNECTION_FLAGS = {
                            "and headers); more is answered 431 and the connection closed"),
     "--read-timeout": ("read_timeout", float, 10.0, "seconds a request (head and body) may take to arrive from its "
                        "first byte; a slower client is closed"),
+    "--write-timeout": ("write_timeout", float, 10.0, "seconds a client may take in none of its answer while the "
+                        "server has more of it to send; a client that stops reading is cut off"),
     "--keep-alive": ("timeout_keep_alive", float, 5.0, "seconds an idle connection stays open between requests"),
 }
 """How the HTTP server treats connections: uvicorn's settings and xattn's guards (xattn/serve/connections.py),
@@ -107,7 +109,8 @@ def run(args) -> int:
     from xattn.serve.limits import Limits
 
     values, connections = checked_flags(args)
-    read_timeout, limit = connections.pop("read_timeout"), connection_limit(connections.pop("max_connections"))
+    read_timeout, write_timeout = connections.pop("read_timeout"), connections.pop("write_timeout")
+    limit = connection_limit(connections.pop("max_connections"))
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = str(resolve_device(args.device, "--device"))
     servers: list = []  # the uvicorn server, stopped if a model fails to load
@@ -124,9 +127,9 @@ def run(args) -> int:
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a malformed upload is the client's 422 alone
     logging.getLogger("uvicorn.error").addFilter(client_noise)  # answered as JSON already (connections.py)
     sys.setswitchinterval(SWITCH_INTERVAL)
+    http = guarded(read_timeout, write_timeout, limit)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                                 loop="asyncio", http=guarded(read_timeout, limit), ws="none",
-                                                 **connections)))
+                                                 loop="asyncio", http=http, ws="none", **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
     print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)

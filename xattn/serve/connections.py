@@ -10,6 +10,10 @@
   closed, before anything of it is read. A flood of idle or slow connections then neither uses up the
   process's files nor locks out everyone else (uvicorn's own `limit_concurrency` answers 503 only once a
   request's head has arrived, and never closes the connections that hold the room).
+- A write deadline: a client that takes in none of its answer for `write_timeout` seconds while the server holds
+  more of it to send (beyond what the kernel buffers) is cut off. Without it, a client that sends requests and never
+  reads holds its connection, and the megabytes of answer waiting for it, for ever, even once the connection is
+  closing, where the room-making below cannot reach it.
 - A bound on every request head (`Bounded`), answered 431; and errors of the protocol answered as JSON.
 """
 from __future__ import annotations
@@ -47,10 +51,11 @@ def refusal(max_connections: int) -> bytes:
 class Guarded(H11Protocol):
     """H11Protocol with a read deadline per request and a refusal beyond `max_connections` (module docstring)."""
 
-    def __init__(self, *args, read_timeout: float, max_connections: int, **kwargs):
+    def __init__(self, *args, read_timeout: float, write_timeout: float, max_connections: int, **kwargs):
         super().__init__(*args, **kwargs)
-        self.read_timeout, self.max_connections = read_timeout, max_connections
+        self.read_timeout, self.write_timeout, self.max_connections = read_timeout, write_timeout, max_connections
         self.deadline: asyncio.TimerHandle | None = None
+        self.write_deadline: asyncio.TimerHandle | None = None
         self.quiet_since: float | None = None  # since when no request of it is in progress
         size = self.config.h11_max_incomplete_event_size
         self.conn = Bounded(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
@@ -77,6 +82,15 @@ class Guarded(H11Protocol):
         super().on_response_complete()
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
+        self._watch_output()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_output()
+
+    def resume_writing(self) -> None:  # the client took in some of its answer: its deadline starts again
+        super().resume_writing()
+        self._watch_output()
 
     def send_400_response(self, msg: str) -> None:
         """What h11 refused (Bounded.error), as every other error: JSON (uvicorn's is plain text), with the status
@@ -107,7 +121,26 @@ class Guarded(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_watching_output()
         super().connection_lost(exc)
+
+    def _watch_output(self) -> None:
+        """(Re)start the write deadline while the transport holds output the client has not taken in."""
+        self._stop_watching_output()
+        if self.transport.get_write_buffer_size():
+            self.write_deadline = self.loop.call_later(self.write_timeout, self._not_reading)
+
+    def _stop_watching_output(self) -> None:
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    def _not_reading(self) -> None:
+        self.write_deadline = None
+        if held := self.transport.get_write_buffer_size():
+            LOG.info("a client took in none of its answer for %g s (%d bytes waiting); cut off", self.write_timeout,
+                     held)
+            self.transport.abort()
 
     def _arm(self) -> None:
         if self.deadline is None:
@@ -154,6 +187,6 @@ def head_size(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
 
 
-def guarded(read_timeout: float, max_connections: int) -> partial:
+def guarded(read_timeout: float, write_timeout: float, max_connections: int) -> partial:
     """The protocol class for uvicorn.Config(http=...)."""
-    return partial(Guarded, read_timeout=read_timeout, max_connections=max_connections)
+    return partial(Guarded, read_timeout=read_timeout, write_timeout=write_timeout, max_connections=max_connections)
