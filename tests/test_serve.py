@@ -503,3 +503,26 @@ def test_alternatives_are_distinct_texts_best_first(numbers_model):
     assert [x.text for x in first.alternatives] == ["a", "b"]
     assert [x.text for x in with_alternatives([a], [dataclasses.replace(a, alternatives=[b, a, b])], 3)[0]
             .alternatives] == ["a", "b"]
+
+
+def test_an_answer_with_attention_is_encoded_off_the_event_loop(client, monkeypatch):
+    """Full attention runs to megabytes of JSON (a second of encoding at the limit): encoded on the event loop, it held
+    up every other client, /health included, for as long."""
+    import asyncio
+
+    from xattn.serve import app as app_module
+
+    where = []
+
+    def json_text(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            where.append("loop")
+        except RuntimeError:
+            where.append("thread")
+        return encode(*args, **kwargs)
+    encode = app_module.json_text
+    monkeypatch.setattr(app_module, "json_text", json_text)
+    for body in ({"q": "drei", "attention": "full"}, {"q": "drei", "alignment": True}, {"q": "drei"}):
+        assert client.post("/translate", json=body).status_code == 200
+    assert where == ["thread", "thread", "loop"]  # a plain answer is quicker encoded where it is

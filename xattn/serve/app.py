@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -149,8 +150,9 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
-        return Response(json_text(body, ensure_ascii=False, separators=(",", ":")),  # plain JSON types already
-                        media_type="application/json")
+        encode = partial(json_text, body, ensure_ascii=False, separators=(",", ":"))  # plain JSON types already
+        # an answer with attention runs to megabytes (a second of encoding): off the event loop, as its making
+        return Response(await asyncio.to_thread(encode) if heavy(req) else encode(), media_type="application/json")
 
     @app.post("/detect", openapi_extra=openapi_body(DetectRequest))
     async def detect_language(request: Request):
@@ -185,11 +187,15 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         raise ApiError(422, f"q: {e}", "invalid_request") from None
     record["output_tokens"] = record.get("output_tokens", 0) + sum(len(t.tgt_tokens) - 1 for t in done)  # no </s>
     try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
-        heavy = req.alignment or req.attention != "none"
         args = (req, texts, done, model.links, detected)
-        return await asyncio.to_thread(response, *args) if heavy else response(*args)
+        return await asyncio.to_thread(response, *args) if heavy(req) else response(*args)
     except XattnError as e:  # words the alignment cannot place
         raise ApiError(422, f"q: {e}", "invalid_request") from None
+
+
+def heavy(req: TranslateRequest) -> bool:
+    """Whether the answer to `req` carries alignment or attention (long to build and to encode)."""
+    return req.alignment or req.attention != "none"
 
 
 def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
