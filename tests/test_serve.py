@@ -156,6 +156,11 @@ def test_languages_info_health_openapi_and_the_page(client):
     ({"q": "drei", "n_best": 9, "beam_size": 9}, 422, "n_best: 9, over the limit of 8", "limit_exceeded"),
     ({"q": "drei", "sampling": True, "num_samples": 9}, 422, "num_samples: 9, over the limit of 8", "limit_exceeded"),
     ({"q": "drei", "max_len_b": 600}, 422, "over the limit of 512", "limit_exceeded"),
+    ({"q": "drei", "max_len_a": 500, "max_len_b": 12, "min_len": 1000}, 422,  # the source's </s> counts, as in search
+     "max_len_b: max_len_a * 2 source tokens (q[0] and </s>) + max_len_b allows 1012 output tokens, over the limit of "
+     "512", "limit_exceeded"),
+    ({"q": "drei", "max_len_a": 5, "max_len_b": 503}, 422, "allows 513 output tokens, over the limit of 512",
+     "limit_exceeded"),
     ({"q": "drei", "beem_size": 2}, 422, "beem_size: Extra inputs are not permitted", "invalid_request"),
     ({"q": 5}, 422, "q", "invalid_request"),
     ({"source": "de"}, 422, "q: Field required", "invalid_request"),

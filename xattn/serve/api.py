@@ -215,10 +215,6 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
     check_alternatives(req, base, limits)
     decode, wider = decode_config(req, base)
     check_decode(wider or decode, limits)
-    if decode.max_len_a * longest + decode.max_len_b > limits.max_output_tokens:
-        raise ApiError(422, f"max_len_b: max_len_a * {longest} source tokens + max_len_b allows "
-                       f"{decode.max_len_a * longest + decode.max_len_b:g} output tokens, over the limit of "
-                       f"{limits.max_output_tokens}", "limit_exceeded")
     work = check_work(counts, wider or decode, limits)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
@@ -284,8 +280,13 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 
 def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
-    can ask of the model, however its settings combine); and a minimum length its maximum cannot reach."""
+    can ask of the model, however its settings combine); each text's maximum output tokens within the limit; and a
+    minimum length its maximum cannot reach."""
     most = [int(cfg.max_len_a * (n + 1) + cfg.max_len_b) for n in counts]  # tokens counted with EOS, as the search
+    if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
+        i = max(over, key=lambda i: most[i])
+        raise ApiError(422, f"max_len_b: max_len_a * {counts[i] + 1} source tokens (q[{i}] and </s>) + max_len_b "
+                       f"allows {most[i]} output tokens, over the limit of {limits.max_output_tokens}", "limit_exceeded")
     if none := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m < 1]:  # (an empty text is translated empty)
         raise ApiError(422, f"max_len_b: max_len_a * {counts[none[0]] + 1} source tokens (q[{none[0]}] and </s>) + "
                        "max_len_b allows no output token; raise max_len_b", "invalid_request")
