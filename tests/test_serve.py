@@ -531,3 +531,33 @@ def test_an_answer_with_attention_is_encoded_off_the_event_loop(client, monkeypa
     for body in ({"q": "drei", "attention": "full"}, {"q": "drei", "alignment": True}, {"q": "drei"}):
         assert client.post("/translate", json=body).status_code == 200
     assert where == ["thread", "thread", "loop"]  # a plain answer is quicker encoded where it is
+
+
+def test_a_models_n_best_follows_a_smaller_beam_down_in_the_cli_and_the_server(numbers_model, tmp_path, capsys):
+    """A model saved with n-best 3 and a request or command line asking for a beam of 2: 2-best lists, in both front
+    ends (the CLI dropped to 1-best lines, the server refused, naming n_best, which its client never sent)."""
+    import shutil
+
+    from xattn.cli.main import main
+
+    model = tmp_path / "nbest"
+    shutil.copytree(numbers_model, model)
+    config = (model / "config.yaml").read_text()
+    assert "  beam_size: 2\n" in config and "  n_best: 1\n" in config
+    (model / "config.yaml").write_text(config.replace("  beam_size: 2\n", "  beam_size: 4\n")
+                                       .replace("  n_best: 1\n", "  n_best: 3\n"))
+    src = tmp_path / "in.de"
+    src.write_text("drei hundert\n")
+    assert main(["translate", str(model), "-i", str(src), "--beam", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("0 ||| ") for line in lines)
+    assert main(["translate", str(model), "-i", str(src)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3  # the model's own n-best where the beam holds it
+    c = started(create_app(str(model)))
+    try:
+        reply = c.post("/translate", json={"q": "drei hundert", "beam_size": 2})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["translatedText"] == lines[0].split(" ||| ")[1]
+        assert c.post("/translate", json={"q": "drei hundert", "beam_size": 1}).status_code == 200
+    finally:
+        c.__exit__(None, None, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -295,6 +295,12 @@ class DecodeConfig:
     BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"beam_size", "n_best", "coverage_penalty", "stopping"})
     WIDE_BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"coverage_penalty", "stopping"})
     """Settings of beam search that greedy search (a beam of 1) has no use for."""
+
+    def with_choices(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """A user's `changes` to this config (a model's own; CLI flags or request fields, as field names) with what
+        follows from them: this config's n_best follows a smaller beam down, unless the changes name n_best."""
+        beam = changes.get("beam_size", self.beam_size)
+        return {**changes, "n_best": beam} if "n_best" not in changes and self.n_best > beam else dict(changes)
 
     def set_besides(self, base: DecodeConfig) -> list[str]:
         """The settings of this config that differ both from the defaults and from `base` (a model's own): what

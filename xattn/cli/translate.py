@@ -83,10 +83,8 @@ def decode_config(args, base):
         changes["sampling"] = args.sample
     if args.shortlist:
         changes["shortlist"] = True
-    if "n_best" not in changes and base.n_best > changes.get("beam_size", base.beam_size):
-        changes["n_best"] = 1  # the model directory's n-best does not outgrow a smaller --beam
     try:
-        cfg = build(DecodeConfig, changes, "decode", base)
+        cfg = build(DecodeConfig, base.with_choices(changes), "decode", base)
         cfg.refuse_unused(given)
         return cfg
     except ConfigError as e:

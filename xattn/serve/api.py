@@ -247,7 +247,7 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConf
         else:
             widen = {"beam_size": wanted, "n_best": wanted}
     try:
-        decode = dataclasses.replace(base, **given)
+        decode = dataclasses.replace(base, **base.with_choices(given))
         wider = dataclasses.replace(decode, **widen) if widen else None
         (wider or decode).refuse_unused(asked)
         if wider is not None and decode.beam_size == 1:  # a greedy first search: the beam's settings are the wider's
