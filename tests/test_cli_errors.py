@@ -81,10 +81,10 @@ def damaged(space: Path, name: str, change) -> str:
     return str(target)
 
 
-def edit_model_config(key, value):
+def edit_model_config(key, value, section="model"):
     def change(d: Path):
         cfg = yaml.safe_load((d / "config.yaml").read_text())
-        cfg["model"][key] = value
+        cfg[section][key] = value
         (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     return change
 
@@ -426,6 +426,8 @@ CASES = {
     "model n_heads edited": (["translate", "{damaged:heads}"], "model.n_heads is 4, but model.safetensors was saved with 2"),
     "model d_model edited": (["translate", "{damaged:dmodel}"], "model.d_model is 32"),
     "model bad config value": (["translate", "{damaged:dropout}"], "config.yaml: model.dropout"),
+    "model unknown config key": (["translate", "{damaged:beam-sise}"],
+                                 "config.yaml: unknown config key decode.beam_sise (did you mean 'beam_size'?)"),
     "model other tokenizer": (["translate", "{damaged:tokenizer}"], "spm.model: is not the tokenizer"),
     "model truncated weights": (["translate", "{damaged:truncated}"], "model.safetensors: cannot read weights"),
     "model truncated tokenizer": (["translate", "{damaged:spm}"], "spm.model: not a SentencePiece model"),
@@ -435,7 +437,8 @@ CASES = {
 }
 
 DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmodel": edit_model_config("d_model", 32),
-          "dropout": edit_model_config("dropout", 2), "tokenizer": other_tokenizer,
+          "dropout": edit_model_config("dropout", 2), "beam-sise": edit_model_config("beam_sise", 3, "decode"),
+          "tokenizer": other_tokenizer,
           "truncated": truncate("model.safetensors"), "spm": truncate("spm.model"), "manifest": bad_manifest,
           "manifest-twice": manifest_key_twice,
           "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),

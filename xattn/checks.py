@@ -29,6 +29,14 @@ class ConfigError(XattnError):
         self.key, self.problem = key, problem
 
 
+class UnknownKey(ConfigError):
+    """A key the dataclass being built does not have: "unknown config key section.name (did you mean ...)"."""
+
+    def __init__(self, key: str, message: str):
+        XattnError.__init__(self, message)
+        self.key, self.problem = key, message
+
+
 Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
 
 
@@ -222,7 +230,8 @@ def build(cls: type, values: dict[str, Any], section: str, base: Any = None, wha
     kwargs = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
         if key not in fields:
-            raise XattnError(f"unknown {what} {_key(section, str(key))}{nearest(str(key), list(fields))}")
+            raise UnknownKey(_key(section, str(key)), f"unknown {what} {_key(section, str(key))}"
+                             f"{nearest(str(key), list(fields))}")
         kwargs[key] = _coerce(value, fields[key], _key(section, key))
     return cls(**kwargs)
 
