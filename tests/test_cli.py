@@ -2,6 +2,7 @@ import json
 import math
 import os
 import select
+import signal
 import time
 import subprocess
 import sys
@@ -94,6 +95,29 @@ def test_translate_prints_each_line_of_a_pipe_before_the_input_ends(quickstart_d
         proc.kill()
     piped = _run("translate", str(quickstart_dir), "--beam", "1", stdin="dreiundzwanzig\nsieben\n")
     assert "".join(answers) == piped.stdout and len(answers) == 2 and all(a.strip() for a in answers)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_leaves_no_half_written_output(numbers_model, tmp_path, signum):
+    """What `timeout`, systemd, `docker stop` and a closed terminal send unwinds as Ctrl+C does: the output file's
+    temporary is removed (SIGTERM left it behind), and the exit code is 128 + the signal."""
+    out = tmp_path / "out.en"
+    proc = subprocess.Popen([sys.executable, "-m", "xattn", "translate", str(numbers_model), "-o", str(out)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        proc.stdin.write(b"drei hundert\n")
+        proc.stdin.flush()
+        for _ in range(1200):  # a bound against hanging, not a timing check
+            if list(tmp_path.glob(".out.en.tmp-*")):
+                break
+            time.sleep(0.05)
+        assert list(tmp_path.glob(".out.en.tmp-*")), "the output's temporary never appeared"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=120) == 128 + signum
+        assert proc.stderr.read().decode() == f"xattn translate: stopped by {signal.Signals(signum).name}\n"
+    finally:
+        proc.kill()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):

@@ -5,7 +5,9 @@ import argparse
 import errno
 import gc
 import importlib
+import signal
 import sys
+import threading
 
 from xattn.errors import ItemError, ParameterError, XattnError
 
@@ -16,6 +18,19 @@ MODULES = {"import": "import_"}  # verbs that are Python keywords
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """Errors of a write that found no room: one line, whatever was being written."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what `timeout`, systemd, `docker stop` and a closed terminal send): unwinds as Ctrl+C does,
+    so what was half-written is removed, and the command exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame) -> None:
+    raise Terminated(signum)
 
 
 class ClosedStream(XattnError, AttributeError):
@@ -62,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extras):
             return _fail(args.verb, f"unrecognized arguments: {' '.join(extras)} (see xattn {args.verb} --help)")
         args.overrides = [*args.overrides, *extras]
+    stops = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
         return args.run(args) or 0
     except ItemError as e:  # an item of a list the command read (a verb that does not name its line itself)
@@ -80,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         if e.filename is None:  # not about a file the user named: a bug to show in full
             raise
         return _fail(args.verb, f"{e.filename}: {e.strerror or e}")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated):
+            print(f"xattn {args.verb}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+            return 128 + e.signum
         print(f"xattn {args.verb}: interrupted", file=sys.stderr)
         return 130
     finally:  # what settle_loaded froze is collectable again, for a caller that goes on (a test, a script)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         gc.unfreeze()
 
 
