@@ -22,7 +22,8 @@ FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP (what `timeout`, systemd, `docker stop` and a closed terminal send): unwinds as Ctrl+C does,
-    so what was half-written is removed, and the command exits 128 + the signal's number."""
+    so what was half-written is removed; then the process ends by the same signal, as its sender expects (the
+    shell's 128 + its number)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -100,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):
             print(f"xattn {args.verb}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
-            return 128 + e.signum
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            signal.signal(e.signum, signal.SIG_DFL)
+            signal.raise_signal(e.signum)
         print(f"xattn {args.verb}: interrupted", file=sys.stderr)
         return 130
     finally:  # what settle_loaded froze is collectable again, for a caller that goes on (a test, a script)
