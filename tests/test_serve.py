@@ -193,6 +193,13 @@ def test_malformed_and_oversized_bodies(client):
     error(client.post("/translate", content=b"x" * 200_000, headers={"Content-Type": "application/json"}), 413,
           "the body is over", "too_large")
     error(client.get("/translate"), 405, "Method Not Allowed", "method_not_allowed")
+    json_body = {"Content-Type": "application/json"}
+    for raw in (b"null", b"null ", b"[1]", b'"drei"', b"5", b"true"):  # a JSON null is a body, not no body
+        for route in ("/translate?q=drei", "/translate", "/detect?q=drei"):
+            kind = {b"[": "array", b'"': "string", b"5": "number", b"t": "boolean"}.get(raw[:1], "null")
+            error(client.post(route, content=raw, headers=json_body), 422,
+                  f"body: must be a JSON object of fields (or a form), not a JSON {kind}", "invalid_request")
+    assert client.post("/translate?q=drei", content=b"", headers=json_body).status_code == 200  # no body: the query's
     lone_surrogate = b'{"q": "drei \\ud800"}'  # valid JSON, but no text the tokenizer can take
     error(client.post("/translate", content=lone_surrogate, headers={"Content-Type": "application/json"}), 422, "q: ",
           "invalid_request")

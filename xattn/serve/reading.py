@@ -54,11 +54,9 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
             raise ApiError(408, "the request did not arrive within the server's read timeout", "timeout") from None
         LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
         raise ApiError(499, "the client went away before its body arrived", "client_gone") from None
-    if body is None:  # no body: the fields are the query string's (or none, which the route then names)
-        body = {}
-    if not isinstance(body, dict):
-        raise ApiError(422, f"body: must be a JSON object of fields (or a form), not a JSON {type(body).__name__}",
-                       "invalid_request")
+    if not isinstance(body, dict):  # (no body at all is no fields: the query string's, or none, which the route names)
+        kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(body), "number")
+        raise ApiError(422, f"body: must be a JSON object of fields (or a form), not a JSON {kind}", "invalid_request")
     query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"))
     if both := sorted(set(body) & set(query)):
         raise ApiError(422, f"{both[0]}: given in both the query string and the body (only one would count)",
@@ -119,9 +117,10 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
             raise ApiError(422, "body: JSON, sent as a form (Content-Type: application/x-www-form-urlencoded); send "
                            "it with Content-Type: application/json", "invalid_request")
         return form_fields(query_fields(raw, "body")), True
+    if not raw:  # no body: no fields (a JSON null is a body, and not an object of fields)
+        return {}, False
     try:
-        data = json.loads(bytes(raw) or b"null", object_pairs_hook=unique_keys, parse_constant=not_json,
-                          parse_int=whole)
+        data = json.loads(bytes(raw), object_pairs_hook=unique_keys, parse_constant=not_json, parse_int=whole)
         return checked(data, "body"), False
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
