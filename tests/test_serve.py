@@ -215,6 +215,19 @@ def test_api_key_and_cors(numbers_model):
         ok = c.post("/translate", json={"q": "drei", "api_key": "s3cret"}, headers={"Origin": "http://example.org"})
         assert ok.headers["access-control-allow-origin"] == "http://example.org"
         assert c.get("/info").json()["api_key_required"] is True
+        ask = {"Access-Control-Request-Method": "POST"}
+        preflight = c.options("/translate", headers={"Origin": "http://example.org", **ask})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://example.org"
+        error(c.options("/translate", headers={"Origin": "http://other.org", **ask}), 400,  # was plain text
+              "CORS preflight refused: Disallowed CORS origin", "cors_refused")
+        error(c.options("/translate", headers={"Origin": "http://example.org", **ask,
+                                               "Access-Control-Request-Headers": "x-custom"}), 400,
+              "Disallowed CORS headers", "cors_refused")
+        assert c.get("/openapi.json").status_code == 200
+        metrics = c.get("/metrics").text  # 3 POSTs and a preflight; preflights passed by them, /openapi.json was other
+        for route, status, count in (("/translate", 200, 4), ("/translate", 400, 2), ("/openapi.json", 200, 1)):
+            assert f'xattn_requests_total{{route="{route}",status="{status}"}} {count}' in metrics, metrics
+        assert 'route="other"' not in metrics
     finally:
         c.__exit__(None, None, None)
 

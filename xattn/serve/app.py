@@ -67,10 +67,10 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
                   "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan,
                   redirect_slashes=False)  # /translate/ is a JSON 404, not an empty 307
     app.state.xattn, app.state.metrics = models, metrics
-    app.add_middleware(Observed, metrics=metrics)
-    if cors_origin:
-        app.add_middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
+    if cors_origin:  # inside Observed (added last, so outermost): preflights are logged and counted too
+        app.add_middleware(JsonCors, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(Observed, metrics=metrics, routes=lambda: app.routes)
     add_error_handlers(app)
     add_page(app)
     add_model_routes(app, models, limits, api_key)
@@ -78,6 +78,18 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
     for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:  # HEAD wherever GET
         app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False)
     return app
+
+
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS, whose refusal of a preflight ("Disallowed CORS origin", plain text) is a JSON error too."""
+
+    def preflight_response(self, request_headers) -> Response:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        headers = {k: v for k, v in answer.headers.items() if k not in ("content-type", "content-length")}
+        return JSONResponse({"error": f"CORS preflight refused: {answer.body.decode()}", "error_type": "cors_refused"},
+                            answer.status_code, headers=headers)
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from typing import Callable
 
 ACCESS = logging.getLogger("xattn.serve.access")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -141,8 +142,8 @@ class Observed:
     matched route's path, `other` for none, so unknown paths add no labels); a handler adds fields to
     `scope["xattn"]` (the model that answered, texts, characters, output tokens, how it was batched)."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics: Metrics, routes: Callable[[], list] = list):
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -157,5 +158,12 @@ class Observed:
         try:
             await self.app(scope, receive, sending)
         finally:
-            route = getattr(scope.get("route"), "path", "other")
+            route = getattr(scope.get("route"), "path", None) or self.route_of(scope)
             self.metrics.finished(route, status[0], time.perf_counter() - start, scope["xattn"])
+
+    def route_of(self, scope) -> str:
+        """The path of the route `scope` is for, where the router did not say (a route of Starlette's own, such as
+        /openapi.json; a CORS preflight answered before routing); `other` for none."""
+        from starlette.routing import Match
+
+        return next((route.path for route in self.routes() if route.matches(scope)[0] != Match.NONE), "other")
