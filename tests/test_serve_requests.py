@@ -65,6 +65,13 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
      "multipart/form-data; boundary=b", 422, "q: not UTF-8 (multipart/form-data)"),
     (b'--b\r\nContent-Disposition: form-data; name="sour\xffce"\r\n\r\nde\r\n--b--\r\n',
      "multipart/form-data; boundary=b", 422, "a multipart field name: not UTF-8"),
+    (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Hund.\r\n--b\r\nContent-Disposition: form-data; '
+     b'name="alignment"\r\n\r\ntrue', "multipart/form-data; boundary=b", 422,  # 200 without alignment, before
+     "body: the multipart form ends before its closing boundary"),
+    (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Hund.\r\n--b\r\nContent-Disp',
+     "multipart/form-data; boundary=b", 422, "the multipart form ends before its closing boundary"),
+    (b'--b\r\nContent-Disposition: form-data; name="q"\r\nContent-Transfer-Encoding: base64\r\n\r\nRWluIEh1bmQu\r\n'
+     b'--b--\r\n', "multipart/form-data; boundary=b", 422, "q: Content-Transfer-Encoding base64 is not supported"),
 ])
 def test_bodies_that_cannot_be_taken_as_sent_are_a_4xx_naming_the_field(client, body, kind, status, fragment):
     error(post_raw(client, body, kind), status, fragment)

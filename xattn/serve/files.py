@@ -46,7 +46,7 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
     except MultiPartException as e:
         status = 413 if "size" in e.message.lower() else 422
         raise ApiError(status, f"body: {e.message}", "invalid_request") from None
-    strict_utf8(headers.get("content-type", ""), raw)
+    check_parts(headers.get("content-type", ""), raw)
     fields: dict[str, list] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
@@ -56,19 +56,30 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
     return fields
 
 
-def strict_utf8(content_type: str, raw: bytes) -> None:
-    """Every field name and text field of a multipart body (already parsed) must be in the body's charset (UTF-8
-    unless its Content-Type names another, as the parser reads it): the parser reads other bytes as Latin-1, which
-    would translate mangled text silently. 422 naming the field. A filename only names the download, and `file`'s
-    content is file_text's to check."""
+def check_parts(content_type: str, raw: bytes) -> None:
+    """What the parser lets through in a multipart body (already parsed), each a 422 naming what is wrong:
+    - a body cut off before its closing boundary (`--BOUNDARY--`): the parser silently drops the last field;
+    - a field name or text field not in the body's charset (UTF-8 unless its Content-Type names another, as the
+      parser reads it): the parser reads other bytes as Latin-1, which would translate mangled text silently;
+    - a part with a Content-Transfer-Encoding (base64, quoted-printable): RFC 7578 retired them, and the parser
+      hands the encoded text on as the field's value.
+    A filename only names the download, and `file`'s content is file_text's to check."""
     header = Message()
     header["content-type"] = content_type
     boundary = (header.get_param("boundary") or "").encode("latin-1")
     charset = header.get_param("charset") or "UTF-8"
-    for part in (b"\r\n" + raw).split(b"\r\n--" + boundary)[1:-1]:  # a boundary starts a line, as the parser reads it
+    parts = (b"\r\n" + raw).split(b"\r\n--" + boundary)  # a boundary starts a line, as the parser reads it
+    if len(parts) < 2 or not parts[-1].startswith(b"--"):
+        raise ApiError(422, "body: the multipart form ends before its closing boundary (--BOUNDARY--): cut off?",
+                       "invalid_request")
+    for part in parts[1:-1]:
         head, _, data = part.partition(b"\r\n\r\n")
         quoted, bare = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
         name = decoded(quoted or bare, charset, "body: a multipart field name")
+        coding = re.search(rb"(?im)^content-transfer-encoding:[ \t]*([^\s;]+)", head)
+        if coding and coding[1].lower() not in (b"7bit", b"8bit", b"binary"):
+            raise ApiError(422, f"{name}: Content-Transfer-Encoding {coding[1].decode('latin-1')} is not supported in "
+                           "a form (RFC 7578); send the field as it is", "invalid_request")
         if name != "file" and not re.search(rb"\bfilename=", head):
             decoded(data.removesuffix(b"\r\n"), charset, name)
 
