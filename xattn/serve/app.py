@@ -94,25 +94,30 @@ class JsonCors(CORSMiddleware):
 
 def add_error_handlers(app: FastAPI) -> None:
     """Every error as {"error", "error_type"} with its status."""
+    def answer(request: Request, body: dict, status: int, headers: dict | None = None) -> JSONResponse:
+        if "xattn" in request.scope:  # the access line's (metrics.Observed): a client gone is `client_gone` there
+            request.scope["xattn"]["error"] = body["error_type"]
+        return JSONResponse(body, status, headers=headers)
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        return JSONResponse(e.body(), e.status, headers=e.headers)
+        return answer(request, e.body(), e.status, e.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         names = {404: "not_found", 405: "method_not_allowed"}
-        return JSONResponse({"error": str(e.detail), "error_type": names.get(e.status_code, "http_error")},
-                            e.status_code, headers=getattr(e, "headers", None))
+        return answer(request, {"error": str(e.detail), "error_type": names.get(e.status_code, "http_error")},
+                      e.status_code, getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        return JSONResponse({"error": f"{where}: {first['msg']}", "error_type": "invalid_request"}, 422)
+        return answer(request, {"error": f"{where}: {first['msg']}", "error_type": "invalid_request"}, 422)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):  # a bug of the server, never a client's mistake
-        return JSONResponse({"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
+        return answer(request, {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
 
 
 def add_page(app: FastAPI) -> None:

@@ -154,9 +154,10 @@ class Guarded(H11Protocol):
     def _too_slow(self) -> None:
         self.deadline = None
         if not self.transport.is_closing():
-            LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
             if (scope := getattr(self, "scope", None)) and "xattn" in scope:  # a request whose body was arriving:
-                scope["xattn"]["read_timeout"] = True  # its app sees the close as 408, not as a client gone
+                scope["xattn.read_timeout"] = True  # its app answers 408, not a client gone, in its access line
+            else:
+                LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
             self.transport.close()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 import math
 import sys
 from typing import Awaitable, TypeVar
@@ -21,7 +20,6 @@ from starlette.requests import ClientDisconnect
 from xattn.serve.files import multipart
 from xattn.serve.limits import ApiError, Limits
 
-LOG = logging.getLogger("xattn.serve")
 T = TypeVar("T")
 MAX_DIGITS = 30
 """Digits a JSON integer may have: more fits no field, and Python refuses to read over 4,300."""
@@ -45,14 +43,13 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
     converted to their types; JSON values are typed already): the body's, and the query string's, as LibreTranslate
     reads both (deep-translator sends every field in the query string of a POST with no body; other clients put
     `api_key` there). A field in both is an error: one would silently win. A body that is not an object of fields
-    is a 422. A client that hangs up mid-body gets one short log line, not a traceback. `files`: how many file
+    is a 422. A client that hangs up mid-body is a 499 (in the access line), not a traceback. `files`: how many file
     fields a multipart body may have (files.Upload values)."""
     try:
         body, form = await read_body(request, limits, files)
-    except ClientDisconnect:  # 499 in the log and metrics, or 408 when the read deadline closed it (connections.py)
-        if request.scope.get("xattn", {}).get("read_timeout"):
+    except ClientDisconnect:  # 499 in the access line and metrics, or 408 when the read deadline closed it
+        if request.scope.get("xattn.read_timeout"):  # (connections.py)
             raise ApiError(408, "the request did not arrive within the server's read timeout", "timeout") from None
-        LOG.info("%s %s: the client went away before its body arrived", request.method, request.url.path)
         raise ApiError(499, "the client went away before its body arrived", "client_gone") from None
     if not isinstance(body, dict):  # (no body at all is no fields: the query string's, or none, which the route names)
         kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(body), "number")
@@ -66,8 +63,8 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
 
 async def while_connected(request: Request, work: Awaitable[T]) -> T:
     """What `work` gives, unless the client hangs up first: `work` is then cancelled (a translation it waits for
-    leaves the engine at its next step, serve/engine.py), and the request ends as 499 with one short log line, so
-    nothing is decoded for nobody. Call it once the body has been read: from then on the server's next message
+    leaves the engine at its next step, serve/engine.py), and the request ends as 499 (its access line says
+    client_gone), so nothing is decoded for nobody. Call it once the body has been read: from then on the server's next message
     is http.disconnect, whenever the connection closes."""
     handler = asyncio.current_task()
     gone = False
@@ -84,8 +81,6 @@ async def while_connected(request: Request, work: Awaitable[T]) -> T:
     except asyncio.CancelledError:
         if not gone:
             raise
-        LOG.info("%s %s: the client went away before its answer was ready; its translation stopped",
-                 request.method, request.url.path)
         if sys.version_info >= (3, 11):  # (3.10 keeps no count of cancellations to undo)
             handler.uncancel()
         raise ApiError(499, "the client went away before its answer was ready", "client_gone") from None
