@@ -55,6 +55,8 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     (b'{"q": "drei", "max_len_a": 0.1, "max_len_b": 0}', "application/json", 422, "allows no output token"),
     (b'{"q": "drei", "api_key": "\\udc80"}', "application/json", 422, "api_key: holds a lone surrogate"),
     (b'{"q": ["drei", 2]}', "application/json", 422, "q[1]: Input should be a valid string"),
+    (b'{"q": "drei", "": 5}', "application/json", 422, '"": Extra inputs are not permitted'),  # was "body: ..."
+    (b"q=drei&=5", "application/x-www-form-urlencoded", 422, '"": Extra inputs are not permitted'),
     (b'{"q": "drei", "extra": {"x": [1e400]}}', "application/json", 422, "extra.x[0]: too large a number"),
     (b'--b\r\nContent-Disposition: form-data; name=q\r\n\r\nEin \xff Hund\r\n--b--\r\n',
      "multipart/form-data; boundary=b", 422, "q: not UTF-8 (multipart/form-data)"),

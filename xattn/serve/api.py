@@ -107,6 +107,8 @@ def field_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
+        elif part == "":  # a field named "" (`{"": 5}`, `=5` in a form): named, not taken for the body
+            path += '.""' if path else '""'
         elif not re.fullmatch(r"(str|int|float|bool|list\[.*\]|dict\[.*\])", part):
             path += f".{part}" if path else part
     return path or "body"
