@@ -205,8 +205,12 @@ def test_malformed_and_oversized_bodies(client):
           "invalid_request")
 
 
-def test_api_key_and_cors(numbers_model):
+def test_api_key_and_cors(numbers_model, caplog):
+    import json
+    import logging
+
     c = started(create_app(str(numbers_model), api_key="s3cret", cors_origin="http://example.org"))
+    caplog.set_level(logging.INFO, logger="xattn.serve.access")
     try:
         error(c.post("/translate", json={"q": "drei"}), 403, "an API key is required", "unauthorized")
         error(c.post("/translate", json={"q": "drei", "api_key": "wrong"}), 403, "invalid API key", "unauthorized")
@@ -223,11 +227,15 @@ def test_api_key_and_cors(numbers_model):
         error(c.options("/translate", headers={"Origin": "http://example.org", **ask,
                                                "Access-Control-Request-Headers": "x-custom"}), 400,
               "Disallowed CORS headers", "cors_refused")
+        error(c.options("/no/such/page", headers={"Origin": "http://example.org", **ask}), 404,  # was a plain 200
+              "Not Found", "not_found")
         assert c.get("/openapi.json").status_code == 200
         metrics = c.get("/metrics").text  # 3 POSTs and a preflight; preflights passed by them, /openapi.json was other
         for route, status, count in (("/translate", 200, 4), ("/translate", 400, 2), ("/openapi.json", 200, 1)):
             assert f'xattn_requests_total{{route="{route}",status="{status}"}} {count}' in metrics, metrics
-        assert 'route="other"' not in metrics
+        assert 'route="other",status="404"' in metrics and 'route="other",status="200"' not in metrics
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+        assert [x.get("error") for x in lines if x["status"] == 400] == ["cors_refused"] * 2
     finally:
         c.__exit__(None, None, None)
 

@@ -179,6 +179,31 @@ def test_a_client_that_stops_reading_its_answer_is_cut_off(server):
     assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
 
 
+def test_a_request_whose_answer_waits_behind_one_never_read_is_cut_off_in_its_own_log_line(server):
+    """Two requests pipelined, neither answer read: the second is still being answered (made, or waiting for room
+    behind the first's answer) when the deadline cuts the connection off, and its access line, the one line it
+    gets, says so."""
+    port, log = server
+    body = json.dumps({"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 1, "min_len": 480,
+                       "max_len_a": 0, "max_len_b": 480, "attention": "full"}).encode()
+    request = (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    before = len(log.read_text())
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    with sock:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request + request)
+        for _ in range(600):  # a bound against hanging, not a timing check
+            if '"write_timeout"' in log.read_text()[before:]:
+                break
+            time.sleep(0.1)
+    lines = [json.loads(line) for line in log.read_text()[before:].splitlines() if line.startswith("{")]
+    assert len(lines) == 2 and lines[0]["status"] == 200 and lines[1]["error"] == "write_timeout", lines
+    assert lines[1]["status"] in (200, 499)  # its answer begun, or cut off while it was still being made
+    assert "took in none of its answer" not in log.read_text()[before:]
+
+
 def run_serve(model, *flags: str, files: int | None = None) -> subprocess.CompletedProcess:
     def limit_files():
         if files is not None:

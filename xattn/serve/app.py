@@ -68,8 +68,8 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
                   redirect_slashes=False)  # /translate/ is a JSON 404, not an empty 307
     app.state.xattn, app.state.metrics = models, metrics
     if cors_origin:  # inside Observed (added last, so outermost): preflights are logged and counted too
-        app.add_middleware(JsonCors, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(JsonCors, routes=lambda: app.routes, allow_origins=[cors_origin],
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(Observed, metrics=metrics, routes=lambda: app.routes)
     add_error_handlers(app)
     add_page(app)
@@ -81,7 +81,26 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
 
 
 class JsonCors(CORSMiddleware):
-    """Starlette's CORS, whose refusal of a preflight ("Disallowed CORS origin", plain text) is a JSON error too."""
+    """Starlette's CORS, whose refusal of a preflight ("Disallowed CORS origin", plain text) is a JSON error too,
+    noted in the access line (`cors_refused`); a preflight to a path that no route serves is the app's 404."""
+
+    def __init__(self, app, routes: Callable[[], list], **options):
+        super().__init__(app, **options)
+        self.routes = routes
+
+    async def __call__(self, scope, receive, send) -> None:
+        from starlette.datastructures import Headers
+        from starlette.routing import Match
+
+        headers = Headers(scope=scope) if scope["type"] == "http" and scope["method"] == "OPTIONS" else {}
+        if "origin" in headers and "access-control-request-method" in headers:  # a preflight, as Starlette tells it
+            if not any(route.matches(scope)[0] != Match.NONE for route in self.routes()):
+                return await self.app(scope, receive, send)
+            answer = self.preflight_response(request_headers=headers)
+            if answer.status_code >= 400 and "xattn" in scope:
+                scope["xattn"]["error"] = "cors_refused"
+            return await answer(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
     def preflight_response(self, request_headers) -> Response:
         answer = super().preflight_response(request_headers)
@@ -95,8 +114,8 @@ class JsonCors(CORSMiddleware):
 def add_error_handlers(app: FastAPI) -> None:
     """Every error as {"error", "error_type"} with its status."""
     def answer(request: Request, body: dict, status: int, headers: dict | None = None) -> JSONResponse:
-        if "xattn" in request.scope:  # the access line's (metrics.Observed): a client gone is `client_gone` there
-            request.scope["xattn"]["error"] = body["error_type"]
+        if "xattn" in request.scope:  # the access line's (metrics.Observed): a client gone is `client_gone` there,
+            request.scope["xattn"].setdefault("error", body["error_type"])  # one cut off `write_timeout` already
         return JSONResponse(body, status, headers=headers)
 
     @app.exception_handler(ApiError)

@@ -138,8 +138,12 @@ class Guarded(H11Protocol):
     def _not_reading(self) -> None:
         self.write_deadline = None
         if held := self.transport.get_write_buffer_size():
-            LOG.info("a client took in none of its answer for %g s (%d bytes waiting); cut off", self.write_timeout,
-                     held)
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and "xattn" in cycle.scope:  # an answer being sent:
+                cycle.scope["xattn"]["error"] = "write_timeout"  # its access line says so, the one line it gets
+            else:
+                LOG.info("a client took in none of its answer for %g s (%d bytes waiting); cut off",
+                         self.write_timeout, held)
             self.transport.abort()
 
     def _arm(self) -> None:
