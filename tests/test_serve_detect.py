@@ -10,7 +10,7 @@ pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]
 from xattn.serve import detect  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve.files import Document, Store  # noqa: E402
-from xattn.serve.limits import Limits  # noqa: E402
+from xattn.serve.limits import ApiError, Limits  # noqa: E402
 
 from test_serve import client, error, started  # noqa: E402,F401 - client: a server on the numbers model
 
@@ -202,7 +202,10 @@ def test_the_store_of_translated_files_is_bounded_in_count_bytes_and_time():
 def test_a_document_keeps_every_line_ending_and_blank_line():
     text = "a b \r\n\n  c\rd\n\t\n e\x0cf\n"
     document = Document.parse(text)
-    assert document.texts() == (["a b", "c", "d", "e\x0cf"], [1, 3, 4, 6])  # a form feed ends no line
-    assert document.rebuild(["A B", "C", "D", "E"]) == "A B \r\n\n  C\rD\n\t\n E\n"
-    assert document.rebuild(["a b", "c", "d", "e\x0cf"]) == text
+    assert document.texts() == (["a b", "c\rd", "e\x0cf"], [1, 3, 5])  # a line ends at \n alone, as translate reads
+    assert document.rebuild(["A B", "CD", "E"]) == "A B \r\n\n  CD\n\t\n E\n"
+    assert document.rebuild(["a b", "c\rd", "e\x0cf"]) == text
     assert Document.parse("").texts() == ([], []) and Document.parse("\n\n").rebuild([]) == "\n\n"
+    assert Document.parse("eins\r").texts() == (["eins"], [1])
+    with pytest.raises(ApiError, match=r"file: lines end in a carriage return alone"):  # as translate refuses them
+        Document.parse("eins\rzwei\r")

@@ -120,14 +120,18 @@ def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Document:
-    """A text as lines (ended by \n, \r\n or \r, as an editor counts them): the text of each line to translate
-    (stripped; "" for a blank line) with what surrounds it (its leading and trailing whitespace, its line ending),
-    which the translation keeps as they are."""
+    """A text as lines, by the rule every verb reads text with (io.read_lines): a line ends at \n (a \r before it
+    is part of its ending) and nowhere else, so a \r elsewhere stays in its line, and a text whose lines end in \r
+    alone is refused. Each line: the text to translate (stripped; "" for a blank line) with what surrounds it (its
+    leading and trailing whitespace, its line ending), which the translation keeps as they are."""
     lines: tuple[tuple[str, str, str], ...]  # (before, text, after)
 
     @classmethod
     def parse(cls, text: str) -> Document:
-        pieces = re.split(r"(\r\n|\r|\n)", text)
+        if "\n" not in text and "\r" in text.rstrip("\r"):
+            raise ApiError(422, "file: lines end in a carriage return alone (\\r, old Mac style); convert them to \\n",
+                           "invalid_request")
+        pieces = re.split(r"(\r?\n)", text)
         lines = []
         for content, ending in zip(pieces[0::2], pieces[1::2] + [""]):
             stripped = content.strip()
