@@ -164,6 +164,18 @@ CASES = {
                                            "data.dataset: is null: set data.train_src"),
     "prepare with no dataset and no files": (["prepare", "numbers-de-en", "data.dataset=null", "--out",
                                               "{space}/new-prepared"], "data.dataset: is null: set data.train_src"),
+    "train on own files beside a dataset": ([*TRAIN, "data.train_src={space}/src.txt",  # read numbers, silently
+                                             "data.train_tgt={space}/good.txt", "--out", "{space}/new-run"],
+                                            "data.train_src: names a file of your own, but data.dataset is numbers"),
+    "prepare a TSV beside src and tgt files": (["prepare", "numbers-de-en", "data.dataset=null",
+                                                "data.train_src={space}/src.txt", "data.train_tgt={space}/good.txt",
+                                                "data.train_tsv={space}/src.txt", "--out", "{space}/new-prepared"],
+                                               "data.train_tsv: and data.train_src + data.train_tgt both name the "
+                                               "training pairs; give one"),
+    "prepare numbers with a data_dir override": (["prepare", "numbers-de-en", "data.data_dir={space}", "--out",
+                                                  "{space}/new-prepared"],
+                                                 "data.data_dir: only Multi30k is read from a folder; this data is "
+                                                 "numbers"),
     "train on a prepared corpus of other settings": ([*TRAIN, "data.prepared={space}/prepared", "data.max_len=50",
                                                       "--out", "{space}/new-run"], "data.max_len: data.prepared="),
     "train on a damaged prepared corpus": ([*TRAIN, "data.prepared={space}/prepared-short", "--out",

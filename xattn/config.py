@@ -199,11 +199,23 @@ class DataConfig:
         check_corpora(self)
 
     def require_pairs(self) -> None:
-        """Training needs pairs: a dataset, training files or a prepared directory. (A model directory's config may
-        name none: an imported model's says only its languages.)"""
+        """Training needs pairs: a dataset, training files or a prepared directory, each named once, so that none is
+        silently left unread (files beside a dataset, a TSV beside src/tgt files, a folder for data that is not
+        Multi30k). (A model directory's config may name none: an imported model's says only its languages.)"""
         if self.dataset is None and not (self.train_tsv or (self.train_src and self.train_tgt) or self.prepared):
             raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, data.train_tsv or "
                               "data.prepared")
+        files = [key for key in ("train_src", "train_tsv", "valid_src", "valid_tsv") if getattr(self, key)]
+        if self.dataset is not None and files:  # the dataset would be read, the files silently not
+            raise ConfigError(f"data.{files[0]}", f"names a file of your own, but data.dataset is {self.dataset}, "
+                              "which would be read instead; set data.dataset=null to train on your files")
+        for prefix in ("train", "valid"):
+            if getattr(self, f"{prefix}_tsv") and getattr(self, f"{prefix}_src"):  # the TSV would silently win
+                raise ConfigError(f"data.{prefix}_tsv", f"and data.{prefix}_src + data.{prefix}_tgt both name the "
+                                  f"{'training' if prefix == 'train' else 'validation'} pairs; give one")
+        if self.data_dir is not None and self.dataset != "multi30k":
+            raise ConfigError("data.data_dir", "only Multi30k is read from a folder; this data is "
+                              f"{self.dataset or 'the files the config names'}")
 
     as_dict = _as_dict
     LATER: ClassVar[dict[str, Any]] = {"train_links": None, "corpora": [], "upsample": None, "weight": None}
