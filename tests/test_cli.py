@@ -241,3 +241,21 @@ def test_an_output_named_as_standard_output_is_written_to_it(numbers_model, tmp_
     for name in ("/dev/stdout", "/proc/self/fd/1"):
         assert main(["translate", str(numbers_model), "-i", str(src), "-o", name]) == 0
         assert capsys.readouterr().out == plain
+
+
+def test_evaluate_split_train_scores_the_pairs_the_model_trained_on(numbers_model, tmp_path, capsys):
+    """A numbers model of data.numbers_size=300 trained on 300 pairs: --split train scored the task's default 20,000,
+    of which it had seen a few hundred; with data.train_subset it saw a draw of them, which evaluate cannot name."""
+    import shutil
+
+    out = tmp_path / "train.en"
+    assert main(["evaluate", str(numbers_model), "--split", "train", "--beam", "1", "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 300
+    subset = tmp_path / "subset"
+    shutil.copytree(numbers_model, subset)
+    config = (subset / "config.yaml").read_text()
+    assert "  train_subset: null\n" in config
+    (subset / "config.yaml").write_text(config.replace("  train_subset: null\n", "  train_subset: 100\n"))
+    capsys.readouterr()
+    assert main(["evaluate", str(subset), "--split", "train", "--beam", "1"]) == 2
+    assert "--split train: the model trained on 100 pairs drawn from it" in capsys.readouterr().err

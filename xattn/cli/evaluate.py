@@ -1,6 +1,7 @@
 """`xattn evaluate MODEL`: translate a test set and score it with sacreBLEU (BLEU cased and lowercased, chrF)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_line_chunks
@@ -13,7 +14,8 @@ def register(sub) -> None:
     p = add_verb(sub, "evaluate", "Score a model on a named split of its dataset or on given files.",
                  "xattn evaluate runs/multi30k-de-en --split test --beam 5", run)
     p.add_argument("model", type=path_arg, help="model directory")
-    p.add_argument("--split", help="split of the model's dataset: test (default), val")
+    p.add_argument("--split", help="split of the model's dataset: test (default), val, train (the pairs it "
+                   "trained on: the numbers task's data.numbers_size of them)")
     p.add_argument("--src", type=path_arg, help="source file (instead of --split)")
     p.add_argument("--ref", type=path_arg, help="reference file (with --src)")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder")
@@ -34,7 +36,7 @@ def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str
 def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str], list[str]]]:
     """The pairs of test_pairs CHUNK_LINES at a time: files of any length in bounded memory (their line
     counts are compared first, by a quick pass, so a mismatch is reported before anything is translated)."""
-    from xattn.datasets import load_pairs
+    from xattn.data.splits import read_all
 
     if args.src or args.ref:
         if not (args.src and args.ref):
@@ -50,8 +52,10 @@ def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str]
         raise XattnError("the model's config names no dataset (it was trained on its own files, or imported); "
                          "give --src and --ref")
     check_data_dir(args.data_dir, data_cfg)
-    pairs = load_pairs(data_cfg.dataset, data_cfg.src_lang, data_cfg.tgt_lang, args.split or split,
-                       args.data_dir or data_cfg.data_dir)
+    if (args.split or split) == "train" and data_cfg.train_subset:
+        raise XattnError(f"--split train: the model trained on {data_cfg.train_subset} pairs drawn from it "
+                         "(data.train_subset), not on all of it; give those pairs as --src and --ref")
+    pairs = read_all(dataclasses.replace(data_cfg, data_dir=args.data_dir or data_cfg.data_dir), args.split or split)
     yield [s for s, _ in pairs], [t for _, t in pairs]
 
 
