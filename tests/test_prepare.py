@@ -101,6 +101,26 @@ def test_dedup_drops_exact_repeats(tmp_path):
     assert manifest["pairs"] == 4 and manifest["cleaning"]["duplicate"] == 1  # "eins ||| uno" is another pair
 
 
+def test_the_prepare_summary_counts_the_repeats_dedup_dropped(tmp_path, capsys):
+    from xattn.cli.main import main
+
+    (tmp_path / "d.de").write_text("eins\nzwei\neins\ndrei\neins\n")
+    (tmp_path / "d.en").write_text("one\ntwo\none\nthree\nuno\n")
+    files = ["data.dataset=null", f"data.train_src={tmp_path}/d.de", f"data.train_tgt={tmp_path}/d.en",
+             "data.vocab_size=20", "data.dedup=true"]
+    assert main(["prepare", "numbers-de-en", *files, "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
+    assert "4 pairs" in (out := capsys.readouterr().out) and ", 1 repeating an earlier pair (data.dedup)" in out
+
+
+def test_a_tsv_line_with_an_empty_side_is_two_fields_in_validation_as_in_training(tmp_path):
+    """`src<TAB>` is a pair with an empty target, which cleaning drops; read_tsv stripped the tab first and called it
+    one field, an error, for a validation file only."""
+    from xattn.data.text import read_tsv
+
+    (tmp_path / "v.tsv").write_text("eins\tone\nzwei\t\n")
+    assert read_tsv(tmp_path / "v.tsv") == [("eins", "one"), ("zwei", "")]
+
+
 MEMORY = """
 import gzip, random, resource, sys
 from pathlib import Path

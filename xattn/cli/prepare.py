@@ -34,7 +34,8 @@ def run(args) -> int:
         raise XattnError(f"--out: {out} already exists; name a new directory (a prepared corpus is never overwritten)")
     manifest = prepare(cfg.data, out, args.workers)
     clean = manifest["cleaning"]
+    repeated = f", {clean['duplicate']} repeating an earlier pair (data.dedup)" if cfg.data.dedup else ""
     print(f"{out}: {manifest['pairs']} pairs ({manifest['tokens']['src']} + {manifest['tokens']['tgt']} tokens); "
           f"dropped {clean['empty']} empty, {clean['too_long']} longer than data.max_len, {clean['ratio']} over "
-          "data.max_ratio")
+          f"data.max_ratio{repeated}")
     return 0

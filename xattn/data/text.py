@@ -31,7 +31,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:
 def read_tsv(path: str | Path) -> list[Pair]:
     """A file with one `src<TAB>tgt` pair per line -> [(src, tgt), ...]."""
     pairs = []
-    for n, line in enumerate(read_lines(path), start=1):
+    for n, line in enumerate(read_text_lines(path), start=1):  # unstripped: "src<TAB>" is two fields, one empty
         fields = line.split("\t")
         if len(fields) != 2:
             raise XattnError(f"{path}: line {n}: expected 2 tab-separated fields, found {len(fields)}")
