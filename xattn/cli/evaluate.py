@@ -46,6 +46,8 @@ def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str]
                 raise XattnError(f"{flag}: not used with --src and --ref, which give the pairs")
         if (n := count_lines(args.src)) != (m := count_lines(args.ref)):
             raise XattnError(f"line counts differ: {args.src} has {n} lines, {args.ref} has {m}")
+        if n == 0:
+            raise XattnError(f"{args.src}: no lines to translate and score")
         yield from zip(read_line_chunks(args.src), read_line_chunks(args.ref))
         return
     if data_cfg.dataset is None:
