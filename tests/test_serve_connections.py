@@ -66,7 +66,8 @@ def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server
         sock.sendall(sent)
         assert 0.3 < closed_after(sock) < 3
     time.sleep(0.2)
-    lines = log.read_text()[before:].splitlines()
+    lines = [line for line in log.read_text()[before:].splitlines()  # (a test before may log its last line late)
+             if not line.startswith("{") or json.loads(line)["route"] == "/translate"]
     if sent.endswith(b'"dr'):  # the app was reading its body: its one access line says 408, not a client gone
         assert len(lines) == 1 and json.loads(lines[0])["status"] == 408, lines
         assert json.loads(lines[0])["error"] == "timeout" and "read_timeout" not in lines[0]
@@ -199,6 +200,7 @@ def test_a_request_whose_answer_waits_behind_one_never_read_is_cut_off_in_its_ow
                 break
             time.sleep(0.1)
     lines = [json.loads(line) for line in log.read_text()[before:].splitlines() if line.startswith("{")]
+    lines = [line for line in lines if line["route"] == "/translate"]  # (a test before may log its last line late)
     assert len(lines) == 2 and lines[0]["status"] == 200 and lines[1]["error"] == "write_timeout", lines
     assert lines[1]["status"] in (200, 499)  # its answer begun, or cut off while it was still being made
     assert "took in none of its answer" not in log.read_text()[before:]
