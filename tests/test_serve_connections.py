@@ -133,7 +133,7 @@ def test_a_client_that_hangs_up_stops_its_translation(server):
     """Its decoding stops at the next step (counted in /metrics), and the request is logged as 499, not 200. (The
     continuous batch drops a gone client's sentences by the same signal: test_serve_stream.py.)"""
     port, log = server
-    before = stopped(port)
+    before, logged = stopped(port), len(log.read_text())
     body = json.dumps({"q": ["drei"] * 32, "beam_size": 16, "min_len": 180, "max_len_b": 190}).encode()
     with connect(port) as sock:
         sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -144,7 +144,7 @@ def test_a_client_that_hangs_up_stops_its_translation(server):
             break
         time.sleep(0.1)
     assert stopped(port) == before + 1
-    lines = [line for line in log.read_text().splitlines() if '"status": 499' in line or "went away" in line]
+    lines = [line for line in log.read_text()[logged:].splitlines() if '"status": 499' in line or "went away" in line]
     assert len(lines) == 1 and json.loads(lines[0])["error"] == "client_gone", lines  # one line, not two
 
 
