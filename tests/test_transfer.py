@@ -376,3 +376,23 @@ def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_pa
     assert child.model.length_ratio == own != load_model_dir(tmp_path / "parent").config.model.length_ratio
     compose(tmp_path / "back", base=tmp_path / "child", src_embeddings=tmp_path / "parent")
     assert centres(tmp_path / "back") == [1.0, -1.0, 1.0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("model:\n  d_model: 64\n", "model: a child has its parent's model section (its shape); drop it from the file"),
+    ("parent:\n  delta: false\n", "parent: a child's parent section is written from --parent"),
+    ("data:\n  joint_vocab: true\n", "data.joint_vocab: a child's source and target vocabularies are always separate"),
+])
+def test_a_child_config_file_may_not_ask_what_a_child_cannot_have(parent, tmp_path, capsys, extra, message):
+    """Refused as overrides, these keys in the child's own file were silently replaced by the parent's. A preset's
+    model section (every other test here trains a child from one) is its template, not a wish."""
+    from xattn.cli.main import main
+    from xattn.presets import resolve_config
+
+    child = tmp_path / "child.yaml"
+    child.write_text(extra)
+    code = main(["finetune", "--parent", str(parent), "--strategy", "src+xattn", str(child), *TINY,
+                 "data.dataset=numbers", "data.src_lang=fr", "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{child}: {message}" in err and len(err.strip().splitlines()) == 1
+    assert "model:" in resolve_config("numbers-de-en").read_text()

@@ -126,6 +126,26 @@ def check_overrides(overrides: list[str]) -> None:
             raise XattnError(f"override {item!r}: a child's source and target vocabularies are always separate")
 
 
+def check_child_file(path: Path) -> None:
+    """Refuse, in a child's own config file, what check_overrides refuses as an override: the file's model and
+    parent sections and a joint vocabulary would be silently replaced. A packaged preset's model section is its
+    template for new models, not a wish for the child, and is left alone."""
+    from xattn.io import read_yaml
+    from xattn.presets import PRESET_DIR
+
+    if path.resolve().parent == PRESET_DIR.resolve():
+        return
+    raw = read_yaml(path) or {}
+    if not isinstance(raw, dict):
+        return  # load_config names what is wrong with it
+    if raw.get("model"):
+        raise XattnError(f"{path}: model: a child has its parent's model section (its shape); drop it from the file")
+    if raw.get("parent"):
+        raise XattnError(f"{path}: parent: a child's parent section is written from --parent; drop it from the file")
+    if isinstance(raw.get("data"), dict) and raw["data"].get("joint_vocab", False) is not False:
+        raise XattnError(f"{path}: data.joint_vocab: a child's source and target vocabularies are always separate")
+
+
 def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_dir: str | Path, full: bool = False):
     """A Trainer factory (xattn.training.Factory) for a child of the model directory `parent_dir`.
 

@@ -38,13 +38,15 @@ def run(args) -> int:
     from xattn.presets import resolve_config
     from xattn.progress import echo
     from xattn.training import Trainer
-    from xattn.transfer import check_overrides, child_factory, format_parameter_table, parameter_table, strategy
+    from xattn.transfer import (check_child_file, check_overrides, child_factory, format_parameter_table,
+                                parameter_table, strategy)
 
     check_overrides(args.overrides)
     if args.full and args.strategy == "scratch":
         raise XattnError("--full: a scratch child always stores its whole weights (it names no parent)")
     overrides = with_flags(args.overrides, {"--data-dir": ("data.data_dir", args.data_dir)})
-    cfg = load_config(resolve_config(args.config), overrides)
+    check_child_file(config := resolve_config(args.config))
+    cfg = load_config(config, overrides)
     check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out)
     trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out, args.full))
