@@ -21,6 +21,7 @@ import yaml
 from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
     validate, within
 from xattn.corpora import check as check_corpora
+from xattn.corpora import check_sources
 from xattn.errors import XattnError
 from xattn.guidance import AlignmentConfig
 from xattn.io import read_yaml
@@ -205,17 +206,7 @@ class DataConfig:
         if self.dataset is None and not (self.train_tsv or (self.train_src and self.train_tgt) or self.prepared):
             raise ConfigError("data.dataset", "is null: set data.train_src + data.train_tgt, data.train_tsv or "
                               "data.prepared")
-        files = [key for key in ("train_src", "train_tsv", "valid_src", "valid_tsv") if getattr(self, key)]
-        if self.dataset is not None and files:  # the dataset would be read, the files silently not
-            raise ConfigError(f"data.{files[0]}", f"names a file of your own, but data.dataset is {self.dataset}, "
-                              "which would be read instead; set data.dataset=null to train on your files")
-        for prefix in ("train", "valid"):
-            if getattr(self, f"{prefix}_tsv") and getattr(self, f"{prefix}_src"):  # the TSV would silently win
-                raise ConfigError(f"data.{prefix}_tsv", f"and data.{prefix}_src + data.{prefix}_tgt both name the "
-                                  f"{'training' if prefix == 'train' else 'validation'} pairs; give one")
-        if self.data_dir is not None and self.dataset != "multi30k":
-            raise ConfigError("data.data_dir", "only Multi30k is read from a folder; this data is "
-                              f"{self.dataset or 'the files the config names'}")
+        check_sources(self)
 
     as_dict = _as_dict
     LATER: ClassVar[dict[str, Any]] = {"train_links": None, "corpora": [], "upsample": None, "weight": None}

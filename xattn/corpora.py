@@ -56,6 +56,23 @@ def specs(corpora: list) -> list[CorpusSpec]:
     return out
 
 
+def check_sources(data) -> None:
+    """Each source of pairs of DataConfig `data` named once, so that none is silently left unread where pairs are
+    read (DataConfig.require_pairs): files beside a dataset, a TSV beside src/tgt files, a folder for data that is
+    not Multi30k."""
+    files = [key for key in ("train_src", "train_tsv", "valid_src", "valid_tsv") if getattr(data, key)]
+    if data.dataset is not None and files:  # the dataset would be read, the files silently not
+        raise ConfigError(f"data.{files[0]}", f"names a file of your own, but data.dataset is {data.dataset}, "
+                          "which would be read instead; set data.dataset=null to train on your files")
+    for prefix in ("train", "valid"):
+        if getattr(data, f"{prefix}_tsv") and getattr(data, f"{prefix}_src"):  # the TSV would silently win
+            raise ConfigError(f"data.{prefix}_tsv", f"and data.{prefix}_src + data.{prefix}_tgt both name the "
+                              f"{'training' if prefix == 'train' else 'validation'} pairs; give one")
+    if data.data_dir is not None and data.dataset != "multi30k":
+        raise ConfigError("data.data_dir", "only Multi30k is read from a folder; this data is "
+                          f"{data.dataset or 'the files the config names'}")
+
+
 def check(data) -> None:
     """The rules data.corpora, data.upsample and data.weight of DataConfig `data` follow (see the module)."""
     entries = specs(data.corpora)
