@@ -120,6 +120,37 @@ def test_sigterm_or_sighup_leaves_no_half_written_output(numbers_model, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("verb, signum, status", [("quickstart", signal.SIGINT, 130),
+                                                   ("train", signal.SIGTERM, -signal.SIGTERM)])
+def test_a_signal_stops_training_at_a_checkpoint_and_nothing_runs_after_it(tmp_path, verb, signum, status):
+    """Ctrl+C or SIGTERM during training stops it at the next step, checkpointed. The quickstart then stops too
+    (it went on to translate with the model cut short, and failed when no evaluation had saved one yet), and
+    after a SIGTERM the process ends by that signal, as every verb does (training exited 130, as for Ctrl+C)."""
+    out = tmp_path / "run"
+    first = ["quickstart", "--out", str(out)] if verb == "quickstart" else ["train", "numbers-de-en", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "xattn", *first, "data.numbers_size=3000", "model.d_model=64",
+                             "model.d_ff=128", "train.threads=1", "train.log_every=1", "train.max_steps=100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        for _ in range(2400):  # a bound against hanging, not a timing check
+            log = out / "log.jsonl"
+            if log.is_file() and '"loss"' in log.read_text():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=120) == status
+        stdout, stderr = proc.stdout.read().decode(), proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert "; run the same command again to resume" in stdout + stderr
+    assert "error" not in stderr and "held-out" not in stdout, stdout + stderr
+    if signum == signal.SIGTERM:
+        assert stderr.endswith("xattn train: stopped by SIGTERM\n"), stderr
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    manifest = json.loads((out / "train_state" / "manifest.json").read_text())
+    assert manifest["step"] == max(steps), manifest
+
+
 def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
     result = _run("evaluate", str(quickstart_dir), "--split", "test", "--beam", "1", "--json")
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path):
 
 def test_interrupt_saves_state_and_resume_picks_up(tmp_path):
     trainer = Trainer(_cfg("train.max_steps=50"), tmp_path, quiet=True)
-    trainer._stop_signal = True  # as if SIGINT arrived during the first step
+    trainer._stop_signal = signal.SIGINT  # as if Ctrl+C came during the first step
     assert trainer.fit().step == 1
     resumed = Trainer(_cfg("train.max_steps=4"), tmp_path, quiet=True)
     assert resumed.progress.step == 1

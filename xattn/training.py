@@ -89,7 +89,7 @@ class Trainer:
         if mix is not None:
             self._print(corpora.summary(mix))
         self.progress = Progress()
-        self._stop_signal = False
+        self._stop_signal: int | None = None  # the signal that asked training to stop at the next step
         first = self.sampler.batches(0)
         self._print(f"batches: {len(first)} per epoch of at most {tc.max_tokens} tokens, "
                     f"{100 * self.sampler.padding_fraction(first):.1f}% padding")
@@ -231,7 +231,8 @@ class Trainer:
     # -------------------------------------------------------------------------------------- loop
 
     def fit(self) -> Progress:
-        """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt."""
+        """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt: a first SIGINT or SIGTERM
+        stops training at the next step, checkpointed; a SIGTERM is then raised again, for the handler it found."""
         tc, p = self.cfg.train, self.progress
         window = RunningRate()
         start = time.time() - p.seconds
@@ -273,6 +274,8 @@ class Trainer:
                 signal.signal(s, handler)
         p.stop_reason = stop_reason
         self._finish(stop_reason)
+        if self._stop_signal == signal.SIGTERM:  # stopped at a checkpoint, as asked; the signal now goes where it
+            signal.raise_signal(signal.SIGTERM)   # would have (the CLI: one line, then the process ends by it)
         return p
 
     def _limit_reached(self) -> str | None:
@@ -289,7 +292,7 @@ class Trainer:
 
     def _after_step(self) -> str | None:
         tc, p = self.cfg.train, self.progress
-        reason = self._limit_reached() or ("interrupted" if self._stop_signal else None)
+        reason = self._limit_reached() or ("interrupted" if self._stop_signal is not None else None)
         reason = self.ctx.agree(reason)
         if reason == "interrupted":
             self._checkpoint(evaluate=False)
@@ -362,9 +365,9 @@ class Trainer:
             save_guided(self.out_dir, self.guide.layer, self.guide.heads, self.guide.weight)
 
     def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal:
+        if self._stop_signal is not None:
             raise KeyboardInterrupt
-        self._stop_signal = True
+        self._stop_signal = signum
 
     def _log(self, record: dict) -> None:
         if self.ctx.rank != 0:

@@ -47,6 +47,8 @@ def run(args) -> int:
     print(f"== training {cfg.data.src_lang}->{cfg.data.tgt_lang} on {cfg.data.dataset} into {out} "
           f"({cfg.train.max_steps} steps, at most {cfg.train.max_minutes:g} min)")
     progress = train(cfg, out, flags={"train.max_minutes": "--minutes", "train.max_steps": "train.max_steps="})
+    if progress.stop_reason == "interrupted":  # Ctrl+C: stop here (training said how to resume), not go on to
+        return 130                             # translate with a model cut short
     if progress.stop_reason == "max_minutes":
         print(f"note: the {cfg.train.max_minutes:g}-minute cap ended training at step {progress.step} of "
               f"{cfg.train.max_steps} (a slow or busy machine), so the model below is undertrained; continue "
