@@ -212,8 +212,10 @@ def test_auto_asks_the_language_detection_when_several_models_could_take_the_tex
         models.route("auto", None, ["drei", "three"])
     assert e.value.status == 400
     elsewhere = Models(three[:2], detecting({"qapla": "tlh"}))
-    with pytest.raises(ApiError, match=r"source: the texts were detected as 'tlh', which no model here translates"):
+    with pytest.raises(ApiError, match=r"source: the text was detected as 'tlh', which no model here translates"):
         elsewhere.route("auto", None, ["qapla"])
+    with pytest.raises(ApiError, match=r"source: the texts were detected as 'tlh', which no model here translates"):
+        elsewhere.route("auto", None, ["qapla", "qapla"])
 
 
 def test_two_models_of_one_pair_are_refused_naming_both():

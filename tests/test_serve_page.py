@@ -198,13 +198,40 @@ def test_copy_puts_the_translation_on_the_clipboard(open_page):
     assert page.text_content("#copy") == "Copy"
 
 
-@pytest.mark.parametrize("text", ["\u200b", " \ufeff\n", "\u2060\u00ad"])
+@pytest.mark.parametrize("text", ["\u200b", " \ufeff\n", "\u2060\u00ad", "\u3164", "\u115f\u1160", "\u2800\u2800"])
 def test_a_text_of_invisible_characters_is_no_text(open_page, text):
     page = open_page()
     sent = []
     page.on("request", lambda r: r.url.endswith("/translate") and sent.append(r))
     translate(page, text)
     assert page.text_content("#error") == "Type a text to translate first." and not sent
+
+
+def test_errors_read_in_the_page_s_words_and_say_what_to_do(open_page):
+    """The API's names (q[0]) and advice (give source) stay out of the page's errors, which say what to do: a text
+    of too many tokens (the server's wording, faked, as this server's character limit keeps texts under it), a
+    server that restarted and loads its model (the page says once it is ready), fewer other translations than
+    asked for."""
+    page = open_page()
+    page.route("**/translate", lambda route: route.fulfill(status=413, content_type="application/json", body=json.dumps(
+        {"error": "q[0]: 300 source tokens, over the limit of 256", "error_type": "too_many_tokens"})))
+    translate(page, "drei")
+    assert page.text_content("#error") == "Text: 300 source tokens, over the limit of 256; shorten it (a token is " \
+        "a word or a piece of one)."
+    page.unroute("**/translate")
+    page.route("**/translate", lambda route: route.fulfill(status=503, content_type="application/json", body=json.dumps(
+        {"error": "the de→en model is loading", "error_type": "unavailable"})))
+    translate(page, "drei")
+    assert page.text_content("#error") == "The server is not ready: the de→en model is loading"
+    page.wait_for_selector("#error:text-is('The server is ready now: translate again.')", timeout=10000)
+    page.unroute("**/translate")
+    page.check("#strategy-sample")
+    page.fill("#temperature", "0.01")  # every sample the same
+    page.fill("#alternatives", "3")
+    translate(page, "drei")
+    assert page.locator("#alts li").count() == 0 and page.text_content("#fewer") == (
+        "None of the 3 asked for differed from the translation and from each other (the samples repeated; a higher "
+        "temperature varies them more).")
 
 
 def test_a_word_with_an_unknown_character_keeps_its_links_and_shows_the_character(open_page, server):
@@ -542,6 +569,11 @@ def test_detecting_the_language_goes_to_its_model_and_says_which(open_page, pair
     assert error.endswith("pick the languages above instead of detecting them.")
     assert page.locator("#result").is_hidden() and page.locator("#detected").is_hidden()
     assert page.locator("#attention").is_hidden()
+    # a language no model here reads: said in the page's words (the API's said q[0] and "give source")
+    translate(page, "Bonjour tout le monde, comment allez-vous aujourd'hui?")
+    assert page.text_content("#error") == "Source language: the text was detected as French (fr), not as a source " \
+        "language this request could go to (de, en). To translate it anyway, pick a pair above: its model reads " \
+        "the text as its source language."
 
 
 @pytest.mark.parametrize("width", [1280, 390, 360])
@@ -573,7 +605,7 @@ def test_while_a_model_loads_the_page_waits_for_every_one(browser, guard, pairs)
     page.goto(url + "/")
     waiting = "The server is not ready: the en→de model is loading; waiting for it…"
     page.wait_for_selector(f"#status:text-is('{waiting}')")
-    assert page.locator("#pair-field").is_hidden()
+    assert page.locator("#pair-field").is_hidden() and page.is_disabled("#go")  # nothing sent before /info
     page.wait_for_selector("#pair-field:not([hidden])", timeout=10000)
     assert page.text_content("#status") == "" and loading == [0]
     translate(page, "drei")

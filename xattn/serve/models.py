@@ -186,8 +186,9 @@ class Models:
             raise ApiError(400, f"source: the texts were detected as {', '.join(found)}; one request is translated "
                            "by one model, so send each language apart, or give source", "language_required")
         if found[0] not in candidates:
-            raise ApiError(400, f"source: the texts were detected as {language(found[0])}, which no model here "
-                           f"translates ({self.pairs()}); give source", "unsupported_language")
+            what = "the text was" if len(texts) == 1 else "the texts were"
+            raise ApiError(400, f"source: {what} detected as {language(found[0])}, which no model here translates "
+                           f"({self.pairs()}); give source", "unsupported_language")
         for i, guess in enumerate(identifier.as_source(texts, found[0])):
             if guess.language != found[0]:
                 raise ApiError(400, f"source: {names[i] if names else f'q[{i}]'} was detected as "

@@ -57,7 +57,9 @@ function alternativesChanged() {
 
 // The first setting that cannot be sent as it is, in plain words with the field to fix; null when all are fine.
 function problem(text) {
-  if (!/[^\s\p{Cc}\p{Cf}]/u.test(text)) return {field: "text", message: "Type a text to translate first."};
+  if (!/[^\s\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\u2800]/u.test(text)) {  // (Hangul fillers, a braille blank)
+    return {field: "text", message: "Type a text to translate first."};
+  }
   const chars = [...text].length;  // characters as the server counts them (code points)
   const most = server ? server.limits.max_chars : Infinity;
   if (chars > most) {
@@ -136,8 +138,9 @@ async function translate(event) {
     }
     if (mine !== ticket) return;
     if (!reply.ok) fail(plain(data, reply.status) + (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ?
-                                                      ": pick the languages above instead of detecting them." : ""));
+                                                      ADVICE[data.error_type] : ""));
     else show(text, data, body, answering(data));
+    if (reply.status === 503 && data.error_type === "unavailable") untilReady(mine);
   } catch (e) {
     if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
   } finally {
@@ -146,6 +149,18 @@ async function translate(event) {
 }
 
 const LANGUAGE_ERRORS = ["unsupported_language", "language_required"];
+const ADVICE = {unsupported_language: ". To translate it anyway, pick a pair above: its model reads the text as its " +
+                  "source language.",
+                language_required: ": pick the languages above instead of detecting them."};
+
+async function untilReady(mine) {  // a model loads (the server restarted): say when the server can translate again
+  for (;;) {
+    await new Promise((done) => setTimeout(done, 1000));
+    if (mine !== ticket) return;  // another translation or pair since, whose answer speaks for itself
+    try { if ((await fetch("/info")).ok) break; } catch (e) { /* not up yet */ }
+  }
+  if (mine === ticket) $("error").textContent = "The server is ready now: translate again.";
+}
 
 function answering(data) {  // the model that answered: the one picked, or the one of the language detected
   if (chosen || !server || !data.detectedLanguage) return chosen;
@@ -161,16 +176,20 @@ async function post(body) {
   return [reply, data];
 }
 
-function plain(data, status) {  // the server's message, with the page's names for the fields it names
+function plain(data, status) {  // the server's message, with the page's names for the fields it names, the page's
+  //                               one text for q[0], and without the API's advice ("give source"), which the page's
+  //                               own replaces (translate)
   const message = (data.error || `HTTP ${status}`).replace(/^([a-z_]+)(\[\d+\])?: /,
-    (all, field) => FIELDS[field] ? `${FIELDS[field]}: ` : all);
+    (all, field) => FIELDS[field] ? `${FIELDS[field]}: ` : all).replace(/\bq\[0\]/g, "the text")
+    .replace(/; give (source|target)$/, "");
   const lead = {busy: "The server is busy. ", timeout: "The translation took too long. ",
                 unavailable: "The server is not ready: "}[data.error_type] || "";
-  return lead ? lead + message : message.charAt(0).toUpperCase() + message.slice(1);
+  const advice = {too_many_tokens: "; shorten it (a token is a word or a piece of one)."}[data.error_type] || "";
+  return (lead ? lead + message : message.charAt(0).toUpperCase() + message.slice(1)) + advice;
 }
 
 function busy(on) {  // what is shown stays greyed until its replacement (or an error) arrives
-  $("go").disabled = on;
+  $("go").disabled = on || !server;  // nothing is sent before /info has told the models and limits
   $("busy").hidden = !on;
   $("target-pane").setAttribute("aria-busy", String(on));
   $("target-pane").classList.toggle("pending", on);
@@ -222,9 +241,11 @@ function show(text, data, asked, model) {
     return li;
   }));
   $("others").hidden = alternatives.length === 0 && asked.alternatives === 0;
-  const way = asked.sampling ? "the samples repeated" : "the other hypotheses read the same";
-  $("fewer").textContent = alternatives.length < asked.alternatives ? `${alternatives.length} of the ` +
-    `${asked.alternatives} asked for: only these differ from the translation and from each other (${way}).` : "";
+  const way = asked.sampling ? "the samples repeated; a higher temperature varies them more" :
+    "the other hypotheses read the same; a wider beam may find more";
+  const got = alternatives.length, many = asked.alternatives;
+  $("fewer").textContent = got >= many ? "" : (got ? `Only ${got} of the ${many} asked for differ` :
+    `None of the ${many} asked for differed`) + ` from the translation and from each other (${way}).`;
   $("fewer").hidden = alternatives.length >= asked.alternatives;
   $("copy").disabled = false;
   $("copy").textContent = "Copy";
@@ -385,6 +406,7 @@ async function ready(data) {  // the models, the limits, whether a key is needed
   } catch (e) { /* the codes stand for the names */ }
   server = data;
   $("status").textContent = "";
+  $("go").disabled = false;
   $("key-field").hidden = !server.api_key_required;
   $("beam").max = server.limits.max_beam;
   const several = server.models.length > 1;  // one model: its languages in the heading, nothing to pick
