@@ -199,6 +199,26 @@ def test_teacher_forced_is_the_model_reading_the_pair(translator):
         assert pair.tgt_tokens[-1] == "</s>" and len(pair.tgt_tokens) == tgt.shape[1]
 
 
+def test_the_encoder_map_of_a_translation_is_under_the_head_mask(tmp_path):
+    """`xattn attention --kind encoder-self --head-mask F` drew the encoder's map as if no head were masked (its
+    encoder pass left the mask out); it is the teacher-forced pass's map under the mask."""
+    import torch
+
+    from tests.conftest import tiny_model_dir
+    from xattn.analysis.maps import encoder_attention
+
+    tiny_model_dir(tmp_path, n_encoder_layers=2)
+    translator = xattn.load(tmp_path, device="cpu")
+    text = "word1 word2 word3 word4"
+    plain = encoder_attention(translator, text)
+    translator.head_mask = {"enc_self": [torch.tensor([0.0, 1.0]), None]}
+    masked = encoder_attention(translator, text)
+    forced = teacher_forced(translator, [text], ["word5"], ("cross", "encoder-self"))[0]
+    np.testing.assert_allclose(masked, forced.encoder_self, atol=1e-6)
+    np.testing.assert_allclose(masked[0], plain[0], atol=1e-6)  # the mask acts on layer 0's output: layer 1 on
+    assert not np.allclose(masked[1], plain[1], atol=1e-4)
+
+
 def test_python_api_draws_a_translation(translator):
     import xattn.analysis as analysis
 

@@ -316,7 +316,7 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
 
 
 def encoder_attention(translator: Translator, text: str) -> np.ndarray:
-    """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>)."""
+    """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>), under the translator's head mask."""
     import torch
 
     from xattn.model import stack_layers
@@ -324,5 +324,6 @@ def encoder_attention(translator: Translator, text: str) -> np.ndarray:
     cfg = translator.model.cfg
     ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]
     with torch.inference_mode():
-        enc = translator.inference.current().encode(torch.tensor([ids], device=translator.device), need_weights=True)
+        enc = translator.inference.current().encode(torch.tensor([ids], device=translator.device), need_weights=True,
+                                                    head_mask=translator.head_mask)
     return stack_layers(enc.self_attn)[0].float().cpu().numpy()
