@@ -275,12 +275,12 @@ def test_max_len_respected(strategy):
 def test_max_lengths_and_search_dispatch():
     src = torch.tensor([[5, 6, 7, EOS], [5, EOS, PAD, PAD], [EOS, PAD, PAD, PAD]])
     cfg = xattn.DecodeConfig(beam_size=1, max_len_a=1.5, max_len_b=2)
-    assert max_lengths(src, cfg, PAD).tolist() == [8, 5, 0]
     model = eos_model()
-    assert search(model, src, cfg) == greedy(model, src, max_lengths(src, cfg, PAD), cfg.length_penalty)
+    assert max_lengths(src, cfg, model.cfg).tolist() == [8, 5, 0]
+    assert search(model, src, cfg) == greedy(model, src, max_lengths(src, cfg, model.cfg), cfg.length_penalty)
     beam = xattn.DecodeConfig(beam_size=3, n_best=2, max_len_a=1.5, max_len_b=2)
     found = search(model, src, beam)
-    assert found == beam_search(model, src, 3, beam.length_penalty, 2, max_lengths(src, beam, PAD))
+    assert found == beam_search(model, src, 3, beam.length_penalty, 2, max_lengths(src, beam, model.cfg))
     assert found[2] == [Hypothesis([], found[2][0].log_prob, found[2][0].log_prob)]  # lp(1) = 1
 
 

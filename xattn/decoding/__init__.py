@@ -66,9 +66,7 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
     """
     if src.shape[0] == 0:
         return done([])
-    max_len = max_lengths(src, cfg, model.cfg.pad_id, prefix)
-    if model.cfg.positions == "learned":  # BOS + max_len tokens must fit the position table
-        max_len = max_len.clamp(max=model.cfg.max_positions - 1)
+    max_len = max_lengths(src, cfg, model.cfg, prefix)
     rules = constraints(cfg, model.cfg)
     if cfg.sampling:
         pick = sampler(warpers(cfg), generator or seeded(cfg, src.device))

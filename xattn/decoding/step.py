@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from xattn.attention import DecoderCache
-from xattn.config import DecodeConfig
+from xattn.config import DecodeConfig, ModelConfig
 from xattn.errors import ParameterError
 from xattn.inference import linear_rows
 from xattn.decoding.processors import NEG_INF, Vocab
@@ -158,15 +158,17 @@ def in_steps(attention: Tensor, steps: int) -> Tensor:
     return attention[:steps].permute(1, 2, 0, 3).contiguous()
 
 
-def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | None = None) -> Tensor:
-    """(B, S) -> (B,) floor(max_len_a * src_len + max_len_b), src_len counting non-pad tokens (EOS included).
+def max_lengths(src: Tensor, cfg: DecodeConfig, model_cfg: ModelConfig, prefix: Tensor | None = None) -> Tensor:
+    """(B, S) -> (B,) cfg.max_output_tokens(src_len), src_len counting non-pad tokens (EOS included), within what
+    the model's learned positions hold (BOS and the tokens before EOS).
 
     A source holding nothing but EOS (an empty sentence) gets 0: its translation is empty, unless a
     forced prefix is longer; the limit never cuts a prefix. Settings that leave any other source no output token,
     or fewer than min_len, are a ParameterError naming max_len_b or min_len.
     """
+    pad_id = model_cfg.pad_id
     src_len = src.ne(pad_id).sum(dim=1)  # (B,)
-    limit = (cfg.max_len_a * src_len.double() + cfg.max_len_b).floor().long().clamp(min=0)
+    limit = torch.tensor([cfg.max_output_tokens(n) for n in src_len.tolist()], dtype=torch.long, device=src.device)
     limit = torch.where(src_len > 1, limit, torch.zeros_like(limit))
     if prefix is not None:
         limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
@@ -180,4 +182,6 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, pad_id: int, prefix: Tensor | No
                              "maximum output length allows a sentence of "
                              f"{int(src_len[too_short][limit[too_short].argmin()])} source tokens (</s> included); "
                              "lower it or raise the maximum")
+    if model_cfg.positions == "learned":  # BOS + the tokens before EOS must fit the position table
+        limit = limit.clamp(max=model_cfg.max_positions - 1)
     return limit

@@ -205,9 +205,7 @@ class Stream:
     def add(self, src: Tensor, tags: list[Any]) -> None:
         """src (b, S) source ids, each row ending with EOS, pad after: b sentences join the stream as `tags`."""
         model, mc, cache = self.model, self.model.cfg, self.cache
-        max_len = max_lengths(src, self.cfg, mc.pad_id).to(src.device)
-        if mc.positions == "learned":
-            max_len = max_len.clamp(max=mc.max_positions - 1)
+        max_len = max_lengths(src, self.cfg, mc).to(src.device)
         n, b = cache.n, src.shape[0]
         cache.reserve(b, src.shape[1], int(max_len.max()) + 1)
         self._fit(cache.C, cache.T_cap)
