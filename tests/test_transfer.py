@@ -122,7 +122,7 @@ def test_a_fine_tuning_run_resumes_and_checks_its_recipe(parent, tmp_path, capsy
     ("src+enc", [], "argument --strategy: invalid choice"),
     ("src+xattn", ["model.d_model=32"], "override 'model.d_model=32': a child has its parent's model section"),
     ("src+xattn", ["data.joint_vocab=true"], "vocabularies are always separate"),
-    ("src+xattn", ["parent.delta=false"], "parent section is written from --parent"),
+    ("src+xattn", ["parent.delta=false"], "parent section is written from its parent model"),
     ("scratch", ["--full"], "--full: a scratch child always stores its whole weights"),
     ("src+xattn", ["--data-dir", "/somewhere/multi30k"], "--data-dir: only Multi30k is read from a folder"),
 ])
@@ -380,7 +380,7 @@ def test_hard_coded_heads_keep_their_centres_through_finetune_and_compose(tmp_pa
 
 @pytest.mark.parametrize("extra, message", [
     ("model:\n  d_model: 64\n", "model: a child has its parent's model section (its shape); drop it from the file"),
-    ("parent:\n  delta: false\n", "parent: a child's parent section is written from --parent"),
+    ("parent:\n  delta: false\n", "parent: a child's parent section is written from its parent model"),
     ("data:\n  joint_vocab: true\n", "data.joint_vocab: a child's source and target vocabularies are always separate"),
 ])
 def test_a_child_config_file_may_not_ask_what_a_child_cannot_have(parent, tmp_path, capsys, extra, message):

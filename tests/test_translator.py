@@ -8,6 +8,7 @@ import torch
 import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
+from xattn.errors import ParameterError
 from xattn.translator import Translation, Translator, load, token_batches
 
 WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 30)]
@@ -127,7 +128,7 @@ def test_cross_attention_crops_padding(translator):
     assert [m.shape[2:] for m in forced.cross] == [(4, 4), (1, 2), (2, 2)]
     assert [m.shape[2:] for m in forced.encoder_self] == [(4, 4), (2, 2), (2, 2)]
     np.testing.assert_allclose(forced.cross[1].sum(-1), 1.0, atol=1e-5)
-    with pytest.raises(ValueError, match="'self' is not one of cross, decoder-self, encoder-self"):
+    with pytest.raises(ParameterError, match="kinds: 'self' is not one of cross, decoder-self, encoder-self"):
         translator.forced_attention(src, [[9]], kinds=("self",))
 
 

@@ -19,7 +19,7 @@ import num2words
 import numpy as np
 
 from xattn.data import Pair, read_parallel
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.io import atomic_write_bytes
 
 
@@ -68,10 +68,8 @@ def _download(url: str, path: Path) -> None:
             data = response.read()
     except (OSError, http.client.HTTPException) as e:
         reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        raise XattnError(
-            f"cannot download Multi30k {path.name} from {url} ({reason}; offline?); "
-            f"pass --data-dir or set XATTN_DATA to a folder with {path.name}"
-        ) from e
+        raise ParameterError("data_dir", f"cannot download Multi30k {path.name} from {url} ({reason}; offline?); "
+                             f"give a folder that holds {path.name}, or set XATTN_DATA to one") from e
     if not data.startswith(b"\x1f\x8b"):
         raise XattnError(f"{url}: downloaded file is not gzip data")
     atomic_write_bytes(path, data)
@@ -139,7 +137,7 @@ def _number_words(lang: str) -> Callable[[int], str]:
     """num2words' cardinal for `lang`, lowercased.
 
     num2words scans its whole table of number words (up to 10**600) at every step; a copy of the
-    converter restricted to words below our range gives identical output about 10 times faster.
+    converter restricted to words below our range gives identical output, faster.
     """
     if lang == "digits":
         return str

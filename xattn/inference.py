@@ -20,7 +20,7 @@ from torch.ao.nn.intrinsic import LinearReLU
 
 from xattn.errors import ParameterError, XattnError
 from xattn.attention import MultiHeadAttention
-from xattn.layers import DecoderLayer, EncoderLayer, FeedForward
+from xattn.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward
 from xattn.model import Transformer
 
 
@@ -183,7 +183,7 @@ def identity(x: Tensor) -> Tensor:
     return x
 
 
-FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu", F.silu: "swish"}
+FUSED_ACTIVATIONS = {fn: name for name, fn in ACTIVATIONS.items()}  # oneDNN names them as the config does
 UNFUSED = {"none": identity, **{name: fn for fn, name in FUSED_ACTIVATIONS.items()}}
 
 

@@ -52,7 +52,7 @@ class PreNorm(nn.LayerNorm):
         return x + y
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecoderInputs:
     """What a decoder layer reads besides its input, given by keyword, one per layer and call.
 

@@ -254,9 +254,10 @@ class Transformer(nn.Module):
         folded = positions.repeat(group) if group > 1 else positions  # of the cross-attention's folded queries
         for i, layer in enumerate(self.decoder.layers):
             x, w = layer(x, inputs=DecoderInputs(
-                cross_kv[i], cross_mask, self_mask, cache.layers[i] if cache is not None else None, group,
-                context("dec_self", i, need_weights, positions, head_mask),
-                context("cross", i, need_weights or i in cross_layers, folded, head_mask)))
+                cross_kv=cross_kv[i], cross_mask=cross_mask, self_mask=self_mask,
+                cache=cache.layers[i] if cache is not None else None, group=group,
+                self_ctx=context("dec_self", i, need_weights, positions, head_mask),
+                cross_ctx=context("cross", i, need_weights or i in cross_layers, folded, head_mask)))
             cross.append(w.cross_attn)
             selfw.append(w.self_attn)
         if cache is not None:

@@ -40,7 +40,7 @@ def from_config(cfg: RunConfig, out_dir: str | Path) -> Factory:
     """The parts of `xattn train`: the corpus the config names (tokenizers trained for a new run) and a
     freshly initialised Transformer of the config's shape, every parameter trained."""
     if cfg.parent.named:
-        raise XattnError("parent: only a fine-tuned child names a parent (xattn finetune --parent); remove the "
+        raise XattnError("parent: only a fine-tuned child names a parent (fine-tuning writes it); remove the "
                          "parent section to train a model of its own")
     if cfg.alignment.on:  # before the corpus is prepared
         cfg.alignment.resolve(cfg.model)

@@ -120,8 +120,8 @@ def check_overrides(overrides: list[str]) -> None:
             raise XattnError(f"override {item!r}: a child has its parent's model section (its shape); drop the "
                              "override")
         if key == "parent" or key.startswith("parent."):
-            raise XattnError(f"override {item!r}: a child's parent section is written from --parent; drop the "
-                             "override")
+            raise XattnError(f"override {item!r}: a child's parent section is written from its parent model; drop "
+                             "the override")
         if key == "data.joint_vocab" and yaml.safe_load(value or "false") is not False:
             raise XattnError(f"override {item!r}: a child's source and target vocabularies are always separate")
 
@@ -141,7 +141,8 @@ def check_child_file(path: Path) -> None:
     if raw.get("model"):
         raise XattnError(f"{path}: model: a child has its parent's model section (its shape); drop it from the file")
     if raw.get("parent"):
-        raise XattnError(f"{path}: parent: a child's parent section is written from --parent; drop it from the file")
+        raise XattnError(f"{path}: parent: a child's parent section is written from its parent model; drop it from "
+                         "the file")
     if isinstance(raw.get("data"), dict) and raw["data"].get("joint_vocab", False) is not False:
         raise XattnError(f"{path}: data.joint_vocab: a child's source and target vocabularies are always separate")
 
@@ -250,10 +251,11 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
         if parts.get(part) is not None:
             source.update((group, Path(parts[part])) for group in groups)
     if missing := [g for g in GROUPS if g not in source]:
-        raise XattnError(f"no part gives the {', '.join(missing)} parameters; name a base model, or "
-                         "both --encoder and --decoder")
+        raise XattnError(f"no part gives the {', '.join(missing)} parameters; name a base model, or both an "
+                         "encoder and a decoder model")
     if base is not None and Path(base) not in source.values():
-        raise XattnError(f"{base}: the base model gives no part, since the flags name all of them; leave it out")
+        raise XattnError(f"{base}: the base model gives no part, since the other models give all of them; leave "
+                         "it out")
     if len(set(source.values())) == 1:
         raise XattnError(f"every part comes from {source['src']}; there is nothing to compose")
     models = {path: read_model(path) for path in dict.fromkeys(source.values())}

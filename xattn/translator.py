@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, finish, search_steps, seeded
@@ -120,8 +121,6 @@ class Translator:
         Decoding runs on a copy with packed float32 linear layers (CPU); `quantize="int8"`: dynamic int8
         linear layers instead (CPU only); `compile`: torch.compile the decoder step. `model` stays plain.
         """
-        from xattn.checkpoint import load_model_dir  # needs SentencePiece; Translator itself does not
-
         speedups = Speedups(quantize=quantize, compile=compile)
         device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
@@ -171,7 +170,7 @@ class Translator:
             raise ParameterError("attention_heads", "applies with return_attention=True (the heads of the "
                                  "cross-attention returned)")
         if attention_from not in ("search", "rescore"):
-            raise XattnError(f"attention_from must be 'search' or 'rescore', got {attention_from!r}")
+            raise ParameterError("attention_from", f"'search' or 'rescore', got {attention_from!r}")
         if isinstance(prefixes, str):
             raise ParameterError("prefixes", "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):
@@ -219,7 +218,7 @@ class Translator:
         has it (a search's), made here otherwise. Every verb that reads the attention of a given or found
         translation (rescoring, attention, align, diagnose, the server) goes through this pass."""
         if unknown := [k for k in kinds if k not in KINDS]:
-            raise ValueError(f"kinds: {unknown[0]!r} is not one of {', '.join(KINDS)}")
+            raise ParameterError("kinds", f"{unknown[0]!r} is not one of {', '.join(KINDS)}")
         model, cfg = self.inference.current(), self.model.cfg
         rows = list(range(len(targets))) if rows is None else list(rows)
         with torch.inference_mode():

@@ -50,7 +50,8 @@ class HeadChoice:
 
     @classmethod
     def parse(cls, layer: int | str, heads: str | Sequence[int] | None = "mean") -> HeadChoice:
-        """`--layer N --heads 0,3,5 | mean`; errors name the flag."""
+        """`layer` N and `heads` 0,3,5 | mean (a string, as the command line gives them); errors name the
+        parameter, which the command line names as its flag."""
         try:
             layer = int(layer)
         except (TypeError, ValueError):

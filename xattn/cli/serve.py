@@ -82,9 +82,9 @@ CONNECTION_FLAGS = {
     "--keep-alive": ("timeout_keep_alive", float, 5.0, "seconds an idle connection stays open between requests"),
 }
 """How the HTTP server treats connections: uvicorn's settings and xattn's guards (xattn/serve/connections.py),
-with the plain asyncio event loop (under a flood of open connections uvloop accepted new ones, /health included,
-only about 10 a second) and h11, whose head-size limit httptools lacks (as fast here: benchmarks/README.md,
-Serving under load)."""
+with the plain asyncio event loop (under a flood of open connections uvloop was slow to accept new ones, /health
+included) and h11, whose head-size limit httptools lacks (the figures: benchmarks/README.md, Serving under
+load)."""
 MAX_CONNECTIONS = 512
 FILES_SPARE = 64
 """Files the server keeps for itself beyond its connections (model files, logs, the listening socket)."""

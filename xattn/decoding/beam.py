@@ -13,18 +13,16 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
-from xattn.errors import XattnError
+from xattn.errors import ParameterError
 from xattn.model import EncoderOutput, HeadMask, Transformer, nearest_with_heads
-from xattn.decoding.processors import Columns, Constraints, StepState, Vocab
-
-NEG_INF = float("-inf")
+from xattn.decoding.processors import NEG_INF, Columns, Constraints, StepState, Vocab
 
 
 def gather_slots(x: Tensor | None, index: Tensor, rows: Tensor | None = None) -> Tensor | None:
     """x (N, K, ...), index (M, K') -> (M, K', ...): per sentence, the slots `index` (`rows`: slot_rows of it, when
     several tensors take the same slots, or when its M sentences are some of the N). Whole rows of the flattened
-    (N * K, ...) are copied (index_select), several times quicker than an element-wise gather over rows of tokens
-    or attention."""
+    (N * K, ...) are copied (index_select), quicker than an element-wise gather over rows of tokens or attention
+    (benchmarks/README.md)."""
     if x is None:
         return None
     N, K = x.shape[:2]
@@ -151,8 +149,8 @@ def coverage_layer(cfg) -> int:
     model's last layer may have none). `cfg`: the ModelConfig."""
     layer = nearest_with_heads(cfg.heads_per_layer("cross"), cfg.n_decoder_layers - 1)
     if layer is None:
-        raise XattnError("coverage_penalty: every cross-attention head of this model was pruned, so there is no "
-                         "coverage to penalise; leave it at 0")
+        raise ParameterError("coverage_penalty", "every cross-attention head of this model was pruned, so there is "
+                             "no coverage to penalise; leave it at 0")
     return layer
 
 

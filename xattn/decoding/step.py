@@ -103,7 +103,7 @@ def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMas
     every = need_weights and not layers
     one_layer = {"cross_layers": layers} if layers else {}  # the decoder's own call otherwise
     unlisted = None  # (B, W): 0 where a sentence's list has the id, -inf where not; added to its rows' logits
-    if vocab is not None and vocab.allowed is not None:  # (a masked_fill_ a step took 30x as long as the addition)
+    if vocab is not None and vocab.allowed is not None:  # (added: a step's masked_fill_ was far slower; benchmarks/README)
         unlisted = torch.zeros(vocab.allowed.shape, device=vocab.allowed.device).masked_fill_(~vocab.allowed, NEG_INF)
     rows: list = [None, None]  # the last step's `sentences` and their rows of `unlisted`: the rows change only when
     #                            a sentence leaves, and the search passes the same tensor until then

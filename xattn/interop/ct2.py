@@ -89,7 +89,7 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         cfg = loaded.config.model
         if empty := [side for side in ("encoder", "decoder") if getattr(cfg, f"n_{side}_layers") == 0]:
             raise XattnError(f"model.n_{empty[0]}_layers=0: CTranslate2 cannot load a model without {empty[0]} "
-                             "layers; export it to Hugging Face instead (--format hf)")
+                             "layers; a Hugging Face export can hold it")
         src = pieces_by_id(loaded.tokenizers.src, cfg.src_vocab_size)
         tgt = pieces_by_id(loaded.tokenizers.tgt, cfg.tgt_vocab_size)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, Path(hf_dir))

@@ -2,8 +2,8 @@
 several models choosing one by the language of the text: `identify(texts, candidates)`.
 
 The identifier is py3langid (langid.py's naive Bayes over byte n-grams; its model of 140 languages ships inside
-the pip package, nothing is downloaded). Chosen over eight others on Multi30k captions for accuracy, a model of
-5 MB that loads in under half a second, and probabilities that stay modest on short texts (it scales its scores by
+the pip package, nothing is downloaded). Chosen over eight others on Multi30k captions for accuracy, a small
+model that loads quickly, and probabilities that stay modest on short texts (it scales its scores by
 1/sqrt(bytes) before the softmax): benchmarks/README.md, Language identification. Thread-safe once loaded.
 """
 from __future__ import annotations

@@ -236,7 +236,7 @@ class Models:
                 continue
             model.batcher.start()
             one.model = model
-            gc.freeze()  # the models are no garbage: a full collection need not walk them (a pause of about 0.1 s)
+            gc.freeze()  # the models are no garbage: a full collection need not walk them (benchmarks/README.md)
 
     async def stop(self) -> None:
         for one in self.served:
