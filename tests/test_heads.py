@@ -310,7 +310,7 @@ def test_every_view_works_on_pruned_layers_or_says_why_in_one_line(pruned, tmp_p
         assert code == 0, err
         assert all(p.stat().st_size > 0 for p in tmp_path.iterdir())
         return
-    why = ("coverage_penalty: every cross-attention head of this model was pruned" if view == "coverage penalty" else
+    why = ("--coverage-penalty: every cross-attention head of this model was pruned" if view == "coverage penalty" else
            "this model has no cross-attention heads left (all pruned): there is no attention to read")
     assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
     assert not list(tmp_path.iterdir())

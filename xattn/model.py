@@ -193,7 +193,7 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------------------------ encode
 
-    def encode(self, src: Tensor, need_weights: bool = False, head_mask: HeadMask | None = None) -> EncoderOutput:
+    def encode(self, src: Tensor, *, need_weights: bool = False, head_mask: HeadMask | None = None) -> EncoderOutput:
         """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token). `head_mask` (checked
         by check_head_mask): factors on each head's output, e.g. 0 to switch a head off."""
         mask = padding_mask(src, self.cfg.pad_id)
@@ -214,8 +214,8 @@ class Transformer(nn.Module):
                   for layer in self.decoder.layers]
         return DecoderCache(layers, enc.mask)
 
-    def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-               need_weights: bool = False, head_mask: HeadMask | None = None, *,
+    def decode(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None, *,
+               need_weights: bool = False, head_mask: HeadMask | None = None,
                cross_layers: Sequence[int] = ()) -> DecoderOutput:
         """tgt (B, T) int64 (starting with BOS) -> DecoderOutput(logits (B, T, V), ...).
 
@@ -225,11 +225,12 @@ class Transformer(nn.Module):
         these layers only (cross_attn holds None for the others, self_attn is None), so the other layers
         keep the fused attention (guided-alignment training, links read during search).
         """
-        hidden = self.decode_states(tgt, enc, cache, need_weights, head_mask, cross_layers=cross_layers)
+        hidden = self.decode_states(tgt, enc, cache, need_weights=need_weights, head_mask=head_mask,
+                                    cross_layers=cross_layers)
         return DecoderOutput(self.generator(hidden.states), hidden.cross_attn, hidden.self_attn)
 
-    def decode_states(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None,
-                      need_weights: bool = False, head_mask: HeadMask | None = None, *,
+    def decode_states(self, tgt: Tensor, enc: EncoderOutput | None, cache: DecoderCache | None = None, *,
+                      need_weights: bool = False, head_mask: HeadMask | None = None,
                       cross_layers: Sequence[int] = ()) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
