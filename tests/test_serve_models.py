@@ -77,6 +77,22 @@ def test_auto_between_two_models_goes_by_the_language_identifier(client, numbers
           "language this request could go to (de, en); give source", "unsupported_language")
 
 
+def test_a_file_s_lines_are_routed_as_the_texts_of_a_list(client):
+    """With source auto, a file's lines in two languages translated, the German one by the en->de model: the file
+    was routed by its whole text, then each line checked only against that one language. A file of blank lines is
+    that 422 whatever the models (it was a 400 asking for source with several)."""
+    german = "Ein Mann in einem blauen Hemd steht auf einer Leiter."
+    english = ["A man in a blue shirt is standing on a ladder.", "Two dogs are running through the tall grass."]
+    text = "\n".join([*english, german]) + "\n"
+    answer = client.post("/translate_file", files={"file": ("notes.txt", text.encode(), "text/plain")})
+    error(answer, 400, "source: the texts were detected as de, en; one request is translated by one model",
+          "language_required")
+    same = client.post("/translate_file", files={"file": ("notes.txt", "\n".join(english).encode(), "text/plain")})
+    assert same.status_code == 200, same.text
+    blank = client.post("/translate_file", files={"file": ("blank.txt", b"\n  \n", "text/plain")})
+    error(blank, 422, "file: no text to translate (every line is blank)", "invalid_request")
+
+
 def test_languages_health_info_and_metrics_cover_every_model(client):
     assert client.get("/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]},
                                                 {"code": "en", "name": "English", "targets": ["de"]}]
@@ -170,6 +186,13 @@ def test_a_model_that_cannot_load_stops_a_server_of_several(numbers_model, numbe
 
 # ------------------------------------------------------------------------------ routing alone
 
+def own(text: str, language: str) -> float:
+    """The identifier's own confidence in `language` for `text` (percent), as a lone model reports it."""
+    from xattn.serve.api import detected_source
+
+    return detected_source([text], language)[0][1]
+
+
 def detecting(language_of):
     """A language detector (texts, candidates) -> [(language, confidence)] from a table of texts."""
     return lambda texts, candidates: [(language_of[t], 90.0) for t in texts]
@@ -183,7 +206,7 @@ def three():
 def test_a_text_without_letters_goes_with_the_others_and_alone_asks_for_source(three):
     models = Models(three, detecting({"three": "en", "drei": "de", "123": "und", "": "und"}))
     route = models.route("auto", None, ["123", "three", ""])
-    assert route.served.path == "b" and route.detected == [("en", 0.0), ("en", 90.0), ("en", 0.0)]
+    assert route.served.path == "b" and route.detected == [("en", 0.0), ("en", own("three", "en")), ("en", 0.0)]
     with pytest.raises(ApiError, match="source: no text has letters to tell its language by; give source"):
         models.route("auto", None, ["123", ""])
 
@@ -203,7 +226,7 @@ def test_routing_by_source_and_target(three):
 def test_auto_asks_the_language_detection_when_several_models_could_take_the_texts(three):
     models = Models(three, detecting({"three": "en", "drei": "de", "vier": "de"}))
     route = models.route("auto", None, ["three"])
-    assert route.served.path == "b" and route.detected == [("en", 90.0)]
+    assert route.served.path == "b" and route.detected == [("en", own("three", "en"))]
     assert models.route("auto", "fr", ["drei"]).served.path == "c"  # one model into fr: nothing to detect
     with pytest.raises(ApiError, match="target: German .de. translates to en, fr on this server; give target"):
         models.route("auto", None, ["drei", "vier"])
@@ -216,6 +239,23 @@ def test_auto_asks_the_language_detection_when_several_models_could_take_the_tex
         elsewhere.route("auto", None, ["qapla"])
     with pytest.raises(ApiError, match=r"source: the texts were detected as 'tlh', which no model here translates"):
         elsewhere.route("auto", None, ["qapla", "qapla"])
+
+
+def test_several_models_report_the_identifier_s_own_confidence_and_short_texts_go_with_the_long():
+    """With several candidate models, detectedLanguage gave the confidence renormalised among their languages: French
+    read as English at 98.99 (the identifier: 1.5) on a server of de->en, en->de and cs->en, and 1.5 with
+    target=de. It is the identifier's own now, whichever models are served. And a short text, where the identifier
+    is often unsure (`un`: en as much as fr), no longer gets a batch of one language refused as mixed."""
+    served = [Served("a", "de", "en"), Served("b", "en", "de"), Served("c", "cs", "en"), Served("d", "fr", "de")]
+    models = Models(served)
+    french = "cent quarante mille huit cent quatre-vingt-onze"
+    several = models.route("auto", None, [french]).detected
+    alone = Models([Served("d", "fr", "de")]).route("auto", None, [french]).detected
+    assert several == alone == [("fr", own(french, "fr"))]
+    route = models.route("auto", "de", ["vingt et un mille cinq cent six", "vingt-deux mille", "un"])
+    assert route.served.path == "d" and [lang for lang, _ in route.detected] == ["fr"] * 3
+    with pytest.raises(ApiError, match="source: the texts were detected as de, fr"):  # long texts of two languages
+        models.route("auto", None, ["vingt et un mille cinq cent six", "Ein Mann steht auf einer Leiter im Garten."])
 
 
 def test_two_models_of_one_pair_are_refused_naming_both():

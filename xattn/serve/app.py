@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve import detect as identifier
-from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detected_source, detection, openapi_body,
+from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.batcher import QueueFull
 from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
@@ -246,10 +246,9 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         check_key(api_key, req.api_key, request.headers.get("authorization", ""))
         filename, content = file_text(fields.get("file"), limits)
         document = Document.parse(content)
-        route = models.route(req.source, req.target, [content], ["file"])  # auto: the whole text, more than a line
-        if req.source == "auto":  # and then each line, as each text of a list: one in another language is refused
-            lines, numbers = document.texts()
-            detected_source(lines, route.served.source, [f"file: line {n}" for n in numbers])
+        lines, numbers = document.texts()  # (a file of blank lines is refused as such, before any routing)
+        # auto: the whole text (more to go on than a line) with each line, as the texts of a list are routed
+        route = models.route(req.source, req.target, [content, *lines], ["file", *(f"file: line {n}" for n in numbers)])
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         model, source, target = route.served.ready(), route.served.source, route.served.target

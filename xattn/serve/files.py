@@ -144,8 +144,10 @@ class Document:
         return cls(tuple(lines))
 
     def texts(self) -> tuple[list[str], list[int]]:
-        """The lines to translate, and their line numbers (from 1)."""
+        """The lines to translate, and their line numbers (from 1); none is a 422."""
         kept = [(text, n) for n, (_, text, _) in enumerate(self.lines, 1) if text]
+        if not kept:
+            raise ApiError(422, "file: no text to translate (every line is blank)", "invalid_request")
         return [t for t, _ in kept], [n for _, n in kept]
 
     def rebuild(self, translations: list[str]) -> str:
@@ -162,10 +164,8 @@ async def translate_lines(document: Document, translate: Callable[[list[str]], A
     """`document` translated by `translate` (a /translate request's texts -> translations) in parts of at most
     `max_items` lines, as many of them sent together as `gate` lets in, so that the batcher can join them (files
     must not fill the queue that requests share: on an idle server a file would be refused as busy); an error of
-    a part names the file and the line instead of q[i]. No line to translate is a 422."""
+    a part names the file and the line instead of q[i]."""
     texts, numbers = document.texts()
-    if not texts:
-        raise ApiError(422, "file: no text to translate (every line is blank)", "invalid_request")
     parts = [list(range(start, min(start + max_items, len(texts)))) for start in range(0, len(texts), max_items)]
 
     async def part(indices: list[int]) -> list[str]:

@@ -174,14 +174,18 @@ class Models:
         """Which of `candidates` (two or more source languages) `texts` are in, and each text's detected language:
         the one place where routing asks the language detection to choose. One request goes to one model, so its
         texts must all be found in one language; and as for a lone model, a text found nearest a candidate but
-        clearly in another language (detect.as_source, the language identifier) is refused. A text without letters
-        (found `und`) has no say: it goes with the others, and is detected as their language with confidence 0."""
+        clearly in another language (detect.as_source, the language identifier) is refused. Texts of at least
+        detect.MIN_LETTERS letters choose, when there are any (the identifier is often unsure of a short text: `un`
+        is en as much as fr): the others go with them, as a text without letters (found `und`) always does. Each
+        text's confidence is the identifier's own probability of the language chosen, whichever other models are
+        served (as a lone model's detectedLanguage)."""
         detected = self.detect(texts, candidates)
-        found = sorted({lang for lang, _ in detected} - {identifier.UNDETERMINED}) or [identifier.UNDETERMINED]
+        letters = [sum(ch.isalpha() for ch in text) for text in texts]
+        say = [i for i, n in enumerate(letters) if n >= identifier.MIN_LETTERS] or range(len(texts))
+        found = sorted({detected[i][0] for i in say} - {identifier.UNDETERMINED}) or [identifier.UNDETERMINED]
         if found == [identifier.UNDETERMINED]:
             raise ApiError(400, "source: no text has letters to tell its language by; give source",
                            "language_required")
-        detected = [(found[0], 0.0) if lang == identifier.UNDETERMINED else (lang, p) for lang, p in detected]
         if len(found) > 1:
             raise ApiError(400, f"source: the texts were detected as {', '.join(found)}; one request is translated "
                            "by one model, so send each language apart, or give source", "language_required")
@@ -189,12 +193,13 @@ class Models:
             what = "the text was" if len(texts) == 1 else "the texts were"
             raise ApiError(400, f"source: {what} detected as {language(found[0])}, which no model here translates "
                            f"({self.pairs()}); give source", "unsupported_language")
-        for i, guess in enumerate(identifier.as_source(texts, found[0])):
+        guesses = identifier.as_source(texts, found[0])
+        for i, guess in enumerate(guesses):
             if guess.language != found[0]:
                 raise ApiError(400, f"source: {names[i] if names else f'q[{i}]'} was detected as "
                                f"{language(guess.language)}, not as a source language this request could go to "
                                f"({', '.join(candidates)}); give source", "unsupported_language")
-        return found[0], detected
+        return found[0], [(found[0], round(100 * guess.confidence, 2)) for guess in guesses]
 
     def pick(self, source: str, target: str | None) -> Served:
         """The model from `source` to `target` (None: the only target `source` has here)."""
