@@ -1,6 +1,8 @@
 """`xattn serve` through an in-process client: every endpoint, every error status, LibreTranslate's fields,
 and the batcher (concurrent requests share translate calls, each gets what translate([its text]) gives)."""
 import dataclasses
+import json
+import logging
 import math
 import threading
 import time
@@ -206,9 +208,6 @@ def test_malformed_and_oversized_bodies(client):
 
 
 def test_api_key_and_cors(numbers_model, caplog):
-    import json
-    import logging
-
     c = started(create_app(str(numbers_model), api_key="s3cret", cors_origin="http://example.org"))
     caplog.set_level(logging.INFO, logger="xattn.serve.access")
     try:
@@ -250,6 +249,16 @@ def test_a_full_attention_response_has_a_size_limit(numbers_model):
         c.__exit__(None, None, None)
 
 
+def test_a_model_directory_is_named_by_the_directory_it_stands_for(tmp_path, monkeypatch):
+    """`xattn serve .` showed the model as "" in /health, /info, and the access log."""
+    from xattn.serve.models import directory_name
+
+    (tmp_path / "de-en").mkdir()
+    monkeypatch.chdir(tmp_path / "de-en")
+    assert directory_name(".") == directory_name("./") == directory_name("../de-en") == "de-en"
+    assert directory_name("..") == tmp_path.name
+
+
 def test_no_cors_header_by_default(client):
     response = client.post("/translate", json={"q": "drei"}, headers={"Origin": "http://example.org"})
     assert "access-control-allow-origin" not in response.headers
@@ -280,8 +289,9 @@ def gated(numbers_model, monkeypatch):
     return gate
 
 
-def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_timeout(numbers_model, gated):
+def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_timeout(numbers_model, gated, caplog):
     limits = dataclasses.replace(Limits(), queue_size=1, timeout_s=0.5, batch_wait_ms=0)
+    caplog.set_level(logging.INFO, logger="xattn.serve.access")
     with TestClient(create_app(str(numbers_model), limits)) as c:
         response = c.get("/health")
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
@@ -289,6 +299,9 @@ def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_time
             {"model": "model", "source": "de", "target": "en", "status": "loading"}]}
         error(c.post("/translate", json={"q": "drei"}), 503, "the de→en model is loading", "unavailable")
         error(c.get("/info"), 503, "the de→en model is loading", "unavailable")
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+        assert [(x["route"], x["status"], x.get("error")) for x in lines] == [  # /health's line had no error
+            ("/health", 503, "unavailable"), ("/translate", 503, "unavailable"), ("/info", 503, "unavailable")]
         assert c.get("/languages").status_code == 200  # from config.yaml, before the model has loaded
         gated.load.set()
         for _ in range(200):

@@ -153,10 +153,11 @@ def add_page(app: FastAPI) -> None:
 
 def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         """200 once every model has loaded; 503 with Retry-After while one loads (or failed to), naming it."""
         body = {"models": [one.describe() for one in models.served]}
         if waiting := [one.problem() for one in models.served if one.model is None]:
+            request.scope.setdefault("xattn", {})["error"] = "unavailable"  # the access line's, as an ApiError's
             return JSONResponse({"error": "; ".join(waiting), "error_type": "unavailable", **body}, 503,
                                 headers={"Retry-After": "1"})
         return {"status": "ok", **body}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,7 +43,7 @@ class Model:
 
         self.translator = Translator.from_dir(model_dir, device=device)
         cfg = self.translator.model.cfg
-        self.name, self.data = Path(model_dir).name, self.translator.config.data
+        self.name, self.data = directory_name(model_dir), self.translator.config.data
         self.languages = (self.data.src_lang, self.data.tgt_lang)
         self.maps = sum(cfg.heads_per_layer("cross"))
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
@@ -116,7 +117,7 @@ class Served:
 
     def describe(self) -> dict:
         """The model in /health (and /info, with Model.details): directory name, languages, status."""
-        return {"model": Path(self.path).name, "source": self.source, "target": self.target, "status": self.status}
+        return {"model": directory_name(self.path), "source": self.source, "target": self.target, "status": self.status}
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,12 @@ def identified(texts: list[str], candidates: list[str]) -> list[tuple[str, float
     """Detect with the identifier of detect.py: each text's most likely language among `candidates`, with its
     confidence in percent."""
     return [(g.language, round(100 * g.confidence, 2)) for g in identifier.identify(texts, candidates)]
+
+
+def directory_name(path: str) -> str:
+    """A model directory's name as the server shows it: its last part, `.` and `..` read as the directories they
+    stand for (`xattn serve .` was named "")."""
+    return Path(os.path.abspath(path)).name
 
 
 def language(code: str) -> str:
