@@ -187,6 +187,8 @@ def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
     (["attention", "{m}", "eins", "-o", "{w}/x.html", "--grid"], "--grid applies to .png"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--grid", "--layer", "0"], "leave out --layer"),
     (["attention", "{m}", " ", "-o", "{w}/x.png"], "the sentence is empty"),
+    (["attention", "{m}", "eins", "--reference", " ", "-o", "{w}/x.png"], "--reference is empty (it has no words)"),
+    (["aer", "--gold", "{w}/empty.txt", "--hyp", "{w}/empty.txt"], "empty.txt: no lines to score"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--layer", "2"], "layer 2 is not a layer"),
     (["attention", "{m}", "eins", "-o", "{w}/x.png", "--heads", ""], "--heads: expected 'mean' or head numbers"),
     (["align", "{m}", "--pairs", "{w}/pairs.txt", "--heads", ""], "--heads: expected 'mean' or head numbers"),
@@ -226,6 +228,7 @@ def test_errors_are_one_line(work, capsys, argv, message):
     (work / "bad-pairs.txt").write_text("a ||| b\nno separator\n")
     (work / "bad-gold.txt").write_text("1-x\n\n\n\n")
     (work / "empty-gold.txt").write_text("\n\n\n\n")
+    (work / "empty.txt").write_text("")
     argv = [a.format(m=work / "model", w=work) for a in argv]
     before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
     code, out, err = run(capsys, *argv)

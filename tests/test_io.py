@@ -2,9 +2,13 @@
 import json
 import math
 import os
+import re
 from pathlib import Path
 
-from xattn.io import json_text
+import pytest
+
+from xattn.errors import XattnError
+from xattn.io import atomic_dir, atomic_write_text, json_text
 
 
 def test_json_text_writes_non_finite_numbers_as_null_and_parses_strictly():
@@ -131,10 +135,10 @@ def test_a_link_stays_a_link_and_what_is_not_a_file_is_written_into(tmp_path):
             atomic_write_text("/dev/full", "x")
         assert Path("/dev/full").is_char_device()
     (tmp_path / "file").write_text("")
-    with pytest.raises(XattnError, match=rf"^{tmp_path}/file/x.txt: cannot write \("):  # no folder there to make
+    with pytest.raises(XattnError, match=rf"^{tmp_path}/file/x.txt: {tmp_path}/file is not a directory$"):
         atomic_write_text(tmp_path / "file" / "x.txt", "x")
     (tmp_path / "to-nowhere").symlink_to(tmp_path / "file" / "x.txt")
-    with pytest.raises(XattnError, match=rf"^{tmp_path}/to-nowhere: cannot write \("):  # the name given
+    with pytest.raises(XattnError, match=rf"^{tmp_path}/to-nowhere: {tmp_path}/file is not a directory$"):  # the name
         atomic_write_text(tmp_path / "to-nowhere", "x")
 
 
@@ -160,7 +164,7 @@ def test_yaml_merge_keys_are_read_and_a_key_given_twice_is_still_refused(tmp_pat
     import pytest
 
     from xattn.errors import XattnError
-    from xattn.io import read_yaml
+    from xattn.yamlfile import read_yaml
 
     path = tmp_path / "c.yaml"
     path.write_text("base: &b {tsv: x.tsv, upsample: 2}\ncorpora:\n  - {<<: *b, upsample: 3}\n  - <<: *b\n")
@@ -168,3 +172,16 @@ def test_yaml_merge_keys_are_read_and_a_key_given_twice_is_still_refused(tmp_pat
     path.write_text("corpora:\n  - {tsv: a, tsv: b}\n")
     with pytest.raises(XattnError, match="'tsv' is given twice"):
         read_yaml(path)
+
+
+def test_an_output_inside_a_file_names_that_file(tmp_path):
+    """-o notes.txt/out.txt said `notes.txt/out.txt: cannot write (File exists)`; it names the file in the way."""
+    (tmp_path / "notes.txt").write_text("kept\n")
+    for out in (tmp_path / "notes.txt" / "out.txt", tmp_path / "notes.txt" / "deeper" / "out.txt"):
+        with pytest.raises(XattnError, match=rf"^{re.escape(str(out))}: {re.escape(str(tmp_path / 'notes.txt'))} "
+                                             "is not a directory$"):
+            atomic_write_text(out, "x")
+    with pytest.raises(XattnError, match="notes.txt is not a directory"):
+        with atomic_dir(tmp_path / "notes.txt" / "model"):
+            pass
+    assert (tmp_path / "notes.txt").read_text() == "kept\n"

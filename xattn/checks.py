@@ -215,7 +215,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 
 def _yaml_value(text: str, where: str) -> Any:
-    from xattn.io import unique_key_loader, yaml_problem
+    from xattn.yamlfile import unique_key_loader, yaml_problem
 
     try:
         return yaml.load(text, Loader=unique_key_loader())

@@ -24,7 +24,7 @@ from xattn.corpora import check as check_corpora
 from xattn.corpora import check_sources
 from xattn.errors import XattnError
 from xattn.guidance import AlignmentConfig
-from xattn.io import read_yaml
+from xattn.yamlfile import read_yaml
 from xattn.overrides import drop_retired, parse_overrides
 from xattn.parent import ParentConfig
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem

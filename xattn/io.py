@@ -36,7 +36,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
             write(path)
             return
         path = Path(os.path.realpath(path)) if path.is_symlink() else path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(path, given)
         remove_leftovers(path)
         fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     except OSError as e:
@@ -54,6 +54,14 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def make_parent(path: Path, given: Path) -> None:
+    """Create the directories `path` goes in; one of them that is a file is an error naming it (mkdir said
+    "File exists" of the output `given`)."""
+    if file := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+        raise XattnError(f"{given}: {file} is not a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def is_temporary(path: Path) -> bool:
@@ -298,7 +306,7 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         raise XattnError(f"{given}: the current directory, which cannot be replaced; name a new directory")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise XattnError(f"{given}: already exists and is not an empty directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path, given)
     remove_leftovers(path)
     tmp = _temporary(path)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -352,49 +360,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's
         return True
     return True
-
-
-def read_yaml(path: Path) -> Any:
-    """The YAML document in `path`; a missing file, non-UTF-8 bytes, bad YAML or a key given twice in one
-    mapping (YAML would keep the last silently) is a one-line XattnError naming the file and line."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise XattnError(f"{path}: {'is a directory, not a file' if path.is_dir() else 'file not found'}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise XattnError(f"{path}: line {line}: not UTF-8 text") from None
-    try:
-        return yaml.load(text, Loader=unique_key_loader())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}: line {mark.line + 1}" if mark else str(path)
-        raise XattnError(f"{where}: invalid YAML ({yaml_problem(e)})") from None
-
-
-def yaml_problem(e: Exception) -> str:
-    """What a yaml.YAMLError says is wrong, on one line."""
-    return " ".join(str(getattr(e, "problem", None) or e).split())
-
-
-def unique_key_loader():
-    """yaml.SafeLoader that refuses a mapping key given twice."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be given again here
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice",
-                                                            key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep)
-    return UniqueKeyLoader

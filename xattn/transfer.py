@@ -130,7 +130,7 @@ def check_child_file(path: Path) -> None:
     """Refuse, in a child's own config file, what check_overrides refuses as an override: the file's model and
     parent sections and a joint vocabulary would be silently replaced. A packaged preset's model section is its
     template for new models, not a wish for the child, and is left alone."""
-    from xattn.io import read_yaml
+    from xattn.yamlfile import read_yaml
     from xattn.presets import PRESET_DIR
 
     if path.resolve().parent == PRESET_DIR.resolve():

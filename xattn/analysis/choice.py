@@ -21,7 +21,8 @@ from xattn.checkpoint import weights_id
 from xattn.checks import NON_NEGATIVE, POSITIVE, Check, ConfigError, one_of, read_record, sha256_hex, validate, \
     within
 from xattn.errors import XattnError
-from xattn.io import atomic_write_text, read_yaml
+from xattn.io import atomic_write_text
+from xattn.yamlfile import read_yaml
 
 ANALYSIS = "analysis.yaml"
 SECTION = "alignment"

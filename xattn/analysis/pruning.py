@@ -52,7 +52,7 @@ class MaskFile:
 
 def read_head_mask(path: str | Path, cfg: ModelConfig) -> HeadMask:
     """The head mask in the YAML file `path` (MaskFile), checked against the model's layers and heads."""
-    from xattn.io import read_yaml
+    from xattn.yamlfile import read_yaml
 
     path = Path(path)
     record = read_record(MaskFile, read_yaml(path), str(path))

@@ -36,6 +36,8 @@ def run(args) -> int:
 
     gold_lines, hyp_lines = read_lines(args.gold), read_lines(args.hyp)
     _same_count(args.gold, len(gold_lines), args.hyp, len(hyp_lines))
+    if not gold_lines:  # (scored 100% over no sentence)
+        raise XattnError(f"{args.gold} and {args.hyp}: no lines to score")
     lengths = sentence_lengths(args, len(hyp_lines))
     golds = parse_alignments(gold_lines, args.gold, one_indexed=args.gold_one_indexed)
     if lengths is not None:  # a second pass, so that only a range error can get the hint

@@ -53,6 +53,8 @@ def run(args) -> int:
         raise XattnError("--grid applies to .png, .svg and .pdf; the .html page has a layer/head picker")
     if not split_words(args.sentence):
         raise XattnError("the sentence is empty (it has no words)")
+    if args.reference is not None and not split_words(args.reference):  # (it drew one row, for </s>)
+        raise XattnError("--reference is empty (it has no words); leave it out to draw the model's own translation")
     if args.no_links and args.kind != "cross":
         raise XattnError(f"--no-links: only cross-attention is drawn with alignment links, not --kind {args.kind}")
     if args.reference is not None:
