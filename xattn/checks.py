@@ -29,6 +29,10 @@ class ConfigError(XattnError):
         self.key, self.problem = key, problem
 
 
+class Unused(ConfigError):
+    """A setting the kind of search chosen would ignore (DecodeConfig.refuse_unused)."""
+
+
 class UnknownKey(ConfigError):
     """A key the dataclass being built does not have: "unknown config key section.name (did you mean ...)"."""
 

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import yaml
 
-from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
-    validate, within
+from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, Unused, build, device_name, nearest, \
+    one_of, validate, within
 from xattn.corpora import check as check_corpora
 from xattn.corpora import check_sources
 from xattn.errors import XattnError
@@ -325,7 +325,7 @@ class DecodeConfig:
             self.SAMPLING_ONLY | (self.WIDE_BEAM_ONLY if self.beam_size == 1 else frozenset())
         if unused := sorted(set(given) & ignored):
             key = unused[0]
-            raise ConfigError(f"decode.{key}", "applies to beam search, not to sampling (samples: decode.num_samples)"
+            raise Unused(f"decode.{key}", "applies to beam search, not to sampling (samples: decode.num_samples)"
                               if self.sampling else "applies to sampling only; set decode.sampling"
                               if key in self.SAMPLING_ONLY else "applies to beam search with decode.beam_size 2 or "
                               "more (decode.beam_size is 1: greedy search)")

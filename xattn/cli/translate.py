@@ -74,6 +74,7 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
 
 def decode_config(args, base):
     """The model directory's DecodeConfig with the command line's choices on top; errors name the flags."""
+    from xattn.checks import Unused
     from xattn.config import ConfigError, DecodeConfig, build
 
     changes = {field: getattr(args, flag[2:].replace("-", "_"), None) for flag, (field, _, _) in DECODE_FLAGS.items()}
@@ -94,7 +95,7 @@ def decode_config(args, base):
         problem = e.problem
         for key, flag in sorted(flags.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
             problem = problem.replace(key, flag)
-        if base.sampling and args.sample is None and "not to sampling" in problem:
+        if isinstance(e, Unused) and base.sampling and args.sample is None:  # a beam flag for a model that samples
             problem += "; this model's decode settings sample: --no-sample searches"
         raise XattnError(f"{flags[e.key]}: {problem}") from None
 
