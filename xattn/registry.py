@@ -34,3 +34,5 @@ NORMS = ("post", "pre")
 """Where the LayerNorm sits (xattn.model.NORMS builds them): after the residual (Vaswani et al.) or before."""
 POSITIONS = ("sinusoidal", "learned")
 """Position encodings (xattn.model.POSITIONS builds them)."""
+IMPORTANCE_METHODS = ("gradient", "confidence")
+"""How `xattn heads importance` scores heads (xattn.analysis.importance)."""

@@ -20,9 +20,9 @@ from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha25
 from xattn.errors import XattnError
 from xattn.io import read_lines
 from xattn.model import Transformer
-from xattn.registry import PLACES
+from xattn.registry import IMPORTANCE_METHODS, PLACES
 
-METHODS = ("gradient", "confidence")
+METHODS = IMPORTANCE_METHODS
 IMPORTANCE_FILE = "head_importance.tsv"
 """Where `xattn heads importance` saves its table in the model directory, and `xattn prune` looks for it."""
 

@@ -8,7 +8,7 @@ from xattn.errors import XattnError
 
 
 def register(sub) -> None:
-    from xattn.transfer import STRATEGIES
+    from xattn.strategies import STRATEGIES
 
     p = add_verb(sub, "finetune", "Fine-tune a parent model for a pair where one language changes: the changed "
                  "side gets a new vocabulary and fresh embeddings, the other keeps the parent's. Strategies "

@@ -4,12 +4,12 @@ from __future__ import annotations
 import sys
 
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
-from xattn.analysis.importance import METHODS as IMPORTANCE_METHODS
 from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, device_of, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import json_text, read_lines
+from xattn.registry import IMPORTANCE_METHODS
 from xattn.words import split_words
 
 
