@@ -386,16 +386,16 @@ def test_a_text_longer_than_learned_positions_is_413():
 
 
 def test_the_full_attention_limit_counts_the_target_positions_the_search_allows():
-    """A text of 10 tokens and </s>, with max_len_a 3: the search may give floor(3 * 11) = 33 target positions,
-    so full attention holds up to 33 x 11 = 363 values per map. The limit counted 3 * 10 + 1 = 31 (341 values) and
-    let such answers past a limit of 350."""
+    """A text of 10 tokens and </s>, with max_len_a 3: the search may give floor(3 * 11) = 33 tokens and </s>, so
+    full attention holds up to 34 x 11 = 374 values per map. The limit counted 3 * 10 + 1 = 31 rows (341 values)
+    and let such answers past a limit of 350."""
     from xattn.serve.api import parse_request, plan
     from xattn.serve.limits import ApiError
 
     cfg, request = xattn.DecodeConfig(max_len_a=3, max_len_b=0), parse_request({"q": "x", "attention": "full"})
-    with pytest.raises(ApiError, match="could hold up to 363 values, over the limit of 362"):
-        plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=362), lambda t: [10], 1)
-    plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=363), lambda t: [10], 1)
+    with pytest.raises(ApiError, match="could hold up to 374 values, over the limit of 373"):
+        plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=373), lambda t: [10], 1)
+    plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=374), lambda t: [10], 1)
 
 
 def test_multipart_forms_and_a_lowercase_bearer(numbers_model):

@@ -420,7 +420,7 @@ def test_a_text_too_long_for_each_heads_map_shows_the_mean_and_keeps_the_head(op
 
     def full(text: str) -> float:  # the values full attention could hold, as the server bounds them up front
         n = len(post(server, {"q": text})[1]["results"][0]["source_tokens"]) - 1
-        return int(a * (n + 1) + b) * (n + 1) * maps  # (DecodeConfig.max_output_tokens: target positions)
+        return (int(a * (n + 1) + b) + 1) * (n + 1) * maps  # (DecodeConfig.max_output_tokens, and </s>)
 
     short, long = "drei", "sieben hundert drei"
     assert full(short) < full(long)

@@ -291,8 +291,8 @@ class DecodeConfig:
         return self.num_samples if self.sampling else self.beam_size
 
     def max_output_tokens(self, src_len: int) -> int:
-        """floor(max_len_a * src_len + max_len_b): the most tokens (EOS counted) a search may give a source of
-        `src_len` tokens (EOS counted); the one rule of the search (max_lengths) and the server's limits."""
+        """floor(max_len_a * src_len + max_len_b): the most tokens a search may give before its EOS, for a source
+        of `src_len` tokens (its EOS counted); the one rule of the search (max_lengths) and the server's limits."""
         return int(self.max_len_a * src_len + self.max_len_b)  # (int is floor: both are checked non-negative)
 
     as_dict = _as_dict

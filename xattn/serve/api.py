@@ -223,7 +223,8 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
                        "attention to read", "invalid_request")
     if req.attention == "full":
-        values = sum(decode.max_output_tokens(n + 1) * (n + 1) for n in counts) * maps  # target x source positions
+        rows = [decode.max_output_tokens(n + 1) + 1 for n in counts]  # target positions, </s> included
+        values = sum(r * (n + 1) for r, n in zip(rows, counts)) * maps
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
@@ -284,7 +285,7 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
     can ask of the model, however its settings combine); each text's maximum output tokens within the limit; and a
     minimum length its maximum cannot reach."""
-    most = [cfg.max_output_tokens(n + 1) for n in counts]  # tokens counted with EOS, as the search counts them
+    most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
         i = max(over, key=lambda i: most[i])
         raise ApiError(422, f"max_len_b: max_len_a * {counts[i] + 1} source tokens (q[{i}] and </s>) + max_len_b "
