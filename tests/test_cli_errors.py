@@ -527,7 +527,7 @@ def test_lines_split_at_newline_only(space, monkeypatch, capsys):
 def test_python_api_refuses_text_that_is_not_a_list_of_valid_strings(space):
     import xattn
     translator = xattn.load(space / "model", device="cpu")
-    for texts, message in ((["ein\ud800s"], "text 1: not valid Unicode"), (["eins", None], "text 2: expected a string"),
+    for texts, message in ((["ein\ud800s"], r"texts\[0\]: not valid Unicode"), (["eins", None], r"texts\[1\]: expected a string"),
                            ("eins", "got one string")):
         with pytest.raises(xattn.XattnError, match=message):
             translator.translate(texts)
@@ -595,10 +595,17 @@ def test_a_closed_or_full_standard_stream_is_one_line_and_exit_2(stream, message
 
 def test_python_api_names_its_own_parameters(space):
     import xattn
+    from xattn.analysis import teacher_forced
 
     translator = xattn.load(space / "model")
     for call, message in ((lambda: translator.translate(["eins"], {"beam_size": 2}), "cfg: a DecodeConfig, got dict"),
-                          (lambda: translator.translate(["eins"], prefixes=[None]), "prefixes: prefix 1: expected a"),
+                          (lambda: translator.translate(["eins"], prefixes=[None]), r"prefixes\[0\]: expected a string"),
+                          (lambda: translator.translate(["eins"], prefixes=["ein\0s"]), r"prefixes\[0\]: holds a NUL"),
+                          (lambda: translator.translate({"eins": 1}), "texts: a list of strings, got dict"),
+                          (lambda: translator.translate(None), "texts: a list of strings, got NoneType"),
+                          (lambda: translator.translate(t for t in ["eins"]), "texts: a list of strings, got generator"),
+                          (lambda: teacher_forced(translator, "eins", "ones"), "sources: a list of source sentences"),
+                          (lambda: teacher_forced(translator, ["eins"], [None]), r"targets\[0\]: expected a string"),
                           (lambda: translator.translate(["eins"], return_attention=True, attention_heads=(0, ())),
                            "attention_heads: no heads given"),
                           (lambda: translator.translate(["eins"], xattn.DecodeConfig(min_len=40, max_len_b=20)),
@@ -700,3 +707,18 @@ def test_a_validation_pair_too_long_for_learned_positions_is_named_before_traini
                              "--out", str(tmp_path / "out")], b"", monkeypatch, capsys)
     assert code == 2 and "numbers de-en val: line " in err and "do not fit model.max_positions=20" in err, err
     assert not (tmp_path / "out" / "train_state").exists()
+
+
+def test_a_translator_keeps_a_copy_of_its_head_mask(space):
+    """The mask was kept by reference: a tensor changed after the check (NaN, a factor of 5) was used unchecked."""
+    import torch
+
+    import xattn
+
+    translator = xattn.load(space / "model")
+    plain = translator.translate(["eins"], xattn.DecodeConfig(beam_size=1))[0]
+    factors = torch.ones(translator.model.cfg.n_heads)
+    translator.head_mask = {"cross": [factors] * translator.model.cfg.n_decoder_layers}
+    factors.fill_(float("nan"))
+    masked = translator.translate(["eins"], xattn.DecodeConfig(beam_size=1))[0]
+    assert (masked.text, masked.score) == (plain.text, plain.score)

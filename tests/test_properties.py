@@ -126,7 +126,7 @@ def test_python_api_text_gives_a_result_per_text_or_an_error(translator, texts):
         results = translator.translate(texts, xattn.DecodeConfig(beam_size=2))
     except xattn.XattnError as e:  # the first text that is no valid Unicode or holds a NUL, named
         first = next(i for i, t in enumerate(texts) if "\0" in t or any(0xD800 <= ord(c) <= 0xDFFF for c in t))
-        assert str(e).startswith(f"text {first + 1}: ")
+        assert str(e).startswith(f"texts[{first}]: ")
         assert "not valid Unicode" in str(e) or "holds a NUL character" in str(e)
         return
     assert len(results) == len(texts)

@@ -22,7 +22,7 @@ class WordTokenizer:
     def encode(self, text: str) -> list[int]:
         return [WORDS.index(w) if w in WORDS else self.unk_id for w in text.split()]
 
-    def encode_batch(self, texts) -> list[list[int]]:
+    def encode_batch(self, texts, name: str = "texts") -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
     def decode(self, ids) -> str:

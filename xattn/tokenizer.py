@@ -19,7 +19,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from xattn.errors import XattnError
+from xattn.errors import ItemError, XattnError
 from xattn.io import atomic_write_bytes, read_json, sha256_file
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -101,11 +101,12 @@ class Tokenizer:
         """One sentence -> token ids (L,), no bos/eos."""
         return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """N sentences -> N lists of token ids, no bos/eos; text that is not a valid string is an XattnError."""
+    def encode_batch(self, texts: Sequence[str], name: str = "texts") -> list[list[int]]:
+        """N sentences -> N lists of token ids, no bos/eos; a text that is not a valid string is an ItemError naming
+        it as `name`[i]."""
         texts = list(texts)
         if not all(isinstance(text, str) and "\0" not in text for text in texts):  # one pass over the texts
-            _check_texts(texts)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
+            _check_texts(texts, name)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
         out_type = str if self._ids is not None else int
         try:
             if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH)
@@ -113,7 +114,7 @@ class Tokenizer:
             else:
                 encoded = self._sp.encode(texts, out_type=out_type)
         except (RuntimeError, TypeError):
-            _check_texts(texts)
+            _check_texts(texts, name)
             raise
         return [self._to_ids(pieces) for pieces in encoded] if self._ids is not None else encoded
 
@@ -138,19 +139,19 @@ class Tokenizer:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
-def _check_texts(texts: Sequence[object]) -> None:
-    """Raise an XattnError naming the first text that is not a string of valid Unicode without NUL characters (as the
-    command line and the server refuse them: binary data, or UTF-16 text read as UTF-8)."""
-    for number, text in enumerate(texts, start=1):
+def _check_texts(texts: Sequence[object], name: str) -> None:
+    """Raise an ItemError naming (`name`[i]) the first text that is not a string of valid Unicode without NUL
+    characters (as the command line and the server refuse them: binary data, or UTF-16 text read as UTF-8)."""
+    for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise XattnError(f"text {number}: expected a string, got {type(text).__name__}")
+            raise ItemError(name, i, f"expected a string, got {type(text).__name__}")
         if (at := text.find("\0")) >= 0:
-            raise XattnError(f"text {number}: holds a NUL character (at character {at + 1}): binary data, or UTF-16 "
-                             "text read as UTF-8; give text")
+            raise ItemError(name, i, f"holds a NUL character (at character {at + 1}): binary data, or UTF-16 text read "
+                            "as UTF-8; give text")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise XattnError(f"text {number}: not valid Unicode ({e.reason} at character {e.start + 1})") from None
+            raise ItemError(name, i, f"not valid Unicode ({e.reason} at character {e.start + 1})") from None
 
 
 def read_vocab(path: Path) -> dict[str, int]:

@@ -41,6 +41,19 @@ class Translation:
     #   the order drawn (the first is the translation)
 
 
+def text_list(name: str, value: object, one_string: str) -> list[str]:
+    """`value`, a list or tuple of strings, as a list; anything else is a ParameterError naming `name` (`one_string`:
+    what a lone string gets), not a mapping's keys or a string's characters read as texts, and an item that is not
+    a string an ItemError naming it (`name`[i]). The tokenizer checks what is in each string."""
+    if isinstance(value, str):
+        raise ParameterError(name, one_string)
+    if not isinstance(value, (list, tuple)):
+        raise ParameterError(name, f"a list of strings, got {type(value).__name__}")
+    if (bad := next((i for i, text in enumerate(value) if not isinstance(text, str)), None)) is not None:
+        raise ItemError(name, bad, f"expected a string, got {type(value[bad]).__name__}")
+    return list(value)
+
+
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
     """N id lists -> (N, max length) int64, right-padded with pad_id."""
     out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
@@ -104,9 +117,11 @@ class Translator:
     @head_mask.setter
     def head_mask(self, mask: HeadMask | None) -> None:
         try:
-            self._head_mask = self.model.check_head_mask(mask, unit=True)
+            mask = self.model.check_head_mask(mask, unit=True)
         except ValueError as e:
             raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
+        self._head_mask = None if mask is None else {  # a copy: the caller's tensors may change after the check
+            place: [None if f is None else f.detach().clone() for f in layers] for place, layers in mask.items()}
 
     @property
     def decode_config(self) -> DecodeConfig:
@@ -160,8 +175,7 @@ class Translator:
                         generator: torch.Generator | None = None) -> Steps[list[Translation]]:
         """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
         (the server); the arguments are checked and the texts tokenized at the call."""
-        if isinstance(texts, str):
-            raise XattnError("translate() takes a list of sentences, got one string; pass [text]")
+        texts = text_list("texts", texts, "translate() takes a list of sentences, got one string; pass [text]")
         cfg = self.decode_config if cfg is None else cfg
         if not isinstance(cfg, DecodeConfig):
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__} (DecodeConfig(**settings) makes one)")
@@ -171,8 +185,8 @@ class Translator:
                                  "cross-attention returned)")
         if attention_from not in ("search", "rescore"):
             raise ParameterError("attention_from", f"'search' or 'rescore', got {attention_from!r}")
-        if isinstance(prefixes, str):
-            raise ParameterError("prefixes", "a list of one prefix per text (\"\" for none), got one string")
+        if prefixes is not None:
+            prefixes = text_list("prefixes", prefixes, "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):
             raise ParameterError("prefixes", f"{len(prefixes)} prefixes for {len(texts)} texts; give one per text")
         eos, mc = self.model.cfg.eos_id, self.model.cfg
@@ -180,11 +194,7 @@ class Translator:
         if (long := mc.beyond_positions(ids)) is not None:  # named here, not in a batch's encoder
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
-        if prefixes is not None and (bad := next((i for i, p in enumerate(prefixes) if not isinstance(p, str)), None)) \
-                is not None:
-            raise ParameterError("prefixes", f"prefix {bad + 1}: expected a string (\"\" for none), got "
-                                 f"{type(prefixes[bad]).__name__}")
-        forced = self.tokenizers.tgt.encode_batch(prefixes) if prefixes is not None else None
+        forced = self.tokenizers.tgt.encode_batch(prefixes, "prefixes") if prefixes is not None else None
         if attention_heads is not None and (not isinstance(attention_heads, (tuple, list))
                                             or len(attention_heads) != 2):
             raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")
