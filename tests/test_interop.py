@@ -203,6 +203,31 @@ def test_import_refuses_a_weights_file_that_lacks_a_tensor(exported, tmp_path):
     assert not (tmp_path / "back").exists()
 
 
+def test_import_names_a_damaged_weights_file_and_a_config_that_does_not_fit_it(exported, tmp_path):
+    """A weights file cut in half (a download cut short) ended in a traceback; a config.json whose d_model does not
+    fit the weights gave 'look at the above report', which was never printed."""
+    import json
+    import shutil
+
+    from xattn.interop.marian import import_marian
+
+    _, hf_dir = exported
+    cut, wide = tmp_path / "cut", tmp_path / "wide"
+    for copy in (cut, wide):
+        shutil.copytree(hf_dir, copy)
+        (copy / "xattn_config.yaml").unlink(missing_ok=True)
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(XattnError, match=r"cut: the weights file is damaged or incomplete \("):
+        import_marian(cut, tmp_path / "back")
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps(config | {"d_model": 2 * config["d_model"]}))
+    with pytest.raises(XattnError, match=r"wide: config.json does not fit the weights: \S+ is \([\d, ]+\) in the "
+                                         r"weights file, \([\d, ]+\) by config.json$"):
+        import_marian(wide, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
+
+
 def test_export_refuses_unsupported_models(tmp_path):
     for key, value in (("norm", "pre"), ("positions", "learned"), ("score", "dot")):
         cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=1,

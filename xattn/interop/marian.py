@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 
 from xattn.attention import MultiHeadAttention, ScaledDotScore
@@ -291,9 +292,15 @@ def load_hf(hf_dir: str | Path):
     check_importable(_read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
     try:  # float32 at load: opus-mt weights are float16, and so would be the position tables transformers builds
         model, info = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32, local_files_only=True,
-                                                                 output_loading_info=True)
+                                                                 output_loading_info=True, ignore_mismatched_sizes=True)
+    except SafetensorError as e:  # a download cut short, say
+        raise XattnError(f"{hf_dir}: the weights file is damaged or incomplete ({str(e).splitlines()[0]})") from None
     except (OSError, ValueError, RuntimeError) as e:
         raise XattnError(f"{hf_dir}: cannot load the Marian model ({str(e).splitlines()[0]})") from None
+    if mismatched := sorted(info.get("mismatched_keys", []), key=str):  # (reported here, not by transformers' log)
+        key, *shapes = mismatched[0] if isinstance(mismatched[0], tuple) else (mismatched[0],)
+        sizes = f" is {tuple(shapes[0])} in the weights file, {tuple(shapes[1])} by config.json" if len(shapes) == 2 else ""
+        raise XattnError(f"{hf_dir}: config.json does not fit the weights: {key}{sizes}")
     # transformers fills a tensor the file lacks with random numbers (and builds the sinusoidal position tables)
     if missing := sorted(k for k in info.get("missing_keys", []) if not k.endswith("embed_positions.weight")):
         raise XattnError(f"{hf_dir}: the weights file lacks {len(missing)} tensor(s) the model needs, e.g. {missing[0]} "
