@@ -11,6 +11,7 @@ from xattn.corpus import prepare_corpus
 from xattn.data.prepare import prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.errors import XattnError
+from xattn.io import read_lines
 
 NUMBERS = DataConfig(dataset="numbers", numbers_size=2000, vocab_size=120, max_ratio=10.0)
 
@@ -247,6 +248,28 @@ def test_a_nul_in_a_corpus_is_refused_with_its_line_as_everywhere(tmp_path):
     cfg = DataConfig(dataset=None, train_src=str(tmp_path / "u.de"), train_tgt=str(tmp_path / "u.en"), vocab_size=20)
     with pytest.raises(XattnError, match=r"u.de: line 1: holds a NUL byte"):
         prepare(cfg, tmp_path / "out", workers=1)
+
+
+def test_a_corpus_another_compressor_made_is_named_and_gzip_is_read_whatever_its_name(tmp_path):
+    """An .xz or .bz2 corpus was read as text with NUL bytes ('holds a NUL byte ... iconv -f UTF-16'); gzip data
+    without a .gz name was read the same way."""
+    import bz2
+    import lzma
+
+    text = "eins\nzwei\ndrei\n".encode()
+    (tmp_path / "u.en").write_text("one\ntwo\nthree\n")
+    for name, data, message in (("u.de.xz", lzma.compress(text), "xz-compressed"),
+                                ("u.de.bz2", bz2.compress(text), "bzip2-compressed")):
+        (tmp_path / name).write_bytes(data)
+        cfg = DataConfig(dataset=None, train_src=str(tmp_path / name), train_tgt=str(tmp_path / "u.en"), vocab_size=20)
+        with pytest.raises(XattnError, match=rf"{name}: {message}, which xattn does not read; decompress it"):
+            prepare(cfg, tmp_path / "out", workers=1)
+    (tmp_path / "u.de.data").write_bytes(gzip.compress(text))
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "u.de.data"), train_tgt=str(tmp_path / "u.en"),
+                     vocab_size=20)
+    assert prepare(cfg, tmp_path / "gz", workers=1)["pairs"] == 3
+    (tmp_path / "bzh.txt").write_text("BZh is where it starts\n")  # text, however it begins
+    assert read_lines(tmp_path / "bzh.txt") == ["BZh is where it starts"]
 
 
 def test_a_tsv_line_with_an_empty_target_is_an_empty_pair_as_one_with_an_empty_source(tmp_path):

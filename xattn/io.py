@@ -105,6 +105,27 @@ def read_lines(path: str | Path | None) -> list[str]:
     return [line for chunk in read_line_chunks(path) for line in chunk]
 
 
+COMPRESSED = {b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
+"""The first bytes of what other compressors write (bzip2's are checked apart: they begin as text could)."""
+
+
+def open_input(path: str | Path):
+    """A file of text to read as bytes: gzip data decompressed (by its first bytes, whatever its name, or by a .gz
+    name where it cannot be peeked at: a pipe); another compressor's data is an error naming it, where it would be
+    read as text of NUL bytes."""
+    if not os.path.isfile(path):
+        return (gzip.open if str(path).endswith(".gz") else open)(path, "rb")
+    with open(path, "rb") as f:
+        head = f.read(10)
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.open(path, "rb")
+    kind = "bzip2" if re.fullmatch(rb"BZh[1-9]1AY&SY", head) else \
+        next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+    if kind is not None:
+        raise XattnError(f"{path}: {kind}-compressed, which xattn does not read; decompress it, or compress it with gzip")
+    return open(path, "rb")
+
+
 CHUNK_LINES = 10_000
 """Lines of a file that translate -i and evaluate read, translate and write at a time: bounded memory."""
 
@@ -120,7 +141,7 @@ def read_line_chunks(path: str | Path | None, size: int | None = None, block: in
     if path.is_dir():
         raise XattnError(f"{path}: is a directory, not a text file")
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        with open_input(path) as f:
             yield from _line_chunks(f, str(path), size, block)
     except FileNotFoundError:
         raise XattnError(f"{path}: no such file") from None
@@ -134,7 +155,7 @@ def count_lines(path: str | Path) -> int:
         raise ValueError("stdin cannot be counted before it is read")
     count, last = 0, b"\n"
     try:
-        with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:
+        with open_input(path) as f:
             while block := f.read(1 << 20):
                 count, last = count + block.count(b"\n"), block[-1:]
     except FileNotFoundError:

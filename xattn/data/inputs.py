@@ -15,7 +15,7 @@ from xattn import corpora
 from xattn.config import DataConfig
 from xattn.data.text import Pair
 from xattn.errors import XattnError
-from xattn.io import decode_line
+from xattn.io import decode_line, open_input
 
 BLOCK = 1 << 20
 """Bytes read from an input file at a time."""
@@ -96,15 +96,13 @@ class Inputs:
         """The lines of a plain or `.gz` file (config key `key`), trailing whitespace stripped, read a block at
         a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
         file's size and time. The rules and messages are xattn.io.read_lines'."""
-        import gzip
-
         if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, a device
             raise XattnError(f"data.{key.replace('.train_', '.')}: {path} is not a regular file; a corpus is read "
                              "twice (counted, then encoded), so give a file (for a pipe or <(...), save its lines to "
                              "one first)")
-        digest, opener, number, rest = hashlib.sha256(), gzip.open if str(path).endswith(".gz") else open, 0, b""
+        digest, number, rest = hashlib.sha256(), 0, b""
         try:
-            with opener(path, "rb") as f:
+            with open_input(path) as f:
                 while block := f.read(BLOCK):
                     digest.update(block)
                     block, cut = rest + block, block.rfind(b"\n") + len(rest) + 1

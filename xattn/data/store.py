@@ -8,7 +8,6 @@ inherited tokenizers, so finding it reads no corpus. Every process then maps the
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import shutil
@@ -21,7 +20,7 @@ from xattn.data.prepare import SETTINGS, prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.distributed import Context
 from xattn.errors import XattnError
-from xattn.io import json_text, sha256_file
+from xattn.io import json_text, open_input, sha256_file
 
 SHAPING = ("vocab_size", "joint_vocab", "max_len", "max_ratio", "spm_sample", "dedup", "train_subset", "subset_seed")
 """Settings a prepared directory must share with the config that trains on it, whatever names its inputs."""
@@ -147,7 +146,7 @@ def same_file(path: str, record: dict) -> bool:
     if now == {"bytes": record.get("bytes"), "mtime_ns": record.get("mtime_ns")}:
         return True
     digest = hashlib.sha256()
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
+    with open_input(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest() == record.get("sha256")
