@@ -101,6 +101,15 @@ def test_the_corpora_are_prepared_one_after_another_and_the_weights_prepare_noth
     assert cache_key(load_config(None, swapped).data, {}) != cache_key(cfg.data, {})
 
 
+def test_preparing_refuses_a_weighted_corpus_that_cleaning_empties(two_corpora, tmp_path):
+    """`prepare` wrote such a directory, and only training refused it (after an hour's preparing, on a large one)."""
+    blank = write(tmp_path, "blank.tsv", ["drei\t", "\tthree"])  # a side of no text in every pair: all dropped
+    emptied = [*two_corpora[:-1], f"data.corpora=[{{tsv: {blank}, weight: 2}}]", "data.weight=1"]
+    with pytest.raises(ConfigError, match=r"^data.corpora\[0\]: no pair of this corpus is left after cleaning"):
+        prepare(load_config(None, emptied).data, tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists()
+
+
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
         "model.d_ff=32", "model.share_embeddings=true", "model.tie_output=true", "train.max_tokens=150",
         "train.warmup=5", "train.lr=0.003", "train.amp=none", "train.eval_every=4", "train.eval_bleu_sentences=4",

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from xattn.config import DataConfig
+from xattn.corpora import mixture
 from xattn.data.inputs import Inputs, Row, parts
 from xattn.data.prepared import Flat, fill, prepared_dir
 from xattn.data.text import FilterStats, Pair
@@ -151,6 +152,8 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
         if stats.kept == 0:
             raise XattnError(f"{where}: no training pairs left after cleaning (sides of no piece, data.max_len, "
                              "data.max_ratio)")
+        if len(kept) > 1:  # a weighted corpus that cleaning emptied is refused now, not when training starts
+            mixture(cfg, kept)
     return manifest
 
 
