@@ -170,8 +170,8 @@ CASES = {
     "prepare a TSV beside src and tgt files": (["prepare", "numbers-de-en", "data.dataset=null",
                                                 "data.train_src={space}/src.txt", "data.train_tgt={space}/good.txt",
                                                 "data.train_tsv={space}/src.txt", "--out", "{space}/new-prepared"],
-                                               "data.train_tsv: and data.train_src + data.train_tgt both name the "
-                                               "training pairs; give one"),
+                                               "data.train_tsv: names the training pairs, and so do data.train_src "
+                                               "and data.train_tgt; give one"),
     "prepare numbers with a data_dir override": (["prepare", "numbers-de-en", "data.data_dir={space}", "--out",
                                                   "{space}/new-prepared"],
                                                  "data.data_dir: only Multi30k is read from a folder; this data is "

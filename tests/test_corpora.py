@@ -27,7 +27,11 @@ def test_the_entries_are_checked_like_config_keys():
             (["data.corpora=[{src: a, tgt: b, tsv: c}]"], r"data.corpora\[0\].src: give src and tgt"),
             (["data.corpora=[{tsv: a, upsample: 0}]"], r"data.corpora\[0\].upsample: must be > 0"),
             (["data.corpora=[a.tsv]"], r"data.corpora\[0\]: expected a mapping"),
-            (["data.corpora=[{tsv: a, upsample: 2}]", "data.weight=1"], "data.corpora: mixes upsample and weight"),
+            (["data.corpora=[{tsv: a, upsample: 2}]", "data.weight=1"], r"data.corpora\[0\]: mixes upsample and weight"),
+            (["data.corpora=[{tsv: a, weight: 1, upsample: 2}]"], r"data.corpora\[0\]: mixes upsample and weight"),
+            (["data.corpora=[{tsv: a, weight: 1}, {tsv: b, upsample: 2}]"],
+             r"data.corpora\[1\]: mixes upsample and weight"),
+            (["data.corpora=[{tsv: a}]", "data.weight=1", "data.upsample=2"], r"data.weight: mixes upsample and weight"),
             (["data.upsample=2"], "data.upsample: weighs the training corpus against those of data.corpora"),
             (["data.corpora={tsv: a}"], "data.corpora: expected list")):
         with pytest.raises(xattn.XattnError, match=message):

@@ -66,8 +66,8 @@ def check_sources(data) -> None:
                           "which would be read instead; set data.dataset=null to train on your files")
     for prefix in ("train", "valid"):
         if getattr(data, f"{prefix}_tsv") and getattr(data, f"{prefix}_src"):  # the TSV would silently win
-            raise ConfigError(f"data.{prefix}_tsv", f"and data.{prefix}_src + data.{prefix}_tgt both name the "
-                              f"{'training' if prefix == 'train' else 'validation'} pairs; give one")
+            raise ConfigError(f"data.{prefix}_tsv", f"names the {'training' if prefix == 'train' else 'validation'} "
+                              f"pairs, and so do data.{prefix}_src and data.{prefix}_tgt; give one")
     if data.data_dir is not None and data.dataset != "multi30k":
         raise ConfigError("data.data_dir", "only Multi30k is read from a folder; this data is "
                           f"{data.dataset or 'the files the config names'}")
@@ -75,12 +75,13 @@ def check_sources(data) -> None:
 
 def check(data) -> None:
     """The rules data.corpora, data.upsample and data.weight of DataConfig `data` follow (see the module)."""
-    entries = specs(data.corpora)
-    kinds = {kind for kind in KINDS if getattr(data, kind) is not None} | \
-        {kind for spec in entries for kind in KINDS if getattr(spec, kind) is not None}
-    if len(kinds) > 1:
-        raise ConfigError("data.corpora", "mixes upsample and weight; give every corpus one kind (data.upsample or "
-                          "data.weight for the first)")
+    entries, seen = specs(data.corpora), set()
+    for name, holder in [("data", data), *((f"data.corpora[{i}]", spec) for i, spec in enumerate(entries))]:
+        kinds = {kind for kind in KINDS if getattr(holder, kind) is not None}
+        if len(kinds) > 1 or kinds and seen and kinds != seen:  # named: the first corpus that mixes them
+            raise ConfigError("data.weight" if name == "data" else name, "mixes upsample and weight; give every corpus "
+                              "one kind (data.upsample or data.weight for the first)")
+        seen = seen or kinds
     for kind in KINDS:
         if getattr(data, kind) is not None and not entries:
             raise ConfigError(f"data.{kind}", "weighs the training corpus against those of data.corpora, which lists "
