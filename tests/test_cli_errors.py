@@ -722,3 +722,26 @@ def test_a_translator_keeps_a_copy_of_its_head_mask(space):
     factors.fill_(float("nan"))
     masked = translator.translate(["eins"], xattn.DecodeConfig(beam_size=1))[0]
     assert (masked.text, masked.score) == (plain.text, plain.score)
+
+
+def test_loading_and_the_search_name_their_parameters(space):
+    """xattn.load(None) and compile="yes" (a TypeError, and accepted as True), a search given a head mask of NaN
+    (NaN scores, no error) or of the wrong size (a RuntimeError from inside torch)."""
+    import torch
+
+    import xattn
+    from xattn.decoding import search
+    from xattn.errors import ParameterError
+
+    for call, message in ((lambda: xattn.load(None), "path: a model directory"),
+                          (lambda: xattn.load(3), "path: a model directory"),
+                          (lambda: xattn.load(space / "model", compile="yes"), "compile: True or False, got 'yes'")):
+        with pytest.raises(ParameterError, match=message):
+            call()
+    model = xattn.load(space / "model", quantize="int8").model
+    heads, layers = model.cfg.n_heads, model.cfg.n_decoder_layers
+    src = torch.tensor([[5, 6, model.cfg.eos_id]])
+    for mask, message in (({"cross": [torch.full((heads,), float("nan"))] * layers}, "factors must be finite"),
+                          ({"cross": [torch.ones(heads + 1)] * layers}, "head_mask: ")):
+        with pytest.raises(ParameterError, match=message):
+            search(model, src, xattn.DecodeConfig(beam_size=2), head_mask=mask)

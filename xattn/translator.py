@@ -136,6 +136,10 @@ class Translator:
         Decoding runs on a copy with packed float32 linear layers (CPU); `quantize="int8"`: dynamic int8
         linear layers instead (CPU only); `compile`: torch.compile the decoder step. `model` stays plain.
         """
+        if not isinstance(path, (str, Path)):
+            raise ParameterError("path", f"a model directory (a str or Path), got {type(path).__name__}")
+        if not isinstance(compile, bool):
+            raise ParameterError("compile", f"True or False, got {compile!r}")
         speedups = Speedups(quantize=quantize, compile=compile)
         device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
@@ -338,6 +342,7 @@ class Options:
     tracked: Tracked | None = None  # keep only the mean of these heads of one layer
 
 
-def load(path: str | Path, device: str | torch.device | None = None) -> Translator:
-    """A Translator for the model directory at `path` (exported as `xattn.load`)."""
-    return Translator.from_dir(path, device)
+def load(path: str | Path, device: str | torch.device | None = None, quantize: str | None = None,
+         compile: bool = False) -> Translator:
+    """A Translator for the model directory at `path` (exported as `xattn.load`): Translator.from_dir."""
+    return Translator.from_dir(path, device, quantize, compile)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig
+from xattn.errors import ParameterError
 from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
 from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, finish, gnmt_penalty, hypothesis, make_step,
@@ -64,6 +65,11 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
     It is the attention a teacher-forced pass over the hypothesis gives (up to float rounding): each step's
     attention depends only on the tokens before it, which the hypothesis keeps.
     """
+    if head_mask is not None:  # checked once here (Transformer.encode and decode leave it to their callers)
+        try:
+            model.check_head_mask(head_mask)
+        except ValueError as e:
+            raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
     if src.shape[0] == 0:
         return done([])
     max_len = max_lengths(src, cfg, model.cfg, prefix)
