@@ -745,3 +745,29 @@ def test_loading_and_the_search_name_their_parameters(space):
                           ({"cross": [torch.ones(heads + 1)] * layers}, "head_mask: ")):
         with pytest.raises(ParameterError, match=message):
             search(model, src, xattn.DecodeConfig(beam_size=2), head_mask=mask)
+
+
+def test_a_translation_stream_names_its_parameters(space):
+    """Duplicate tags (a KeyError at a later step), fewer tags than texts (an IndexError later), one string (read
+    character by character), no texts (a ValueError) and a beam (a ValueError) were raw errors."""
+    import xattn
+    from xattn.errors import ParameterError
+
+    translator = xattn.load(space / "model")
+    with pytest.raises(ParameterError, match="cfg: a stream runs plain greedy search"):
+        translator.stream(xattn.DecodeConfig(beam_size=5))
+    stream = translator.stream(xattn.DecodeConfig(beam_size=1))
+    for texts, tags, message in ((["eins", "zwei"], ["x", "x"], "tags: a tag given twice"),
+                                 (["eins", "zwei"], ["x"], "tags: 1 tags for 2 texts"),
+                                 ("eins", ["x"], "texts: a list of sentences, got one string")):
+        with pytest.raises(ParameterError, match=message):
+            stream.add(texts, tags)
+    stream.add([], [])
+    stream.add(["eins"], ["a"])
+    with pytest.raises(ParameterError, match="one of a sentence still in the stream"):
+        stream.add(["zwei"], ["a"])
+    done = []
+    while len(stream):
+        done += stream.step()
+    assert [tag for tag, _ in done] == ["a"]
+    assert done[0][1].text == translator.translate(["eins"], xattn.DecodeConfig(beam_size=1))[0].text

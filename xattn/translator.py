@@ -16,7 +16,7 @@ from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, finish, search_steps, seeded
-from xattn.decoding.stream import Stream
+from xattn.decoding.stream import Stream, streamable
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
@@ -310,6 +310,9 @@ class TranslationStream:
     (decoding/stream.py), for a server that keeps its batch full (xattn/serve/engine.py). `Translator.stream`."""
 
     def __init__(self, translator: Translator, cfg: DecodeConfig):
+        if not streamable(cfg, translator.model):
+            raise ParameterError("cfg", "a stream runs plain greedy search (beam_size 1, no sampling, min_len, "
+                                 "no_repeat_ngram_size or shortlist) of a model with learned attention")
         self.translator = translator
         self.stream = Stream(translator.inference.current(), cfg, translator.head_mask)
         self.sources: dict = {}  # tag -> source ids
@@ -318,6 +321,16 @@ class TranslationStream:
         return len(self.stream)
 
     def add(self, texts: list[str], tags: list) -> None:
+        """Let `texts` join the stream, each under its tag in `tags` (one each, none of them in the stream already:
+        step() gives each translation with its tag)."""
+        texts, tags = text_list("texts", texts, "a list of sentences, got one string; pass [text]"), list(tags)
+        if len(tags) != len(texts):
+            raise ParameterError("tags", f"{len(tags)} tags for {len(texts)} texts; give one per text")
+        if len(set(tags)) != len(tags) or not self.sources.keys().isdisjoint(tags):
+            raise ParameterError("tags", "a tag given twice, or one of a sentence still in the stream; give each "
+                                 "sentence a tag of its own")
+        if not texts:
+            return
         t = self.translator
         ids = [s + [t.model.cfg.eos_id] for s in t.tokenizers.src.encode_batch(texts)]
         self.stream.add(pad_batch(ids, t.model.cfg.pad_id, t.device), tags)
