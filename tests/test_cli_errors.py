@@ -354,7 +354,7 @@ CASES = {
                      "empty.de + {space}/empty.en: the training set is empty"),
     "corpus counts differ": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de", "data.train_tgt={space}/a.en",
                               "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de", "--out", "{space}/new-counts"],
-                             "line counts differ: {space}/a.de has more lines than the 1 of {space}/a.en"),
+                             "line counts differ: {space}/a.de has 2 lines, {space}/a.en has 1"),
     "corpus gzip truncated": ([*TRAIN, "data.dataset=null", "data.train_src={space}/corrupt.de.gz",
                                "data.train_tgt={space}/a.de", "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de",
                                "--out", "{space}/new-gz"], "corrupt.de.gz: cannot read"),
