@@ -38,6 +38,20 @@ def test_the_entries_are_checked_like_config_keys():
             load_config(None, overrides)
 
 
+def test_validation_files_that_are_the_training_files_are_told(tmp_path):
+    from xattn.corpora import validates_on_training
+
+    for name in ("a.de", "a.en", "b.en", "t.tsv"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "link.de").symlink_to(tmp_path / "a.de")
+    files = lambda **kw: load_config(None, ["data.dataset=null", *(f"data.{k}={tmp_path / v}"  # noqa: E731
+                                                                   for k, v in kw.items())]).data
+    assert validates_on_training(files(train_src="a.de", train_tgt="a.en", valid_src="link.de", valid_tgt="a.en"))
+    assert not validates_on_training(files(train_src="a.de", train_tgt="a.en", valid_src="a.de", valid_tgt="b.en"))
+    assert validates_on_training(files(train_tsv="t.tsv", valid_tsv="t.tsv"))
+    assert not validates_on_training(files(train_tsv="t.tsv", valid_src="a.de", valid_tgt="a.en"))
+
+
 def test_upsampling_and_weights_become_copies_per_epoch():
     data = lambda *o: load_config(None, list(o)).data  # noqa: E731
     assert mixture(data("data.corpora=[{tsv: a}]"), [100, 50]) is None
@@ -123,7 +137,9 @@ TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "mode
 def test_training_on_upsampled_corpora_resumes_exactly(two_corpora, tmp_path, capsys):
     full, parts = tmp_path / "full", tmp_path / "parts"
     train(load_config(None, [*two_corpora, *TINY, "train.max_steps=12"]), full)
-    assert "corpora: 59 of 59 pairs (1x), 24 of 8 pairs (3x) per epoch, 83 in all" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "corpora: 59 of 59 pairs (1x), 24 of 8 pairs (3x) per epoch, 83 in all" in said
+    assert "note: the validation files are the training files" in said  # (this fixture's are: said, not silent)
     train(load_config(None, [*two_corpora, *TINY, "train.max_steps=5"]), parts, quiet=True)
     train(load_config(None, [*two_corpora, *TINY, "train.max_steps=12"]), parts, quiet=True)
     logged = [[json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] for run in (full, parts)]

@@ -15,6 +15,7 @@ directory; only the sampler (xattn.data.batching) reads the weights, so changing
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -71,6 +72,14 @@ def check_sources(data) -> None:
     if data.data_dir is not None and data.dataset != "multi30k":
         raise ConfigError("data.data_dir", "only Multi30k is read from a folder; this data is "
                           f"{data.dataset or 'the files the config names'}")
+
+
+def validates_on_training(data) -> bool:
+    """Whether DataConfig `data` names its training files (or TSV) as its validation ones too."""
+    def same(a: str | None, b: str | None) -> bool:
+        return bool(a and b) and os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    return same(data.train_tsv, data.valid_tsv) or \
+        same(data.train_src, data.valid_src) and same(data.train_tgt, data.valid_tgt)
 
 
 def check(data) -> None:

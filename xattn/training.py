@@ -70,6 +70,9 @@ class Trainer:
         self._print(f"corpus: {len(self.corpus.train)} training pairs in {self.corpus.train.folder} (dropped: "
                     f"{stats.empty} empty, {stats.too_long} longer than {cfg.data.max_len} tokens, {stats.ratio} over "
                     f"length ratio {cfg.data.max_ratio:g}{duplicates}), {len(self.corpus.valid)} validation pairs")
+        if corpora.validates_on_training(cfg.data):
+            self._print("note: the validation files are the training files: validation BLEU and early stopping "
+                        "measure how well the model learned its training pairs")
         self.cfg, self.base = parts.cfg, parts.base
         check_valid_fits(self.corpus, self.cfg.data, self.cfg.model)
         self.guide = guided_alignment(self.cfg, self.corpus, self._print)
