@@ -195,7 +195,9 @@ def own(text: str, language: str) -> float:
 
 def detecting(language_of):
     """A language detector (texts, candidates) -> [(language, confidence)] from a table of texts."""
-    return lambda texts, candidates: [(language_of[t], 90.0) for t in texts]
+    def language(text: str) -> str:  # several texts joined by lines: the first line's that has one
+        return next((language_of[line] for line in text.split("\n") if language_of[line] != "und"), "und")
+    return lambda texts, candidates: [(language(t), 90.0) for t in texts]
 
 
 @pytest.fixture
@@ -224,7 +226,8 @@ def test_routing_by_source_and_target(three):
 
 
 def test_auto_asks_the_language_detection_when_several_models_could_take_the_texts(three):
-    models = Models(three, detecting({"three": "en", "drei": "de", "vier": "de"}))
+    german, english = "dreihundert vierundzwanzig Hunde", "three hundred and twenty four dogs"  # 20 letters or more
+    models = Models(three, detecting({"three": "en", "drei": "de", "vier": "de", german: "de", english: "en"}))
     route = models.route("auto", None, ["three"])
     assert route.served.path == "b" and route.detected == [("en", own("three", "en"))]
     assert models.route("auto", "fr", ["drei"]).served.path == "c"  # one model into fr: nothing to detect
@@ -232,7 +235,7 @@ def test_auto_asks_the_language_detection_when_several_models_could_take_the_tex
         models.route("auto", None, ["drei", "vier"])
     with pytest.raises(ApiError, match="source: the texts were detected as de, en; one request is translated by one "
                        "model") as e:
-        models.route("auto", None, ["drei", "three"])
+        models.route("auto", None, [german, english])
     assert e.value.status == 400
     elsewhere = Models(three[:2], detecting({"qapla": "tlh"}))
     with pytest.raises(ApiError, match=r"source: the text was detected as 'tlh', which no model here translates"):
@@ -256,6 +259,14 @@ def test_several_models_report_the_identifier_s_own_confidence_and_short_texts_g
     assert route.served.path == "d" and [lang for lang, _ in route.detected] == ["fr"] * 3
     with pytest.raises(ApiError, match="source: the texts were detected as de, fr"):  # long texts of two languages
         models.route("auto", None, ["vingt et un mille cinq cent six", "Ein Mann steht auf einer Leiter im Garten."])
+
+
+def test_short_texts_alone_choose_their_language_together():
+    """Short texts of one language, each of which the identifier may take for another ('Hallo' is en at 65%),
+    were refused as mixed; when no text is long, they choose together."""
+    models = Models([Served("a", "de", "en"), Served("b", "en", "de")])
+    route = models.route("auto", None, ["Hallo", "Ein Hund.", "Danke schön", "Die Katze", "Gut"])
+    assert route.served.path == "a" and {lang for lang, _ in route.detected} == {"de"}
 
 
 def test_two_models_of_one_pair_are_refused_naming_both():

@@ -177,13 +177,11 @@ class Models:
         texts must all be found in one language; and as for a lone model, a text found nearest a candidate but
         clearly in another language (detect.as_source, the language identifier) is refused. Texts of at least
         detect.MIN_LETTERS letters choose, when there are any (the identifier is often unsure of a short text: `un`
-        is en as much as fr): the others go with them, as a text without letters (found `und`) always does. Each
-        text's confidence is the identifier's own probability of the language chosen, whichever other models are
-        served (as a lone model's detectedLanguage)."""
-        detected = self.detect(texts, candidates)
-        letters = [sum(ch.isalpha() for ch in text) for text in texts]
-        say = [i for i, n in enumerate(letters) if n >= identifier.MIN_LETTERS] or range(len(texts))
-        found = sorted({detected[i][0] for i in say} - {identifier.UNDETERMINED}) or [identifier.UNDETERMINED]
+        is en as much as fr), and the others go with them; when all are short, they choose together, as one text.
+        Each text's confidence is the identifier's own probability of the language chosen, whichever other models
+        are served (as a lone model's detectedLanguage)."""
+        long = [text for text in texts if sum(ch.isalpha() for ch in text) >= identifier.MIN_LETTERS]
+        found = sorted({lang for lang, _ in self.detect(long or ["\n".join(texts)], candidates)})
         if found == [identifier.UNDETERMINED]:
             raise ApiError(400, "source: no text has letters to tell its language by; give source",
                            "language_required")
