@@ -756,10 +756,14 @@ def test_a_translation_stream_names_its_parameters(space):
     translator = xattn.load(space / "model")
     with pytest.raises(ParameterError, match="cfg: a stream runs plain greedy search"):
         translator.stream(xattn.DecodeConfig(beam_size=5))
+    with pytest.raises(ParameterError, match="cfg: a DecodeConfig, got dict"):
+        translator.stream({"beam_size": 1})
     stream = translator.stream(xattn.DecodeConfig(beam_size=1))
     for texts, tags, message in ((["eins", "zwei"], ["x", "x"], "tags: a tag given twice"),
                                  (["eins", "zwei"], ["x"], "tags: 1 tags for 2 texts"),
-                                 ("eins", ["x"], "texts: a list of sentences, got one string")):
+                                 ("eins", ["x"], "texts: a list of sentences, got one string"),
+                                 (["eins"], "x", "tags: a list of tags, one per text, got str"),
+                                 (["eins"], [["x"]], r"tags\[0\]: a tag must be hashable")):
         with pytest.raises(ParameterError, match=message):
             stream.add(texts, tags)
     stream.add([], [])
@@ -771,3 +775,25 @@ def test_a_translation_stream_names_its_parameters(space):
         done += stream.step()
     assert [tag for tag, _ in done] == ["a"]
     assert done[0][1].text == translator.translate(["eins"], xattn.DecodeConfig(beam_size=1))[0].text
+
+
+def test_a_translator_s_head_mask_changes_only_by_setting_it(space):
+    """The getter gave the checked copy itself: a factor of 5 written into it was used unchecked."""
+    import torch
+
+    import xattn
+
+    translator = xattn.load(space / "model")
+    translator.head_mask = {"cross": [torch.ones(translator.model.cfg.n_heads)] * translator.model.cfg.n_decoder_layers}
+    translator.head_mask["cross"][0][0] = 5.0
+    assert float(translator.head_mask["cross"][0][0]) == 1.0
+
+
+def test_teacher_forced_names_the_pair_a_bad_character_is_in(space):
+    """A NUL in sources[1] was named by its word, 'texts[3]', with the character counted in that word."""
+    import xattn
+    from xattn.analysis import teacher_forced
+
+    translator = xattn.load(space / "model")
+    with pytest.raises(xattn.XattnError, match=r"^sources\[1\]: holds a NUL character \(at character 6\)"):
+        teacher_forced(translator, ["eins zwei", "ein b\0c"], ["one two", "one"])

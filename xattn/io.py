@@ -122,7 +122,8 @@ def open_input(path: str | Path):
     kind = "bzip2" if re.fullmatch(rb"BZh[1-9]1AY&SY", head) else \
         next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
     if kind is not None:
-        raise XattnError(f"{path}: {kind}-compressed, which xattn does not read; decompress it, or compress it with gzip")
+        raise XattnError(f"{path}: {kind}-compressed, which xattn does not read; decompress it, or compress it with "
+                         "gzip")
     return open(path, "rb")
 
 

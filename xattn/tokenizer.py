@@ -106,7 +106,7 @@ class Tokenizer:
         it as `name`[i]."""
         texts = list(texts)
         if not all(isinstance(text, str) and "\0" not in text for text in texts):  # one pass over the texts
-            _check_texts(texts, name)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
+            check_texts(texts, name)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
         out_type = str if self._ids is not None else int
         try:
             if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH)
@@ -114,7 +114,7 @@ class Tokenizer:
             else:
                 encoded = self._sp.encode(texts, out_type=out_type)
         except (RuntimeError, TypeError):
-            _check_texts(texts, name)
+            check_texts(texts, name)
             raise
         return [self._to_ids(pieces) for pieces in encoded] if self._ids is not None else encoded
 
@@ -139,7 +139,7 @@ class Tokenizer:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
-def _check_texts(texts: Sequence[object], name: str) -> None:
+def check_texts(texts: Sequence[object], name: str) -> None:
     """Raise an ItemError naming (`name`[i]) the first text that is not a string of valid Unicode without NUL
     characters (as the command line and the server refuse them: binary data, or UTF-16 text read as UTF-8)."""
     for i, text in enumerate(texts):

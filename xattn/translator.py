@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,11 @@ class Translation:
     #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
     alternatives: list[Translation] = field(default_factory=list)  # the n-best, best first; or the samples, in
     #   the order drawn (the first is the translation)
+
+
+def copy_mask(mask: HeadMask | None) -> HeadMask | None:
+    return None if mask is None else {place: [None if f is None else f.detach().clone() for f in layers]
+                                      for place, layers in mask.items()}
 
 
 def text_list(name: str, value: object, one_string: str) -> list[str]:
@@ -111,8 +116,9 @@ class Translator:
     def head_mask(self) -> HeadMask | None:
         """Factors on the heads' outputs (Transformer.encode), from 0 (the head off) to 1 (as trained), as a
         mask file has them (`translate --head-mask`), that every search and teacher-forced pass of this
-        Translator applies; None: every head as trained. A mask that does not fit is a ParameterError."""
-        return self._head_mask
+        Translator applies; None: every head as trained. A mask that does not fit is a ParameterError. A copy: change
+        the mask by setting it again, which checks it."""
+        return copy_mask(self._head_mask)
 
     @head_mask.setter
     def head_mask(self, mask: HeadMask | None) -> None:
@@ -120,8 +126,7 @@ class Translator:
             mask = self.model.check_head_mask(mask, unit=True)
         except ValueError as e:
             raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
-        self._head_mask = None if mask is None else {  # a copy: the caller's tensors may change after the check
-            place: [None if f is None else f.detach().clone() for f in layers] for place, layers in mask.items()}
+        self._head_mask = copy_mask(mask)  # the caller's tensors may change after the check
 
     @property
     def decode_config(self) -> DecodeConfig:
@@ -237,13 +242,13 @@ class Translator:
         rows = list(range(len(targets))) if rows is None else list(rows)
         with torch.inference_mode():
             if enc is None or ("encoder-self" in kinds and enc.self_attn is None):
-                enc = model.encode(src, need_weights="encoder-self" in kinds, head_mask=self.head_mask)
+                enc = model.encode(src, need_weights="encoder-self" in kinds, head_mask=self._head_mask)
             if rows != list(range(src.shape[0])):
                 index = torch.tensor(rows, device=src.device)
                 enc = EncoderOutput(enc.states.index_select(0, index), enc.mask.index_select(0, index),
                                     tuple(w.index_select(0, index) for w in enc.self_attn) if enc.self_attn else None)
             tgt = pad_batch([[cfg.bos_id, *t] for t in targets], cfg.pad_id, src.device)  # (R, T)
-            out = model.decode_states(tgt, enc, need_weights=True, head_mask=self.head_mask)
+            out = model.decode_states(tgt, enc, need_weights=True, head_mask=self._head_mask)
         S, T = enc.mask.sum(dim=1).tolist(), [len(t) + 1 for t in targets]
 
         def unpadded(weights, rows_of: list[int], cols_of: list[int]) -> list[np.ndarray]:
@@ -262,9 +267,9 @@ class Translator:
         in_search = options.cross and options.source == "search"
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
-            enc = model.encode(src, head_mask=self.head_mask) if rescore else None  # the search and rescoring share it
+            enc = model.encode(src, head_mask=self._head_mask) if rescore else None  # the search and rescoring share it
         nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
-                                        head_mask=self.head_mask, track=options.tracked, generator=generator,
+                                        head_mask=self._head_mask, track=options.tracked, generator=generator,
                                         vocab=self._vocab(src, forced) if cfg.shortlist else None)
         flat = [h for hyps in nbest for h in hyps]
         rows = [b for b, hyps in enumerate(nbest) for _ in hyps]
@@ -310,11 +315,13 @@ class TranslationStream:
     (decoding/stream.py), for a server that keeps its batch full (xattn/serve/engine.py). `Translator.stream`."""
 
     def __init__(self, translator: Translator, cfg: DecodeConfig):
+        if not isinstance(cfg, DecodeConfig):
+            raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__}")
         if not streamable(cfg, translator.model):
             raise ParameterError("cfg", "a stream runs plain greedy search (beam_size 1, no sampling, min_len, "
                                  "no_repeat_ngram_size or shortlist) of a model with learned attention")
         self.translator = translator
-        self.stream = Stream(translator.inference.current(), cfg, translator.head_mask)
+        self.stream = Stream(translator.inference.current(), cfg, translator._head_mask)
         self.sources: dict = {}  # tag -> source ids
 
     def __len__(self) -> int:
@@ -323,7 +330,12 @@ class TranslationStream:
     def add(self, texts: list[str], tags: list) -> None:
         """Let `texts` join the stream, each under its tag in `tags` (one each, none of them in the stream already:
         step() gives each translation with its tag)."""
-        texts, tags = text_list("texts", texts, "a list of sentences, got one string; pass [text]"), list(tags)
+        texts = text_list("texts", texts, "a list of sentences, got one string; pass [text]")
+        if not isinstance(tags, (list, tuple)):
+            raise ParameterError("tags", f"a list of tags, one per text, got {type(tags).__name__}")
+        if (bad := next((i for i, tag in enumerate(tags) if not isinstance(tag, Hashable)), None)) is not None:
+            raise ItemError("tags", bad, f"a tag must be hashable (a str, a number, a tuple), got "
+                            f"{type(tags[bad]).__name__}")
         if len(tags) != len(texts):
             raise ParameterError("tags", f"{len(tags)} tags for {len(texts)} texts; give one per text")
         if len(set(tags)) != len(tags) or not self.sources.keys().isdisjoint(tags):

@@ -290,10 +290,13 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
                         kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
                         progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
     """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
+    from xattn.tokenizer import check_texts
     from xattn.translator import pad_batch, text_list, token_batches
 
     sources = text_list("sources", sources, "a list of source sentences, got one string; pass [text]")
     targets = text_list("targets", targets, "a list of target sentences, got one string; pass [text]")
+    for name, texts in (("sources", sources), ("targets", targets)):  # named as given, before they split into words
+        check_texts(texts, name)
     if len(sources) != len(targets):
         raise XattnError(f"{len(sources)} source sentences but {len(targets)} target sentences")
     if max_tokens < 1:
