@@ -38,7 +38,8 @@ from common import (CACHE, RESULTS, cached_model, config_key, data_dir, finished
 from xattn.config import load_config
 
 from xattn.presets import resolve_config
-from xattn.transfer import child_factory, strategy
+from xattn.strategies import strategy
+from xattn.transfer import child_factory
 
 PARENT = "multi30k-fr-en"
 PARENT_PAIR = ("fr", "en")

@@ -498,13 +498,17 @@ def test_cli_errors_are_one_line(tmp_path, transformers):
     assert result.returncode == 2 and "not an empty directory" in result.stderr
 
 
-def test_ct2_export_refuses_a_model_without_encoder_layers_and_its_leftovers_go(tmp_path):
+def test_ct2_export_refuses_a_model_without_encoder_layers_and_its_leftovers_go(tmp_path, capsys):
     pytest.importorskip("ctranslate2")
     from conftest import tiny_model_dir
     from xattn.interop.ct2 import export_ct2
 
     tiny_model_dir(tmp_path / "model", n_encoder_layers=0)
     (tmp_path / ".ct2.tmp-999999999.hf.abc").mkdir()  # what a killed export's Hugging Face step left
-    with pytest.raises(XattnError, match=r"model.n_encoder_layers=0: CTranslate2 cannot load a model without encoder"):
+    with pytest.raises(XattnError, match=r"^format: ct2: CTranslate2 cannot load a model without encoder layers "
+                                         r"\(model.n_encoder_layers=0\); export it as hf instead$"):
         export_ct2(tmp_path / "model", tmp_path / "ct2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    from xattn.cli.main import main  # the command line names its flag
+    assert main(["export", str(tmp_path / "model"), str(tmp_path / "ct2"), "--format", "ct2"]) == 2
+    assert "error: --format: ct2: CTranslate2 cannot load" in capsys.readouterr().err

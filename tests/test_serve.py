@@ -396,6 +396,10 @@ def test_the_full_attention_limit_counts_the_target_positions_the_search_allows(
     with pytest.raises(ApiError, match="could hold up to 374 values, over the limit of 373"):
         plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=373), lambda t: [10], 1)
     plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=374), lambda t: [10], 1)
+    # an empty text is translated empty, with no step: 32 of them at beam 16 and max_len_b 500 were too much work
+    empty, wide = parse_request({"q": [""] * 32, "attention": "full"}), xattn.DecodeConfig(beam_size=16, max_len_b=500)
+    texts, settings = plan(empty, wide, dataclasses.replace(Limits(), max_attention_values=32), lambda t: [0] * 32, 1)
+    assert settings.work == 0
 
 
 def test_multipart_forms_and_a_lowercase_bearer(numbers_model):

@@ -5,7 +5,8 @@ import torch
 import xattn
 from tests.conftest import tiny_config
 from xattn.errors import XattnError
-from xattn.transfer import STRATEGIES, compose, format_parameter_table, parameter_table, strategy, trainable_names
+from xattn.strategies import STRATEGIES, strategy
+from xattn.transfer import compose, format_parameter_table, parameter_table, trainable_names
 
 
 @pytest.fixture

@@ -119,7 +119,7 @@ def open_input(path: str | Path):
         head = f.read(10)
     if head.startswith(b"\x1f\x8b"):
         return gzip.open(path, "rb")
-    kind = "bzip2" if re.fullmatch(rb"BZh[1-9]1AY&SY", head) else \
+    kind = "bzip2" if re.fullmatch(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", head) else \
         next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
     if kind is not None:
         raise XattnError(f"{path}: {kind}-compressed, which xattn does not read; decompress it, or compress it with "

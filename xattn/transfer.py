@@ -22,7 +22,8 @@ import torch
 from xattn.config import ParentConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.model import Transformer
-from xattn.strategies import GROUPS, SIDES, STRATEGIES, Strategy, strategy  # noqa: F401 (STRATEGIES re-exported)
+from xattn.strategies import GROUPS, SIDES, Strategy
+
 
 def trainable_names(model: Transformer, strat: Strategy, side: str) -> frozenset[str]:
     """Parameter names (as model.named_parameters() gives them) that `strat` trains for a new `side`."""

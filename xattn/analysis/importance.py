@@ -22,7 +22,6 @@ from xattn.io import read_lines
 from xattn.model import Transformer
 from xattn.registry import IMPORTANCE_METHODS, PLACES
 
-METHODS = IMPORTANCE_METHODS
 IMPORTANCE_FILE = "head_importance.tsv"
 """Where `xattn heads importance` saves its table in the model directory, and `xattn prune` looks for it."""
 
@@ -38,8 +37,8 @@ def batches(translator, sources: Sequence[str], targets: Sequence[str], max_toke
 
 def head_importance(model: Transformer, data, method: str = "gradient") -> list[dict]:
     """Rows {place, layer, head, score} for every head of `model` over `data` (Batches), in model order."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in IMPORTANCE_METHODS:
+        raise ValueError(f"method must be one of {IMPORTANCE_METHODS}, got {method!r}")
     scores = gradient_scores(model, data) if method == "gradient" else confidence_scores(model, data)
     return [{"place": place, "layer": i, "head": h, "score": float(s)}
             for place in PLACES for i, layer in enumerate(scores[place]) for h, s in enumerate(layer.tolist())]
@@ -120,7 +119,7 @@ class About:
     weights: str                        # checkpoint.weights_id of the model's weights
     method: str
 
-    CHECKS: ClassVar[dict[str, Check]] = dict(weights=sha256_hex, method=one_of(*METHODS))
+    CHECKS: ClassVar[dict[str, Check]] = dict(weights=sha256_hex, method=one_of(*IMPORTANCE_METHODS))
 
     def __post_init__(self) -> None:
         validate(self, "")

@@ -38,8 +38,8 @@ def run(args) -> int:
     from xattn.presets import resolve_config
     from xattn.progress import echo
     from xattn.training import Trainer
-    from xattn.transfer import (check_child_file, check_overrides, child_factory, format_parameter_table,
-                                parameter_table, strategy)
+    from xattn.strategies import strategy
+    from xattn.transfer import check_child_file, check_overrides, child_factory, format_parameter_table, parameter_table
 
     check_overrides(args.overrides)
     if args.full and args.strategy == "scratch":

@@ -94,7 +94,7 @@ class Inputs:
         return text_fingerprint(read_all(cfg, "train"))
 
     def lines(self, path: str, key: str, tsv: bool = False) -> Iterator[str]:
-        """The lines of a plain or `.gz` file (config key `key`), trailing whitespace stripped, read a block at
+        """The lines of a plain or gzip file (config key `key`), trailing whitespace stripped, read a block at
         a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
         file's size and time. The rules and messages are xattn.io.read_lines'."""
         if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, a device

@@ -19,7 +19,7 @@ import torch
 
 from xattn.checkpoint import load_model_dir
 from xattn.config import ModelConfig
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.interop import require
 from xattn.interop.marian import check_exportable, write_marian
 from xattn.io import atomic_dir
@@ -88,8 +88,8 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
         check_exportable(loaded.model)
         cfg = loaded.config.model
         if empty := [side for side in ("encoder", "decoder") if getattr(cfg, f"n_{side}_layers") == 0]:
-            raise XattnError(f"model.n_{empty[0]}_layers=0: CTranslate2 cannot load a model without {empty[0]} "
-                             "layers; a Hugging Face export can hold it")
+            raise ParameterError("format", f"ct2: CTranslate2 cannot load a model without {empty[0]} layers "
+                                 f"(model.n_{empty[0]}_layers=0); export it as hf instead")
         src = pieces_by_id(loaded.tokenizers.src, cfg.src_vocab_size)
         tgt = pieces_by_id(loaded.tokenizers.tgt, cfg.tgt_vocab_size)
         write_marian(loaded.model, loaded.config, loaded.tokenizers, Path(hf_dir))

@@ -223,7 +223,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
                        "attention to read", "invalid_request")
     if req.attention == "full":
-        rows = [decode.max_output_tokens(n + 1) + 1 for n in counts]  # target positions, </s> included
+        rows = [decode.max_output_tokens(n + 1) + 1 if n else 1 for n in counts]  # target positions, </s> included
         values = sum(r * (n + 1) for r, n in zip(rows, counts)) * maps
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
@@ -299,7 +299,7 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
         raise ApiError(422, f"min_len: {cfg.min_len} is above the {most[short]} output tokens that max_len_a * "
                        f"{counts[short] + 1} source tokens (q[{short}] and </s>) + max_len_b allow; lower "
                        "it or raise max_len_b", "invalid_request")
-    work = sum(most) * cfg.hypotheses
+    work = sum(m for n, m in zip(counts, most) if n) * cfg.hypotheses  # (an empty text: no step)
     if work > limits.max_work:
         raise ApiError(413, f"the request asks for up to {work} decoding steps ({len(counts)} texts x "
                        f"{cfg.hypotheses} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "

@@ -16,7 +16,8 @@ from typing import Iterable, NamedTuple, Sequence
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
 MIN_LETTERS = 20
-"""`source: auto` refuses no text with fewer letters: on shorter ones the identifier is too often unsure."""
+"""`source: auto` refuses no text with fewer letters, and with several models such texts go with the longer ones
+of their request (serve/models.py): on shorter ones the identifier is too often unsure."""
 SOURCE_AT_MOST = 0.005
 """... and refuses a text only when the identifier gives the model's source language at most this probability.
 Both chosen on Multi30k val (no source-language text refused); measured on test in benchmarks/README.md."""
