@@ -83,6 +83,9 @@ def test_a_request_within_every_other_limit_is_bounded_by_its_work(client):
     reply = client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 16, "max_len_b": 500})
     error(reply, 413, "32 texts x 16 hypotheses", "too_much_work")
     assert client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 5}).status_code == 200
+    # alternatives beyond the model's beam widen a second search, after the first: both count (only the wider did)
+    reply = client.post("/translate", json={"q": ["drei"] * 32, "alternatives": 7, "max_len_b": 370})  # 8 alone: 95,744
+    error(reply, 413, "32 texts x 2 + 8 hypotheses", "too_much_work")
 
 
 def test_an_empty_text_has_no_minimum_length_to_reach(client):

@@ -217,7 +217,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
     check_alternatives(req, base, limits)
     decode, wider = decode_config(req, base)
     check_decode(wider or decode, limits)
-    work = check_work(counts, wider or decode, limits)
+    work = check_work(counts, wider or decode, limits, first=decode if wider is not None else None)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
@@ -281,10 +281,11 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
         raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
 
 
-def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
+def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: DecodeConfig | None = None) -> int:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
-    can ask of the model, however its settings combine); each text's maximum output tokens within the limit; and a
-    minimum length its maximum cannot reach."""
+    can ask of the model, however its settings combine), with `first`'s too, a search that runs before cfg's
+    (alternatives widen the model's own); each text's maximum output tokens within the limit; and a minimum length
+    its maximum cannot reach."""
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
         i = max(over, key=lambda i: most[i])
@@ -299,10 +300,12 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits) -> int:
         raise ApiError(422, f"min_len: {cfg.min_len} is above the {most[short]} output tokens that max_len_a * "
                        f"{counts[short] + 1} source tokens (q[{short}] and </s>) + max_len_b allow; lower "
                        "it or raise max_len_b", "invalid_request")
-    work = sum(m for n, m in zip(counts, most) if n) * cfg.hypotheses  # (an empty text: no step)
+    rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
+    work = sum(m for n, m in zip(counts, most) if n) * rows  # (an empty text: no step)
     if work > limits.max_work:
+        each = f"{first.hypotheses} + {cfg.hypotheses}" if first is not None else str(cfg.hypotheses)
         raise ApiError(413, f"the request asks for up to {work} decoding steps ({len(counts)} texts x "
-                       f"{cfg.hypotheses} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
+                       f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
                        f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
                        "too_much_work")
     return work

@@ -30,8 +30,8 @@ from xattn.serve import detect as identifier
 from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.batcher import QueueFull
-from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
-    translate_lines
+from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, check_file_work, \
+    download_name, file_text, translate_lines
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed
 from xattn.serve.models import Detect, Model, Models
@@ -253,6 +253,7 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         model, source, target = route.served.ready(), route.served.source, route.served.target
+        check_file_work(model.token_counts(lines), numbers, model.translator.decode_config, limits)
 
         async def part(lines: list[str]) -> list[str]:
             asked = TranslateRequest(q=lines, source=source, target=target)

@@ -18,6 +18,8 @@ from urllib.parse import quote
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from xattn.config import DecodeConfig
+from xattn.serve.api import check_work
 from xattn.serve.limits import ApiError, Limits
 
 EXTENSIONS = (".txt",)
@@ -157,6 +159,17 @@ class Document:
 
 
 ITEM = re.compile(r"^q(\[(\d+)\])?:")
+
+
+def check_file_work(counts: list[int], numbers: list[int], cfg: DecodeConfig, limits: Limits) -> None:
+    """A file's decoding work over all its lines (`counts`: each one's source tokens; `numbers`: their line
+    numbers), bounded up front as a request's is (check_work), where its parts are each checked as they run;
+    an error names the file and the line."""
+    try:
+        check_work(counts, cfg, limits)
+    except ApiError as e:
+        raise ApiError(e.status, ITEM.sub(lambda m: f"file: line {numbers[int(m[2])]}:" if m[2] else "file:",
+                                          e.message), e.error_type, e.headers) from None
 
 
 async def translate_lines(document: Document, translate: Callable[[list[str]], Awaitable[list[str]]],
