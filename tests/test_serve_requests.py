@@ -56,6 +56,8 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     (b'{"q": "drei", "api_key": "\\udc80"}', "application/json", 422, "api_key: holds a lone surrogate"),
     (b'{"q": ["drei", 2]}', "application/json", 422, "q[1]: Input should be a valid string"),
     (b'{"q": "drei", "": 5}', "application/json", 422, '"": Extra inputs are not permitted'),  # was "body: ..."
+    (b'{"q": "drei", "' + b"x" * 50_000 + b'": 5}', "application/json", 422,  # the 50 KB name came back whole
+     "x" * 60 + "… (50000 characters): Extra inputs are not permitted"),
     (b"q=drei&=5", "application/x-www-form-urlencoded", 422, '"": Extra inputs are not permitted'),
     (b'{"q": "drei", "extra": {"x": [1e400]}}', "application/json", 422, "extra.x[0]: too large a number"),
     (b'--b\r\nContent-Disposition: form-data; name=q\r\n\r\nEin \xff Hund\r\n--b--\r\n',

@@ -110,8 +110,13 @@ def field_path(loc: tuple) -> str:
         elif part == "":  # a field named "" (`{"": 5}`, `=5` in a form): named, not taken for the body
             path += '.""' if path else '""'
         elif not re.fullmatch(r"(str|int|float|bool|list\[.*\]|dict\[.*\])", part):
+            part = part if len(part) <= NAME_SHOWN else f"{part[:NAME_SHOWN]}… ({len(part)} characters)"
             path += f".{part}" if path else part
     return path or "body"
+
+
+NAME_SHOWN = 60
+"""Characters of a field's name an error shows (an unknown key of 50 KB came back whole)."""
 
 
 NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}(\.0*)?"),  # 5.0 is 5, as pydantic reads it
