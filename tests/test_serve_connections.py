@@ -124,6 +124,29 @@ def test_a_head_over_the_limit_and_broken_framing_are_json_errors_that_close_the
     assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
 
 
+def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):
+    """100,000 one-byte chunks took the event loop about 1 s (/health waited); a chunk-size line that is not one
+    was logged twice, as the guard's 400 and as the app's 499 client_gone."""
+    from xattn.serve.connections import MAX_PIECES
+
+    port, log = server
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    before = len(log.read_text().splitlines())
+    for body, problem in ((b"1\r\n \r\n" * (MAX_PIECES + 1), f"the request body arrives in more than {MAX_PIECES} pieces"),
+                          (b"5\r\n{\"q\":\r\nzz\r\n", "the request is not valid HTTP/1.1")):
+        answer, payload = ask(port, head + body).split(b"\r\n\r\n", 1)
+        assert answer.startswith(b"HTTP/1.1 400") and json.loads(payload) == {"error": problem,
+                                                                            "error_type": "bad_request"}
+    for _ in range(100):  # the app's access lines follow the answers the guard wrote (a bound, not a timing check)
+        lines = log.read_text().splitlines()[before:]
+        if sum('"route": "/translate"' in line for line in lines) >= 2:
+            break
+        time.sleep(0.05)
+    assert [json.loads(line)["status"] for line in lines if "\"route\": \"/translate\"" in line] == [400, 400], lines
+    assert all(json.loads(line)["error"] == "bad_request" for line in lines if '"route": "/translate"' in line)
+    assert not [line for line in lines if "answered 400 and closed" in line], lines
+
+
 def stopped(port: int) -> int:
     text = ask(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").decode()
     return int(next(line for line in text.splitlines() if line.startswith("xattn_stopped_total")).split()[1])

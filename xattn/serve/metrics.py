@@ -159,6 +159,8 @@ class Observed:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", None) or self.route_of(scope)
+            if scope.get("xattn.bad_request"):  # the connection's guard answered 400 to its broken body
+                status[0], scope["xattn"]["error"] = 400, "bad_request"
             self.metrics.finished(route, status[0], time.perf_counter() - start, scope["xattn"])
 
     def route_of(self, scope) -> str:

@@ -50,6 +50,8 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
     except ClientDisconnect:  # 499 in the access line and metrics, or 408 when the read deadline closed it
         if request.scope.get("xattn.read_timeout"):  # (connections.py)
             raise ApiError(408, "the request did not arrive within the server's read timeout", "timeout") from None
+        if problem := request.scope.get("xattn.bad_request"):  # its body broke the protocol (connections.py)
+            raise ApiError(400, problem, "bad_request") from None
         raise ApiError(499, "the client went away before its body arrived", "client_gone") from None
     if not isinstance(body, dict):  # (no body at all is no fields: the query string's, or none, which the route names)
         kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(body), "number")
