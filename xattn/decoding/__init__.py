@@ -36,7 +36,12 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
            need_attention: bool = False, enc: EncoderOutput | None = None,
            head_mask: HeadMask | None = None, vocab: Vocab | None = None,
            track: Tracked | None = None) -> list[list[Hypothesis]]:
-    """search_steps run to its end."""
+    """search_steps run to its end, `head_mask` checked first (a Translator checks its own once, when it is set)."""
+    if head_mask is not None:
+        try:
+            model.check_head_mask(head_mask)
+        except ValueError as e:
+            raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
     return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab, track))
 
 
@@ -65,11 +70,6 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
     It is the attention a teacher-forced pass over the hypothesis gives (up to float rounding): each step's
     attention depends only on the tokens before it, which the hypothesis keeps.
     """
-    if head_mask is not None:  # checked once here (Transformer.encode and decode leave it to their callers)
-        try:
-            model.check_head_mask(head_mask)
-        except ValueError as e:
-            raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
     if src.shape[0] == 0:
         return done([])
     max_len = max_lengths(src, cfg, model.cfg, prefix)

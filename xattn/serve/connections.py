@@ -99,8 +99,7 @@ class Guarded(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """What h11 refused (Bounded.error), as every other error: JSON (uvicorn's is plain text), with the status
         h11 gives it: 431 for a head over the limit, else 400."""
-        cycle = getattr(self, "cycle", None)  # a request whose body was arriving (its app is reading it)
-        scope = cycle.scope if cycle is not None and not cycle.response_complete else None
+        scope = self._in_progress()  # a request whose body was arriving (its app is reading it)
         if getattr(self.conn.error, "error_status_hint", 400) == 431:
             LOG.info("a request head over %d bytes; answered 431 and closed", self.conn.max_head)
             reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
@@ -149,13 +148,17 @@ class Guarded(H11Protocol):
     def _not_reading(self) -> None:
         self.write_deadline = None
         if held := self.transport.get_write_buffer_size():
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete and "xattn" in cycle.scope:  # an answer being sent:
-                cycle.scope["xattn"]["error"] = "write_timeout"  # its access line says so, the one line it gets
+            if (scope := self._in_progress()) is not None and "xattn" in scope:  # an answer being sent: its access
+                scope["xattn"]["error"] = "write_timeout"  # line says so, the one line it gets
             else:
                 LOG.info("a client took in none of its answer for %g s (%d bytes waiting); cut off",
                          self.write_timeout, held)
             self.transport.abort()
+
+    def _in_progress(self) -> dict | None:
+        """The scope of the request this connection is answering (or reading), if any."""
+        cycle = getattr(self, "cycle", None)
+        return cycle.scope if cycle is not None and not cycle.response_complete else None
 
     def _arm(self) -> None:
         if self.deadline is None:
@@ -169,7 +172,7 @@ class Guarded(H11Protocol):
     def _too_slow(self) -> None:
         self.deadline = None
         if not self.transport.is_closing():
-            if (scope := getattr(self, "scope", None)) and "xattn" in scope:  # a request whose body was arriving:
+            if (scope := self._in_progress()) is not None and "xattn" in scope:  # a request whose body was arriving:
                 scope["xattn.read_timeout"] = True  # its app answers 408, not a client gone, in its access line
             else:
                 LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
