@@ -1,7 +1,9 @@
 """Translate calls in turns (xattn/serve/batcher.py): a call runs one decoder step at a time on the engine, a long
-one (work over long_work) beside the next batches, and a call whose clients all gave up stops between two steps."""
+one (work over long_work, or running past long_after) beside the next batches, and a call whose clients all gave up
+stops between two steps."""
 import asyncio
 import dataclasses
+import shutil
 import threading
 import time
 
@@ -74,6 +76,7 @@ def test_a_long_call_runs_beside_the_next_calls_which_end_first():
 
 def test_a_call_within_long_work_holds_the_next_batch_so_that_it_fills():
     async def test(batcher, fake):
+        batcher.long_after = 10.0
         first = asyncio.ensure_future(batcher.submit(["a"], "long", work=100))
         await until(lambda: fake.steps > 0)
         later = [asyncio.ensure_future(batcher.submit([t], "short", work=1)) for t in "bcd"]
@@ -83,6 +86,35 @@ def test_a_call_within_long_work_holds_the_next_batch_so_that_it_fills():
         fake.release.set()
         assert await asyncio.wait_for(asyncio.gather(first, *later), 5) == [["A"], ["B"], ["C"], ["D"]]
         assert batcher.calls == calls + 2  # the first, then b, c and d in one call
+    run(test)
+
+
+def test_a_call_within_long_work_still_running_after_long_after_runs_beside_the_next():
+    """The work counts rows and steps, not their cost: a request just under long_work took seconds and held every
+    beam request sent meanwhile. Past long_after, the collector goes on."""
+    async def test(batcher, fake):
+        batcher.long_after = 0.05
+        first = asyncio.ensure_future(batcher.submit(["a"], "long", work=100))
+        await until(lambda: fake.steps > 0)
+        assert await asyncio.wait_for(batcher.submit(["b"], "short", work=1), 5) == ["B"]
+        assert not first.done()
+        fake.release.set()
+        assert await asyncio.wait_for(first, 5) == ["A"]
+    run(test)
+
+
+def test_a_request_over_long_work_is_neither_merged_nor_streamed():
+    """It runs alone, so that no other request's answer waits for its end: one that shares its settings gets a
+    call of its own, and plain greedy search goes to a call, not into the continuous batch."""
+    async def test(batcher, fake):
+        batcher.streams = streams = Streams(fake)
+        batcher.max_wait = 0.5
+        jobs = [batcher.submit(["a"], "short", work=101), batcher.submit(["b"], "short", work=1)]
+        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["A"], ["B"]]
+        assert batcher.calls == 2
+        assert not batcher.streamed("greedy", True, 101) and batcher.streamed("greedy", True, 100)
+        assert await asyncio.wait_for(batcher.submit(["c"], "greedy", work=101), 5) == ["C"]
+        assert batcher.calls == 3 and streams.opened == []
     run(test)
 
 
@@ -304,6 +336,33 @@ def test_a_small_beam_request_is_answered_while_the_largest_allowed_one_runs(num
     translator = xattn.load(numbers_model)
     alone = translator.translate([small["q"]], dataclasses.replace(translator.decode_config, beam_size=4))[0]
     assert finished["small"][0].json()["translatedText"] == alone.text
+
+
+def test_a_file_is_one_request_and_a_small_one_sent_beside_it_is_answered_first(numbers_model, tmp_path):
+    """A file's lines run as one call of their own (its work is over long_work), not as parts of 32 lines queued,
+    each ahead of the requests sent after them: a one-sentence request sent while a file of 130 lines is being
+    translated is answered before it (its parts held beam requests for seconds)."""
+    model = shutil.copytree(numbers_model, tmp_path / "model")
+    config = (model / "config.yaml").read_text()  # a file is translated with the model's settings: long outputs
+    (model / "config.yaml").write_text(config.replace("  min_len: 0\n", "  min_len: 40\n")
+                                       .replace("  max_len_b: 10\n", "  max_len_b: 40\n"))
+    with TestClient(create_app(str(model), dataclasses.replace(Limits(), batch_wait_ms=0))) as c:
+        ready(c)
+        batcher, finished = c.app.state.xattn.served[0].model.batcher, {}
+        calls = batcher.calls
+
+        def post(name, **kwargs):
+            finished[name] = (c.post(f"/{name}", **kwargs), time.perf_counter())
+        text = "drei hundert vier und zwanzig tausend\n" * 130  # 4,940 characters
+        worker = threading.Thread(target=post, args=("translate_file",),
+                                  kwargs={"files": {"file": ("zahlen.txt", text.encode(), "text/plain")}})
+        worker.start()
+        time.sleep(0.3)
+        post("translate", json={"q": "drei hundert", "beam_size": 4, "min_len": 0})
+        worker.join()
+        assert batcher.calls == calls + 2  # the file's and the small request's, not the file's parts
+    assert finished["translate"][0].status_code == finished["translate_file"][0].status_code == 200
+    assert finished["translate"][1] < finished["translate_file"][1]
 
 
 def test_a_request_past_its_timeout_stops_decoding(numbers_model):

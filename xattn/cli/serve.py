@@ -22,8 +22,9 @@ LIMIT_FLAGS = {
     "--max-output-tokens": ("max_output_tokens", int, "max_len_a * source tokens + max_len_b"),
     "--max-work": ("max_work", int, "a request's decoding work: over its texts, beam (or samples) x maximum output "
                    "tokens; bounds how long one request can hold the model"),
-    "--long-work": ("long_work", int, "decoding work above which a request is long: the next batches run beside it, "
-                    "taking turns step by step, instead of waiting for it"),
+    "--long-work": ("long_work", int, "decoding work above which a request is long: it runs alone, and the next "
+                    "batches run beside it, taking turns step by step, instead of waiting for it"),
+    "--long-after": ("long_after_s", float, "seconds after which a running call is long, whatever its work"),
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),

@@ -30,8 +30,8 @@ from xattn.serve import detect as identifier
 from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.batcher import QueueFull
-from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, check_file_work, \
-    download_name, file_text, translate_lines
+from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
+    named_lines
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed
 from xattn.serve.models import Detect, Model, Models
@@ -209,10 +209,10 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         raise ApiError(422, f"q: {e}", "invalid_request") from None
     for key, count in (("texts", len(texts)), ("characters", sum(map(len, texts)))):
         record[key] = record.get(key, 0) + count
-    record["batch"] = "stream" if model.streamable(settings) else "call"
+    mergeable = not settings.decode.sampling
+    record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, settings.work) else "call"
     try:
-        done = await model.batcher.submit(texts, settings, mergeable=not settings.decode.sampling,
-                                          work=settings.work, timeout=limits.timeout_s)
+        done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, timeout=limits.timeout_s)
     except QueueFull:
         raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
                        "busy", {"Retry-After": "1"}) from None
@@ -238,7 +238,6 @@ def heavy(req: TranslateRequest) -> bool:
 def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
     """POST /translate_file (a .txt file, LibreTranslate's multipart form) and GET /download_file/{name}."""
     store = Store()
-    parts = asyncio.Semaphore(max(1, limits.queue_size // 2))  # of every file together: requests keep the other half
 
     @app.post("/translate_file", openapi_extra=openapi_body(FileRequest))
     async def translate_file(request: Request):
@@ -252,14 +251,12 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         route = models.route(req.source, req.target, [content, *lines], ["file", *(f"file: line {n}" for n in numbers)])
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
-        model, source, target = route.served.ready(), route.served.source, route.served.target
-        check_file_work(model.token_counts(lines), numbers, model.translator.decode_config, limits)
-
-        async def part(lines: list[str]) -> list[str]:
-            asked = TranslateRequest(q=lines, source=source, target=target)
-            return (await translated(model, asked, limits, record, None))["translatedText"]
-        translation = await while_connected(request, translate_lines(document, part, limits.max_items, parts))
-        name = store.put(download_name(filename, target), translation.encode())
+        asked = TranslateRequest(q=lines, source=route.served.source, target=route.served.target)
+        # one request, its lines its texts: a file is within a request's characters (file_text), not its items
+        with named_lines(numbers):
+            done = await while_connected(request, translated(
+                route.served.ready(), asked, dataclasses.replace(limits, max_items=len(lines)), record, None))
+        name = store.put(download_name(filename, route.served.target), document.rebuild(done["translatedText"]).encode())
         return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
 
     @app.get("/download_file/{name}")

@@ -6,8 +6,11 @@ Requests wait in a bounded queue. One collector task takes the first, then whate
 runs alone), groups them by settings and runs one translate call per group on the engine thread
 (serve/engine.py), so the event loop never blocks and concurrent clients share batches. The collector waits
 for a call to end before it collects the next batch, so that the requests arriving meanwhile share it; but not
-for a long call (its requests' work, api.check_work, over `long_work`): the next batches then run beside it,
-taking turns step by step, so that one large request never holds up the small ones. Under load (the last batch
+for long: a call whose requests' work (api.check_work) is over `long_work` is not waited for, nor one still
+running after `long_after` seconds (the work counts steps and rows, not their cost: a request just under
+`long_work` can take seconds). The next batches then run beside it, taking turns step by step, so that one
+large request never holds up the small ones. A request over `long_work` is never merged with others nor
+streamed: it runs alone, so that nobody's answer waits for its end. Under load (the last batch
 merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
 clients of a batch send their next requests just after its answers go out, and would otherwise be split
 over several small batches; a lone client never waits. A sampling request is never merged with another: its
@@ -36,9 +39,9 @@ class Batcher:
 
     def __init__(self, translate: Callable[[list[str], Any], Steps[list]], max_batch: int = 64,
                  max_wait: float = 0.005, queue_size: int = 256, streams: Streams | None = None,
-                 metrics: BatchMetrics | None = None, long_work: int = 4096):
+                 metrics: BatchMetrics | None = None, long_work: int = 4096, long_after: float = 0.1):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
-        self.long_work = long_work
+        self.long_work, self.long_after = long_work, long_after
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
         self.streams, self.metrics = streams, metrics or BatchMetrics()
         self.engine = Engine(streams, max_batch, self.metrics)
@@ -75,8 +78,8 @@ class Batcher:
         The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this in a task of
         its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
-        job = Job(texts, settings, mergeable, loop.create_future(), work=work)
-        if mergeable and self.streams is not None and self.streams.streamable(settings):
+        job = Job(texts, settings, mergeable and work <= self.long_work, loop.create_future(), work=work)
+        if self.streamed(settings, mergeable, work):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
             self.engine.submit(job)
@@ -91,6 +94,11 @@ class Batcher:
         finally:
             if expiry is not None:
                 expiry.cancel()
+
+    def streamed(self, settings: Hashable, mergeable: bool, work: int) -> bool:
+        """Whether a request goes to the engine's continuous batch (the others to the collector): a mergeable one
+        within `long_work` whose settings can be streamed."""
+        return mergeable and work <= self.long_work and self.streams is not None and self.streams.streamable(settings)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -129,11 +137,12 @@ class Batcher:
         return list(groups.values()) + alone
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
-        """Start one call for `group`; wait for it to end unless it is long."""
+        """Start one call for `group`; wait for it to end unless it is long (by its work, or once it has run for
+        `long_after` seconds)."""
         settled = loop.create_task(self._settle(loop, group))
         if sum(job.work for job in group) <= self.long_work:
-            await settled
-        else:
+            await asyncio.wait([settled], timeout=self.long_after)
+        if not settled.done():
             self._long.add(settled)
             settled.add_done_callback(self._long.discard)
 

@@ -4,22 +4,20 @@ at that address, and its clients fetch it from there.
 """
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import PurePath
-from typing import Awaitable, Callable
+from typing import Callable
 from urllib.parse import quote
 
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from xattn.config import DecodeConfig
-from xattn.serve.api import check_work
 from xattn.serve.limits import ApiError, Limits
 
 EXTENSIONS = (".txt",)
@@ -161,43 +159,15 @@ class Document:
 ITEM = re.compile(r"^q(\[(\d+)\])?:")
 
 
-def check_file_work(counts: list[int], numbers: list[int], cfg: DecodeConfig, limits: Limits) -> None:
-    """A file's decoding work over all its lines (`counts`: each one's source tokens; `numbers`: their line
-    numbers), bounded up front as a request's is (check_work), where its parts are each checked as they run;
-    an error names the file and the line."""
+@contextmanager
+def named_lines(numbers: list[int]):
+    """An ApiError raised inside, naming q[i] (a text of the request that translates a file's lines), names the
+    file's line instead; one naming q, the file."""
     try:
-        check_work(counts, cfg, limits)
+        yield
     except ApiError as e:
         raise ApiError(e.status, ITEM.sub(lambda m: f"file: line {numbers[int(m[2])]}:" if m[2] else "file:",
                                           e.message), e.error_type, e.headers) from None
-
-
-async def translate_lines(document: Document, translate: Callable[[list[str]], Awaitable[list[str]]],
-                          max_items: int, gate: asyncio.Semaphore) -> str:
-    """`document` translated by `translate` (a /translate request's texts -> translations) in parts of at most
-    `max_items` lines, as many of them sent together as `gate` lets in, so that the batcher can join them (files
-    must not fill the queue that requests share: on an idle server a file would be refused as busy); an error of
-    a part names the file and the line instead of q[i]."""
-    texts, numbers = document.texts()
-    parts = [list(range(start, min(start + max_items, len(texts)))) for start in range(0, len(texts), max_items)]
-
-    async def part(indices: list[int]) -> list[str]:
-        try:
-            async with gate:
-                return await translate([texts[i] for i in indices])
-        except ApiError as e:
-            def line(match: re.Match) -> str:
-                return f"file: line {numbers[indices[int(match[2])]]}:" if match[2] else "file:"
-            raise ApiError(e.status, ITEM.sub(line, e.message), e.error_type, e.headers) from None
-
-    tasks = [asyncio.ensure_future(part(indices)) for indices in parts]
-    try:
-        done = await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:  # one part failed or the client left: the others' work is wasted
-            task.cancel()
-        raise
-    return document.rebuild([t for translated in done for t in translated])
 
 
 class Store:
