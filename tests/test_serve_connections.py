@@ -152,6 +152,38 @@ def stopped(port: int) -> int:
     return int(next(line for line in text.splitlines() if line.startswith("xattn_stopped_total")).split()[1])
 
 
+def closed(port: int) -> dict[str, int]:
+    """xattn_connections_closed_total by reason, from /metrics."""
+    text = ask(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").decode()
+    return {line.split('"')[1]: int(line.split()[-1]) for line in text.splitlines()
+            if line.startswith("xattn_connections_closed_total{")}
+
+
+def test_connections_refused_or_closed_before_a_request_reached_the_app_are_counted_in_metrics(server):
+    """They have no access line (there is no request): before, an operator saw them only in the log's free text,
+    and a 503 at the connection limit nowhere."""
+    port, _ = server
+    before = closed(port)
+    assert set(before) == {"connection_limit", "made_room", "head_too_large", "bad_request", "read_timeout",
+                           "write_timeout"}
+    assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n").startswith(
+        b"HTTP/1.1 431")
+    assert ask(port, b"BREW /pot HTTP/1.1\r\nHost\r\n\r\n").startswith(b"HTTP/1.1 400")
+    idle = [connect(port) for _ in range(8)]  # the limit is 8: a 9th is refused, then they time out
+    try:
+        time.sleep(0.1)
+        assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
+        for sock in idle:
+            assert closed_after(sock) < 3
+    finally:
+        for sock in idle:
+            sock.close()
+    after = closed(port)
+    grew = {reason for reason in after if after[reason] > before[reason]}
+    assert {"head_too_large", "bad_request", "connection_limit", "read_timeout"} <= grew, (before, after)
+    assert after["read_timeout"] - before["read_timeout"] >= 8
+
+
 def test_a_client_that_hangs_up_stops_its_translation(server):
     """Its decoding stops at the next step (counted in /metrics), and the request is logged as 499, not 200. (The
     continuous batch drops a gone client's sentences by the same signal: test_serve_stream.py.)"""

@@ -196,6 +196,18 @@ def test_copy_puts_the_translation_on_the_clipboard(open_page):
     assert page.evaluate("navigator.clipboard.readText()") == page.text_content("#translation")
     page.fill("#text", "sieben hundert vier")  # what was copied is not what the text gives now
     assert page.text_content("#copy") == "Copy"
+    assert page.locator("#copy").is_disabled()  # the translation shown is an older text's: not copied as this one's
+    page.fill("#text", "sieben hundert drei")
+    assert page.locator("#copy").is_enabled()
+    held = []
+    page.route("**/translate", lambda route: held.append(route))
+    page.click("#go")
+    page.wait_for_selector("#busy:not([hidden])")
+    assert page.locator("#copy").is_disabled()  # greyed while the next translation is coming
+    page.unroute("**/translate")
+    held[0].continue_()
+    page.wait_for_selector("#busy", state="hidden")
+    assert page.locator("#copy").is_enabled()
 
 
 @pytest.mark.parametrize("text", ["\u200b", " \ufeff\n", "\u2060\u00ad", "\u3164", "\u115f\u1160", "\u2800\u2800"])

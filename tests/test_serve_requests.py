@@ -39,6 +39,9 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
 @pytest.mark.parametrize("body, kind, status, fragment", [
     (b"[" * 20_000 + b"]" * 20_000, "application/json", 422, "body: nested too deeply"),
     (b'{"q": "drei", "q": "vier"}', "application/json", 422, "q: given twice in the body"),
+    (b'{"q": "drei", "beam_size": {"a": 1, "a": 2}}', "application/json", 422,
+     "beam_size: 'a': given twice in the body"),  # the field it is in (it named `a` alone)
+    (b'{"q": ["drei", {"x": {"a": 1, "a": 2}}]}', "application/json", 422, "q[1].x: 'a': given twice"),
     (b'{"q": "drei", "beam_size": NaN}', "application/json", 422, "NaN is not JSON"),
     (b"q=vier%FFzig", "application/x-www-form-urlencoded", 422, "q: not UTF-8 once percent-decoded"),
     (b'{"q": "drei", "min_len": 40}', "application/json", 422, "min_len: 40 is above the 14 output tokens"),

@@ -24,7 +24,8 @@ LIMIT_FLAGS = {
                    "tokens; bounds how long one request can hold the model"),
     "--long-work": ("long_work", int, "decoding work above which a request is long: it runs alone, and the next "
                     "batches run beside it, taking turns step by step, instead of waiting for it"),
-    "--long-after": ("long_after_s", float, "seconds after which a running call is long, whatever its work"),
+    "--long-after": ("long_after_s", float, "seconds per request it serves after which a running call is long, "
+                     "whatever its work"),
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
@@ -128,7 +129,7 @@ def run(args) -> int:
     logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a malformed upload is the client's 422 alone
     logging.getLogger("uvicorn.error").addFilter(client_noise)  # answered as JSON already (connections.py)
     sys.setswitchinterval(SWITCH_INTERVAL)
-    http = guarded(read_timeout, write_timeout, limit)
+    http = guarded(read_timeout, write_timeout, limit, app.state.metrics)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                                  loop="asyncio", http=http, ws="none", **connections)))
     host = f"[{args.host}]" if ":" in args.host else args.host

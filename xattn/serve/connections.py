@@ -17,6 +17,9 @@
 - A bound on every request head (`Bounded`), answered 431, and on the pieces a body arrives in (MAX_PIECES: each
   costs the event loop a turn); errors of the protocol answered as JSON, and one access line for a request whose
   body broke the protocol (its app's, with the 400), not a log line of its own as well.
+
+What the guards close or refuse before a request reaches the app (no access line: there is no request) is one short
+log line and a count in /metrics (`xattn_connections_closed_total`, by reason).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import json
 import logging
 import time
 from functools import partial
+from typing import Protocol
 
 import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE  # as uvicorn takes it
@@ -52,12 +56,18 @@ def refusal(max_connections: int) -> bytes:
                   "busy", "retry-after: 1\r\n")
 
 
+class Counter(Protocol):
+    def connection_closed(self, reason: str) -> None: ...  # metrics.Metrics
+
+
 class Guarded(H11Protocol):
     """H11Protocol with a read deadline per request and a refusal beyond `max_connections` (module docstring)."""
 
-    def __init__(self, *args, read_timeout: float, write_timeout: float, max_connections: int, **kwargs):
+    def __init__(self, *args, read_timeout: float, write_timeout: float, max_connections: int, metrics: Counter,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.read_timeout, self.write_timeout, self.max_connections = read_timeout, write_timeout, max_connections
+        self.metrics = metrics
         self.deadline: asyncio.TimerHandle | None = None
         self.write_deadline: asyncio.TimerHandle | None = None
         self.quiet_since: float | None = None  # since when no request of it is in progress
@@ -67,6 +77,7 @@ class Guarded(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections and not self._make_room():
+            self.metrics.connection_closed("connection_limit")  # (no log line: a flood would write thousands)
             transport.write(refusal(self.max_connections))
             transport.close()
             return
@@ -101,7 +112,7 @@ class Guarded(H11Protocol):
         h11 gives it: 431 for a head over the limit, else 400."""
         scope = self._in_progress()  # a request whose body was arriving (its app is reading it)
         if getattr(self.conn.error, "error_status_hint", 400) == 431:
-            LOG.info("a request head over %d bytes; answered 431 and closed", self.conn.max_head)
+            self._closed("head_too_large", "a request head over %d bytes; answered 431 and closed", self.conn.max_head)
             reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
                            "bytes, the server's limit", "too_large")
         else:
@@ -110,7 +121,7 @@ class Guarded(H11Protocol):
             if scope is not None:  # its body broke off: the app's access line says 400 (metrics.Observed)
                 scope["xattn.bad_request"] = problem
             else:
-                LOG.info("%s; answered 400 and closed", problem)
+                self._closed("bad_request", "%s; answered 400 and closed", problem)
             reply = answer("400 Bad Request", problem, "bad_request")
         self.transport.write(reply)
         self.transport.close()
@@ -123,8 +134,8 @@ class Guarded(H11Protocol):
         if not quiet:
             return False
         oldest = min(quiet, key=lambda c: c.quiet_since)
-        LOG.info("%d connections open: closed one quiet for %.1f s to make room", len(self.connections) - 1,
-                 now - oldest.quiet_since)
+        self._closed("made_room", "%d connections open: closed one quiet for %.1f s to make room",
+                     len(self.connections) - 1, now - oldest.quiet_since)
         oldest._disarm()
         oldest.transport.close()
         return True
@@ -151,9 +162,14 @@ class Guarded(H11Protocol):
             if (scope := self._in_progress()) is not None and "xattn" in scope:  # an answer being sent: its access
                 scope["xattn"]["error"] = "write_timeout"  # line says so, the one line it gets
             else:
-                LOG.info("a client took in none of its answer for %g s (%d bytes waiting); cut off",
-                         self.write_timeout, held)
+                self._closed("write_timeout", "a client took in none of its answer for %g s (%d bytes waiting); "
+                             "cut off", self.write_timeout, held)
             self.transport.abort()
+
+    def _closed(self, reason: str, message: str, *args) -> None:
+        """A connection closed or refused with no request in the app: one log line, and a count by `reason`."""
+        self.metrics.connection_closed(reason)
+        LOG.info(message, *args)
 
     def _in_progress(self) -> dict | None:
         """The scope of the request this connection is answering (or reading), if any."""
@@ -175,7 +191,7 @@ class Guarded(H11Protocol):
             if (scope := self._in_progress()) is not None and "xattn" in scope:  # a request whose body was arriving:
                 scope["xattn.read_timeout"] = True  # its app answers 408, not a client gone, in its access line
             else:
-                LOG.info("a client sent no whole request within %g s; closed", self.read_timeout)
+                self._closed("read_timeout", "a client sent no whole request within %g s; closed", self.read_timeout)
             self.transport.close()
 
 
@@ -212,6 +228,7 @@ def head_size(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
 
 
-def guarded(read_timeout: float, write_timeout: float, max_connections: int) -> partial:
-    """The protocol class for uvicorn.Config(http=...)."""
-    return partial(Guarded, read_timeout=read_timeout, write_timeout=write_timeout, max_connections=max_connections)
+def guarded(read_timeout: float, write_timeout: float, max_connections: int, metrics: Counter) -> partial:
+    """The protocol class for uvicorn.Config(http=...); `metrics` counts the connections it closes."""
+    return partial(Guarded, read_timeout=read_timeout, write_timeout=write_timeout, max_connections=max_connections,
+                   metrics=metrics)

@@ -3,7 +3,8 @@ GET /metrics (the text exposition format, written here: no client library needed
 
 Metrics: requests by route and status, request latency (a histogram per route); per model (a `model` label, the
 model's pair such as de-en): sentences per translate call and in the continuous batch, the queue depth, whether it
-has loaded, requests stopped before their end (clients gone), and output tokens (their rate is tokens per second).
+has loaded, requests stopped before their end (clients gone), and output tokens (their rate is tokens per second);
+and the connections closed or refused before a request reached the app (serve/connections.py), by reason.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Callable
 ACCESS = logging.getLogger("xattn.serve.access")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+CLOSED_REASONS = ("connection_limit", "made_room", "head_too_large", "bad_request", "read_timeout", "write_timeout")
 
 
 class Histogram:
@@ -72,6 +74,7 @@ class Metrics:
         self.latency: dict[str, Histogram] = {}
         self.models: dict[str, BatchMetrics] = {}
         self.tokens: dict[str, int] = defaultdict(int)  # output tokens translated, by model
+        self.closed: dict[str, int] = dict.fromkeys(CLOSED_REASONS, 0)  # connections, by reason
         self.next_id = 0
 
     def model(self, label: str) -> BatchMetrics:
@@ -82,6 +85,11 @@ class Metrics:
         with self.lock:
             self.next_id += 1
             return self.next_id
+
+    def connection_closed(self, reason: str) -> None:
+        """A connection closed or refused by the connection guards before any request of it reached the app."""
+        with self.lock:
+            self.closed[reason] += 1
 
     def finished(self, route: str, status: int, seconds: float, record: dict) -> None:
         with self.lock:
@@ -119,11 +127,16 @@ class Metrics:
                       "# TYPE xattn_model_ready gauge",
                       *[f"xattn_model_ready{{{labels[name]}}} {int(ready)}" for name, (ready, _) in models.items()],
                       "# HELP xattn_stopped_total Decoding jobs stopped before their end, their clients gone or timed "
-                      "out (a request's job; each part of a file's).", "# TYPE xattn_stopped_total counter",
+                      "out (a request's job; a file's is one).", "# TYPE xattn_stopped_total counter",
                       *[f"xattn_stopped_total{{{labels[name]}}} {batches[name].stopped}" for name in models],
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
                       "# TYPE xattn_output_tokens_total counter",
                       *[f"xattn_output_tokens_total{{{labels[name]}}} {self.tokens[name]}" for name in models],
+                      "# HELP xattn_connections_closed_total Connections closed or refused before a request reached "
+                      "the app: over --max-connections (503), to make room for a new one, a head over the limit (431), "
+                      "not HTTP (400), no whole request within --read-timeout, an answer not taken in within "
+                      "--write-timeout.", "# TYPE xattn_connections_closed_total counter",
+                      *[f'xattn_connections_closed_total{{reason="{r}"}} {n}' for r, n in self.closed.items()],
                       "# HELP xattn_uptime_seconds Seconds since the server started.", "# TYPE xattn_uptime_seconds gauge",
                       f"xattn_uptime_seconds {time.monotonic() - START:.1f}"]
         return "\n".join(lines) + "\n"

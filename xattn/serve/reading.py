@@ -123,21 +123,24 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
         raise ApiError(422, f"body: not valid JSON ({e})", "invalid_request") from None
     except RecursionError:
         raise ApiError(422, "body: nested too deeply; a request is one object of fields", "invalid_request") from None
-    except TwiceError as e:
-        raise ApiError(422, f"{e}: given twice in the body (only one would count)", "invalid_request") from None
     except ValueError as e:
         raise ApiError(422, f"body: {e}", "invalid_request") from None
 
 
-class TwiceError(ValueError):
-    """A JSON object with a key given twice (the key)."""
+class Twice(dict):
+    """A JSON object with a key given twice (`key`), refused by `checked`, which knows where the object is (JSON
+    objects are read innermost first: the hook does not)."""
+
+    def __init__(self, pairs: list[tuple[str, object]], key: str):
+        super().__init__(pairs)
+        self.key = key
 
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     out = {}
     for key, value in pairs:
         if key in out:
-            raise TwiceError(key)
+            return Twice(pairs, key)
         out[key] = value
     return out
 
@@ -155,6 +158,9 @@ def checked(value, where: str):
     """`value` (JSON read), unless it holds a number too large (1e400 reads as infinite) or a string with a lone
     surrogate (JSON's "\\ud800" escapes: no text can, and it would fail later far from the field, as a 500 or
     silently). 422 naming the field."""
+    if isinstance(value, Twice):
+        twice = value.key if where == "body" else f"{where}: {value.key!r}"
+        raise ApiError(422, f"{twice}: given twice in the body (only one would count)", "invalid_request")
     if isinstance(value, dict):
         for key, item in value.items():
             checked(key, f"{where}: a field name")

@@ -106,6 +106,8 @@ function counted() {  // the character counter, and whether what is shown is sti
   const stale = shown !== null && text !== shown.text;
   $("result").classList.toggle("stale", stale);
   $("stale").hidden = !stale;
+  // only the text's own translation is copied: not one greyed while the next is coming, nor one of an older text
+  $("copy").disabled = shown === null || stale || $("target-pane").classList.contains("pending");
 }
 
 // ---------------------------------------------------------------------------------------------- translating
@@ -194,6 +196,7 @@ function busy(on) {  // what is shown stays greyed until its replacement (or an 
   $("target-pane").setAttribute("aria-busy", String(on));
   $("target-pane").classList.toggle("pending", on);
   $("attention").classList.toggle("pending", on);
+  counted();
 }
 
 function clear() {  // nothing of the last answer stays: text, alternatives, heatmap, readout, links
@@ -202,7 +205,6 @@ function clear() {  // nothing of the last answer stays: text, alternatives, hea
   $("translation").textContent = "";
   $("alts").replaceChildren();
   $("others").hidden = true;
-  $("copy").disabled = true;
   $("error").hidden = true;
   $("detected").hidden = true;
   $("attention").hidden = true;
@@ -247,8 +249,6 @@ function show(text, data, asked, model) {
   $("fewer").textContent = got >= many ? "" : (got ? `Only ${got} of the ${many} asked for differ` :
     `None of the ${many} asked for differed`) + ` from the translation and from each other (${way}).`;
   $("fewer").hidden = alternatives.length >= asked.alternatives;
-  $("copy").disabled = false;
-  $("copy").textContent = "Copy";
   counted();
   if (kind === "none") { $("no-attention").hidden = false; return; }
   $("attention").hidden = false;  // before drawing: the heatmap and the links measure what they draw
