@@ -103,6 +103,46 @@ def test_a_call_within_long_work_still_running_after_long_after_runs_beside_the_
     run(test)
 
 
+def test_a_call_for_several_requests_holds_the_next_batch_long_after_per_request():
+    """A call serving many clients may hold the next batch for longer: their next requests then meet in one batch
+    again, instead of splitting into small calls that run in turns (with one bound for every call, 32 beam-5 clients
+    lost a quarter of their throughput: benchmarks/serve_long_after.py)."""
+    async def test(batcher, fake):
+        def steps(texts):  # steps that leave the event loop its turns, as a model's do
+            while not fake.release.is_set():
+                time.sleep(0.002)
+                fake.steps += 1
+                yield
+            return [t.upper() for t in texts]
+        batcher.translate = lambda texts, settings: steps(texts) if settings == "long" else fake(texts, settings)
+        batcher.long_after = 0.25
+        two = [asyncio.ensure_future(batcher.submit([t], "long", work=40)) for t in "ab"]  # one call: 0.5 s
+        await until(lambda: fake.steps > 0)
+        later = asyncio.ensure_future(batcher.submit(["c"], "short", work=1))
+        await asyncio.sleep(0.35)
+        assert not later.done()  # past 0.25 s, within 2 x 0.25
+        assert await asyncio.wait_for(later, 5) == ["C"]  # then it goes on: the call still runs
+        assert not any(job.done() for job in two)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*two), 5) == [["A"], ["B"]]
+    run(test)
+
+
+def test_stopping_the_batcher_while_a_call_ends_leaves_the_engine_thread_no_error(monkeypatch):
+    """Stopping cancels the running calls' futures; a call whose last step ended meanwhile set its result on the
+    cancelled future, and the engine's thread died of InvalidStateError (a traceback at every such shutdown)."""
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+
+    async def test(batcher, fake):
+        asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
+        await until(lambda: fake.steps > 0)
+        fake.release.set()  # its last step, and the stop at once (run's own ending)
+    for _ in range(5):
+        run(test)
+    assert errors == []
+
+
 def test_a_request_over_long_work_is_neither_merged_nor_streamed():
     """It runs alone, so that no other request's answer waits for its end: one that shares its settings gets a
     call of its own, and plain greedy search goes to a call, not into the continuous batch."""

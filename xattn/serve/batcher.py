@@ -7,10 +7,12 @@ runs alone), groups them by settings and runs one translate call per group on th
 (serve/engine.py), so the event loop never blocks and concurrent clients share batches. The collector waits
 for a call to end before it collects the next batch, so that the requests arriving meanwhile share it; but not
 for long: a call whose requests' work (api.check_work) is over `long_work` is not waited for, nor one still
-running after `long_after` seconds (the work counts steps and rows, not their cost: a request just under
-`long_work` can take seconds). The next batches then run beside it, taking turns step by step, so that one
-large request never holds up the small ones. A request over `long_work` is never merged with others nor
-streamed: it runs alone, so that nobody's answer waits for its end. Under load (the last batch
+running after `long_after` seconds per request it serves (the work counts steps and rows, not their cost: a
+request just under `long_work` can take seconds; a call for many requests may hold the next batch for longer, as
+the engine's fair turns let it hold the engine longer, so that the clients of a busy server keep meeting in full
+batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
+turns step by step, so that one large request never holds up the small ones. A request over `long_work` is never
+merged with others nor streamed: it runs alone, so that nobody's answer waits for its end. Under load (the last batch
 merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
 clients of a batch send their next requests just after its answers go out, and would otherwise be split
 over several small batches; a lone client never waits. A sampling request is never merged with another: its
@@ -138,10 +140,10 @@ class Batcher:
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         """Start one call for `group`; wait for it to end unless it is long (by its work, or once it has run for
-        `long_after` seconds)."""
+        `long_after` seconds per request)."""
         settled = loop.create_task(self._settle(loop, group))
         if sum(job.work for job in group) <= self.long_work:
-            await asyncio.wait([settled], timeout=self.long_after)
+            await asyncio.wait([settled], timeout=self.long_after * len(group))
         if not settled.done():
             self._long.add(settled)
             settled.add_done_callback(self._long.discard)

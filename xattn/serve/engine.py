@@ -61,11 +61,13 @@ class Call:
         return max(1, sum(not job.future.done() for job in self.jobs))
 
     def advance(self) -> bool:
-        """One step (the first makes the Steps); whether the call is over (its future then set)."""
-        if all(job.future.done() for job in self.jobs):  # every client gave up: stop here
+        """One step (the first makes the Steps); whether the call is over (its future then set, unless the batcher
+        cancelled it, stopping: set then, it would end the engine's thread with InvalidStateError)."""
+        if self.future.cancelled() or all(job.future.done() for job in self.jobs):  # every client gave up: stop here
             if self.steps is not None:
                 self.steps.close()
-            self.future.set_exception(Dropped())
+            if self.future.set_running_or_notify_cancel():
+                self.future.set_exception(Dropped())
             return True
         try:
             if self.steps is None:
@@ -73,9 +75,11 @@ class Call:
             next(self.steps)
             return False
         except StopIteration as end:
-            self.future.set_result(end.value)
+            outcome = (self.future.set_result, end.value)
         except Exception as e:  # noqa: BLE001 - the caller's to handle
-            self.future.set_exception(e)
+            outcome = (self.future.set_exception, e)
+        if self.future.set_running_or_notify_cancel():  # (False: cancelled meanwhile, from the event loop)
+            outcome[0](outcome[1])
         return True
 
 

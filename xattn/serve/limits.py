@@ -16,7 +16,7 @@ class Limits:
     max_output_tokens: int = 512       # decode.max_len_a * source tokens + max_len_b
     max_work: int = 100_000            # a request's decoding work: per text, hypotheses x its maximum output tokens
     long_work: int = 4096              # work above which a request runs alone, beside the next batches, in turns
-    long_after_s: float = 0.1          # a call still running after this long runs beside the next batches too
+    long_after_s: float = 0.1          # a call still running after this long per request runs beside the next ones too
     max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
     queue_size: int = 256              # requests waiting: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
