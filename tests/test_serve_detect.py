@@ -141,8 +141,9 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
     assert disposition == "attachment; filename*=utf-8''Z%C3%A4hlen_en.TXT"
 
 
-def test_a_file_of_more_lines_than_a_request_may_have_is_translated_in_parts(small):
-    """Its parts never fill the queue that requests share: 3 parts on a server where 2 may wait."""
+def test_a_file_of_more_lines_than_a_request_may_have_is_one_request(small):
+    """Its lines are one request's texts, whatever --max-items (7 lines where a request may have 3), translated as
+    /translate translates them; it takes one place in the queue (2 may wait here)."""
     lines = ["drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]  # 7 lines, 3 texts a request
     want = []
     for part in (lines[:3], lines[3:6], lines[6:]):
@@ -213,13 +214,25 @@ def test_a_document_keeps_every_line_ending_and_blank_line():
         Document.parse("eins\rzwei\r")
 
 
+def test_an_error_about_one_of_a_file_s_lines_names_the_line_wherever_the_message_names_it(numbers_model):
+    """The file's lines are a request's texts: q[i] inside a message (the index among its non-blank lines) became
+    the file's line number only at the message's start."""
+    c = started(create_app(str(numbers_model), dataclasses.replace(Limits(), max_output_tokens=12)))
+    try:
+        reply = upload(c, "drei\n\nvier hundert drei und zwanzig tausend sieben hundert\n", source="de", target="en")
+        assert reply.status_code == 422 and "(line 3 and </s>)" in reply.json()["error"], reply.text
+        assert reply.json()["error"].startswith("max_len_b:") and "q[" not in reply.json()["error"]
+    finally:
+        c.__exit__(None, None, None)
+
+
 def test_a_file_s_whole_work_is_bounded_up_front(numbers_model):
     """Each part of a file was checked against --max-work as it ran, never the file: 2,500 one-word lines ran for
     20 s (work 162,500 over a limit of 100,000) while every beam request waited."""
     limits = dataclasses.replace(Limits(), max_items=3, max_work=500)
     c = started(create_app(str(numbers_model), limits))
     try:
-        assert upload(c, "drei\n" * 3, source="de", target="en").status_code == 200  # a part's worth
+        assert upload(c, "drei\n" * 3, source="de", target="en").status_code == 200  # within the work
         error(upload(c, "drei\n" * 40, source="de", target="en"), 413, "decoding steps", "too_much_work")
     finally:
         c.__exit__(None, None, None)

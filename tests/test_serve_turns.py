@@ -105,8 +105,8 @@ def test_a_call_within_long_work_still_running_after_long_after_runs_beside_the_
 
 def test_a_call_for_several_requests_holds_the_next_batch_long_after_per_request():
     """A call serving many clients may hold the next batch for longer: their next requests then meet in one batch
-    again, instead of splitting into small calls that run in turns (with one bound for every call, 32 beam-5 clients
-    lost a quarter of their throughput: benchmarks/serve_long_after.py)."""
+    again, instead of splitting into small calls that run in turns (with one bound of 0.1 s for every call, 8 beam-5
+    clients got about half their throughput in a scratch probe; benchmarks/README.md)."""
     async def test(batcher, fake):
         def steps(texts):  # steps that leave the event loop its turns, as a model's do
             while not fake.release.is_set():
@@ -152,9 +152,47 @@ def test_a_request_over_long_work_is_neither_merged_nor_streamed():
         jobs = [batcher.submit(["a"], "short", work=101), batcher.submit(["b"], "short", work=1)]
         assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["A"], ["B"]]
         assert batcher.calls == 2
-        assert not batcher.streamed("greedy", True, 101) and batcher.streamed("greedy", True, 100)
+        assert not batcher.streamed("greedy", True, 1, 101) and batcher.streamed("greedy", True, 1, 100)
         assert await asyncio.wait_for(batcher.submit(["c"], "greedy", work=101), 5) == ["C"]
         assert batcher.calls == 3 and streams.opened == []
+    run(test)
+
+
+def test_a_request_of_more_texts_than_max_batch_is_not_streamed():
+    """A file of many short lines (its work small) went into the continuous batch as one job: admitted only once
+    the batch had emptied, then holding more than max_batch rows while later requests waited for room."""
+    async def test(batcher, fake):
+        batcher.streams = streams = Streams(fake)
+        texts = [f"t{i}" for i in range(batcher.max_batch + 1)]
+        assert not batcher.streamed("greedy", True, len(texts), 1)
+        assert await asyncio.wait_for(batcher.submit(texts, "greedy", work=1), 5) == [t.upper() for t in texts]
+        assert batcher.calls == 1 and streams.opened == []
+    run(test)
+
+
+def test_at_most_max_beside_long_calls_run_beside_the_batches(monkeypatch):
+    """Beyond, the collector waits for one to end and requests wait in the queue (which under overload fills and
+    answers 429), rather than every request running at once in turns until each times out."""
+    from xattn.serve import batcher as module
+    monkeypatch.setattr(module, "MAX_BESIDE", 2)
+
+    async def test(batcher, fake):
+        started = []
+
+        def steps(texts):
+            started.append(texts[0])
+            while not fake.release.is_set():
+                time.sleep(0.002)
+                yield
+            return texts
+        batcher.translate = lambda texts, settings: steps(texts)
+        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abc"]  # settings apart
+        await until(lambda: len(started) == 2)
+        await asyncio.sleep(0.2)
+        assert started == ["a", "b"]  # c waits
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"]]
+        assert started == ["a", "b", "c"]
     run(test)
 
 
@@ -231,7 +269,7 @@ def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_
                 yield
             return texts
         batcher.translate = lambda texts, settings: steps(texts, settings == "batch")
-        batch = [asyncio.ensure_future(batcher.submit([t], "batch", work=101)) for t in "abcd"]  # queued before
+        batch = [asyncio.ensure_future(batcher.submit([t], "batch", work=26)) for t in "abcd"]  # one call, long
         await until(lambda: fake.steps > 0)  # the collector wakes: one call
         before = fake.steps
         for i in range(15):  # 15 x 20 ms of one client's calls, 50 ms of them ahead of the batch

@@ -200,7 +200,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
 
 async def translated(model: Model, req: TranslateRequest, limits: Limits, record: dict,
                      detected: list[tuple[str, float]] | None) -> dict:
-    """The answer to a /translate request (or to a part of a file) by `model`; adds its figures to `record` (the
+    """The answer to a /translate request (or to a file's lines) by `model`; adds its figures to `record` (the
     access log's fields). `detected`: detectedLanguage of each text, when the source was auto."""
     try:
         texts, settings = plan(req, model.translator.decode_config, limits, model.token_counts, model.maps,
@@ -210,7 +210,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     for key, count in (("texts", len(texts)), ("characters", sum(map(len, texts)))):
         record[key] = record.get(key, 0) + count
     mergeable = not settings.decode.sampling
-    record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, settings.work) else "call"
+    record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, len(texts), settings.work) else "call"
     try:
         done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, timeout=limits.timeout_s)
     except QueueFull:
@@ -256,7 +256,8 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         with named_lines(numbers):
             done = await while_connected(request, translated(
                 route.served.ready(), asked, dataclasses.replace(limits, max_items=len(lines)), record, None))
-        name = store.put(download_name(filename, route.served.target), document.rebuild(done["translatedText"]).encode())
+        translation = document.rebuild(done["translatedText"])
+        name = store.put(download_name(filename, route.served.target), translation.encode())
         return {"translatedFileUrl": str(request.url_for("download_file", name=name))}
 
     @app.get("/download_file/{name}")

@@ -11,11 +11,15 @@ running after `long_after` seconds per request it serves (the work counts steps 
 request just under `long_work` can take seconds; a call for many requests may hold the next batch for longer, as
 the engine's fair turns let it hold the engine longer, so that the clients of a busy server keep meeting in full
 batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
-turns step by step, so that one large request never holds up the small ones. A request over `long_work` is never
-merged with others nor streamed: it runs alone, so that nobody's answer waits for its end. Under load (the last batch
-merged several requests) it also waits up to `max_wait` seconds for as many requests as last time: the
-clients of a batch send their next requests just after its answers go out, and would otherwise be split
-over several small batches; a lone client never waits. A sampling request is never merged with another: its
+turns step by step, so that one large request never holds up the small ones; at most MAX_BESIDE of them at a
+time (beyond, the collector waits for one to end: under overload, requests then wait in the queue, which fills and
+answers 429, rather than all running at once in turns until every one of them times out). A request over
+`long_work`, or of more texts than `max_batch`, is never merged with others nor streamed: it runs alone, so that
+nobody's answer waits for its end, and the continuous batch never holds more than `max_batch` sentences.
+
+Under load (the last batch merged several requests) it also waits up to `max_wait` seconds for as many requests as
+last time: the clients of a batch send their next requests just after its answers go out, and would otherwise be
+split over several small batches; a lone client never waits. A sampling request is never merged with another: its
 random draws would then depend on its neighbours.
 
 Requests that `Streams.streamable` accepts (plain greedy search) skip the collector: they go straight to the
@@ -29,6 +33,10 @@ from typing import Any, Callable, Hashable
 from xattn.decoding import Steps
 from xattn.serve.engine import Dropped, Engine, Job, Streams
 from xattn.serve.metrics import BatchMetrics
+
+
+MAX_BESIDE = 4
+"""Long calls that may run beside the batches the collector goes on with (see the module docstring)."""
 
 
 class QueueFull(Exception):
@@ -80,8 +88,8 @@ class Batcher:
         The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this in a task of
         its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
-        job = Job(texts, settings, mergeable and work <= self.long_work, loop.create_future(), work=work)
-        if self.streamed(settings, mergeable, work):
+        job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work)
+        if self.streamed(settings, mergeable, len(texts), work):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
             self.engine.submit(job)
@@ -97,10 +105,15 @@ class Batcher:
             if expiry is not None:
                 expiry.cancel()
 
-    def streamed(self, settings: Hashable, mergeable: bool, work: int) -> bool:
+    def alone(self, texts: int, work: int) -> bool:
+        """Whether a request of `texts` texts and `work` runs alone: neither merged nor streamed."""
+        return work > self.long_work or texts > self.max_batch
+
+    def streamed(self, settings: Hashable, mergeable: bool, texts: int, work: int) -> bool:
         """Whether a request goes to the engine's continuous batch (the others to the collector): a mergeable one
-        within `long_work` whose settings can be streamed."""
-        return mergeable and work <= self.long_work and self.streams is not None and self.streams.streamable(settings)
+        that does not run alone, whose settings can be streamed."""
+        return mergeable and not self.alone(texts, work) and self.streams is not None and \
+            self.streams.streamable(settings)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,10 +153,16 @@ class Batcher:
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         """Start one call for `group`; wait for it to end unless it is long (by its work, or once it has run for
-        `long_after` seconds per request)."""
+        `long_after` seconds per request); with MAX_BESIDE long ones running, wait for one of them to end first."""
+        while len(self._long) >= MAX_BESIDE:  # (a task leaves _long in its done callback, before this wakes)
+            await asyncio.wait(set(self._long), return_when=asyncio.FIRST_COMPLETED)
         settled = loop.create_task(self._settle(loop, group))
         if sum(job.work for job in group) <= self.long_work:
-            await asyncio.wait([settled], timeout=self.long_after * len(group))
+            try:
+                await asyncio.wait([settled], timeout=self.long_after * len(group))
+            except asyncio.CancelledError:  # stopping: asyncio.wait does not cancel what it waits for
+                settled.cancel()
+                raise
         if not settled.done():
             self._long.add(settled)
             settled.add_done_callback(self._long.discard)

@@ -18,8 +18,11 @@
   costs the event loop a turn); errors of the protocol answered as JSON, and one access line for a request whose
   body broke the protocol (its app's, with the 400), not a log line of its own as well.
 
-What the guards close or refuse before a request reaches the app (no access line: there is no request) is one short
-log line and a count in /metrics (`xattn_connections_closed_total`, by reason).
+What the guards close or refuse where no request's access line tells of it (a connection refused at the limit, or
+closed to make room, by its read deadline with no request in progress, after a 431 or 400 before its request
+reached the app, or cut off by the write deadline once its answers were complete) is counted in /metrics
+(`xattn_connections_closed_total`, by reason) and, but for the refusal at the limit (a flood would write
+thousands), one short log line.
 """
 from __future__ import annotations
 
@@ -167,7 +170,7 @@ class Guarded(H11Protocol):
             self.transport.abort()
 
     def _closed(self, reason: str, message: str, *args) -> None:
-        """A connection closed or refused with no request in the app: one log line, and a count by `reason`."""
+        """A connection closed that no request's access line tells of: one log line, and a count by `reason`."""
         self.metrics.connection_closed(reason)
         LOG.info(message, *args)
 

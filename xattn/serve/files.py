@@ -156,18 +156,20 @@ class Document:
         return "".join(before + (next(it) if text else "") + after for before, text, after in self.lines)
 
 
-ITEM = re.compile(r"^q(\[(\d+)\])?:")
+FIELD = re.compile(r"^q(\[(\d+)\])?:")  # what an error is about: the request's texts (q) or one of them (q[i])
+ITEM = re.compile(r"\b(?:q|texts)\[(\d+)\]")  # a text named inside a message (the translator's texts[i] too)
 
 
 @contextmanager
 def named_lines(numbers: list[int]):
-    """An ApiError raised inside, naming q[i] (a text of the request that translates a file's lines), names the
-    file's line instead; one naming q, the file."""
+    """An ApiError raised inside, naming q[i] (a text of the request that translates a file's lines, wherever the
+    message names it), names the file's line instead; one about q, the file."""
     try:
         yield
     except ApiError as e:
-        raise ApiError(e.status, ITEM.sub(lambda m: f"file: line {numbers[int(m[2])]}:" if m[2] else "file:",
-                                          e.message), e.error_type, e.headers) from None
+        message = FIELD.sub(lambda m: f"file: line {numbers[int(m[2])]}:" if m[2] else "file:", e.message)
+        message = ITEM.sub(lambda m: f"line {numbers[int(m[1])]}", message)
+        raise ApiError(e.status, message, e.error_type, e.headers) from None
 
 
 class Store:

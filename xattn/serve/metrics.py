@@ -4,7 +4,7 @@ GET /metrics (the text exposition format, written here: no client library needed
 Metrics: requests by route and status, request latency (a histogram per route); per model (a `model` label, the
 model's pair such as de-en): sentences per translate call and in the continuous batch, the queue depth, whether it
 has loaded, requests stopped before their end (clients gone), and output tokens (their rate is tokens per second);
-and the connections closed or refused before a request reached the app (serve/connections.py), by reason.
+and the connections the guards closed or refused that no request's access line tells of (serve/connections.py).
 """
 from __future__ import annotations
 
@@ -132,10 +132,10 @@ class Metrics:
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
                       "# TYPE xattn_output_tokens_total counter",
                       *[f"xattn_output_tokens_total{{{labels[name]}}} {self.tokens[name]}" for name in models],
-                      "# HELP xattn_connections_closed_total Connections closed or refused before a request reached "
-                      "the app: over --max-connections (503), to make room for a new one, a head over the limit (431), "
-                      "not HTTP (400), no whole request within --read-timeout, an answer not taken in within "
-                      "--write-timeout.", "# TYPE xattn_connections_closed_total counter",
+                      "# HELP xattn_connections_closed_total Connections closed or refused that no request's "
+                      "access line tells of: over --max-connections (503), an idle one to make room for a new one, a "
+                      "head over the limit (431), not HTTP (400), no whole request within --read-timeout, answers not "
+                      "taken in within --write-timeout.", "# TYPE xattn_connections_closed_total counter",
                       *[f'xattn_connections_closed_total{{reason="{r}"}} {n}' for r, n in self.closed.items()],
                       "# HELP xattn_uptime_seconds Seconds since the server started.", "# TYPE xattn_uptime_seconds gauge",
                       f"xattn_uptime_seconds {time.monotonic() - START:.1f}"]
