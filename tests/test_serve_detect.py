@@ -221,7 +221,7 @@ def test_an_error_about_one_of_a_file_s_lines_names_the_line_wherever_the_messag
     try:
         reply = upload(c, "drei\n\nvier hundert drei und zwanzig tausend sieben hundert\n", source="de", target="en")
         assert reply.status_code == 422 and "(line 3 and </s>)" in reply.json()["error"], reply.text
-        assert reply.json()["error"].startswith("max_len_b:") and "q[" not in reply.json()["error"]
+        assert reply.json()["error"].startswith("file: max_len_b:") and "q[" not in reply.json()["error"]
     finally:
         c.__exit__(None, None, None)
 
@@ -233,6 +233,9 @@ def test_a_file_s_whole_work_is_bounded_up_front(numbers_model):
     c = started(create_app(str(numbers_model), limits))
     try:
         assert upload(c, "drei\n" * 3, source="de", target="en").status_code == 200  # within the work
-        error(upload(c, "drei\n" * 40, source="de", target="en"), 413, "decoding steps", "too_much_work")
+        reply = upload(c, "drei\n" * 40, source="de", target="en")
+        error(reply, 413, "file: its lines ask for up to", "too_much_work")
+        assert "(40 lines x 2 hypotheses" in reply.json()["error"] and reply.json()["error"].endswith(
+            "; send a shorter file")  # not "a smaller beam": a file takes the model's
     finally:
         c.__exit__(None, None, None)

@@ -42,6 +42,8 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     (b'{"q": "drei", "beam_size": {"a": 1, "a": 2}}', "application/json", 422,
      "beam_size: 'a': given twice in the body"),  # the field it is in (it named `a` alone)
     (b'{"q": ["drei", {"x": {"a": 1, "a": 2}}]}', "application/json", 422, "q[1].x: 'a': given twice"),
+    (b'{"q": "drei", "sampling": true, "num_samples": 2, "n_best": 8}', "application/json", 422,
+     "n_best: applies to beam search, not to sampling"),  # not "raise the beam", which sampling then refuses
     (b'{"q": "drei", "beam_size": NaN}', "application/json", 422, "NaN is not JSON"),
     (b"q=vier%FFzig", "application/x-www-form-urlencoded", 422, "q: not UTF-8 once percent-decoded"),
     (b'{"q": "drei", "min_len": 40}', "application/json", 422, "min_len: 40 is above the 14 output tokens"),

@@ -170,29 +170,36 @@ def test_a_request_of_more_texts_than_max_batch_is_not_streamed():
     run(test)
 
 
-def test_at_most_max_beside_long_calls_run_beside_the_batches(monkeypatch):
-    """Beyond, the collector waits for one to end and requests wait in the queue (which under overload fills and
-    answers 429), rather than every request running at once in turns until each times out."""
-    from xattn.serve import batcher as module
-    monkeypatch.setattr(module, "MAX_BESIDE", 2)
+def test_at_most_max_long_long_calls_take_turns_and_short_work_never_waits_for_them(monkeypatch):
+    """Beyond MAX_LONG, a long call waits for one of them to end (under overload they end one after another, rather
+    than all running in turns until each times out), and one whose clients gave up meanwhile is dropped without a
+    turn; a short call runs at once all the same (a cap in the collector held it, and everything else, until a long
+    call ended: 29 s)."""
+    monkeypatch.setattr(engine, "MAX_LONG", 2)
 
     async def test(batcher, fake):
-        started = []
+        started, release = [], {t: threading.Event() for t in "abcd"}
 
         def steps(texts):
             started.append(texts[0])
-            while not fake.release.is_set():
+            while not release[texts[0]].is_set():
                 time.sleep(0.002)
                 yield
             return texts
-        batcher.translate = lambda texts, settings: steps(texts)
-        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abc"]  # settings apart
+        batcher.translate = lambda texts, settings: steps(texts) if settings != "short" else fake(texts, settings)
+        jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abcd"}  # settings apart
         await until(lambda: len(started) == 2)
-        await asyncio.sleep(0.2)
-        assert started == ["a", "b"]  # c waits
-        fake.release.set()
-        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"]]
-        assert started == ["a", "b", "c"]
+        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
+        await asyncio.sleep(0.1)
+        assert started == ["a", "b"]  # c and d wait
+        jobs["c"].cancel()  # its client gives up while it waits
+        release["a"].set()
+        assert await asyncio.wait_for(jobs["a"], 5) == ["a"]
+        await until(lambda: len(started) == 3)
+        assert started == ["a", "b", "d"] and batcher.dropped == 1
+        for event in release.values():
+            event.set()
+        assert await asyncio.wait_for(asyncio.gather(jobs["b"], jobs["d"]), 5) == [["b"], ["d"]]
     run(test)
 
 

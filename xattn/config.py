@@ -278,7 +278,7 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         validate(self, "decode")
-        if self.n_best > self.beam_size:
+        if self.n_best > self.beam_size and not self.sampling:  # (sampling: refuse_unused names n_best, if given)
             raise ConfigError("decode.n_best", f"{self.n_best} is above decode.beam_size ({self.beam_size}); "
                               "raise the beam to at least n_best")
         if self.max_len_a == 0 and self.max_len_b == 0:

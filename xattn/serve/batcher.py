@@ -11,9 +11,9 @@ running after `long_after` seconds per request it serves (the work counts steps 
 request just under `long_work` can take seconds; a call for many requests may hold the next batch for longer, as
 the engine's fair turns let it hold the engine longer, so that the clients of a busy server keep meeting in full
 batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
-turns step by step, so that one large request never holds up the small ones; at most MAX_BESIDE of them at a
-time (beyond, the collector waits for one to end: under overload, requests then wait in the queue, which fills and
-answers 429, rather than all running at once in turns until every one of them times out). A request over
+turns step by step, so that one large request never holds up the small ones (at most engine.MAX_LONG long calls
+take turns at once; the others wait for one of them to end, so that under overload they end one after another
+rather than all running in turns until each times out; short work never waits for them). A request over
 `long_work`, or of more texts than `max_batch`, is never merged with others nor streamed: it runs alone, so that
 nobody's answer waits for its end, and the continuous batch never holds more than `max_batch` sentences.
 
@@ -33,10 +33,6 @@ from typing import Any, Callable, Hashable
 from xattn.decoding import Steps
 from xattn.serve.engine import Dropped, Engine, Job, Streams
 from xattn.serve.metrics import BatchMetrics
-
-
-MAX_BESIDE = 4
-"""Long calls that may run beside the batches the collector goes on with (see the module docstring)."""
 
 
 class QueueFull(Exception):
@@ -153,9 +149,7 @@ class Batcher:
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         """Start one call for `group`; wait for it to end unless it is long (by its work, or once it has run for
-        `long_after` seconds per request); with MAX_BESIDE long ones running, wait for one of them to end first."""
-        while len(self._long) >= MAX_BESIDE:  # (a task leaves _long in its done callback, before this wakes)
-            await asyncio.wait(set(self._long), return_when=asyncio.FIRST_COMPLETED)
+        `long_after` seconds per request), marked long for the engine (engine.MAX_LONG)."""
         settled = loop.create_task(self._settle(loop, group))
         if sum(job.work for job in group) <= self.long_work:
             try:
@@ -164,6 +158,8 @@ class Batcher:
                 settled.cancel()
                 raise
         if not settled.done():
+            for job in group:
+                job.long = True
             self._long.add(settled)
             settled.add_done_callback(self._long.discard)
 

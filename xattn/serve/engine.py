@@ -34,6 +34,7 @@ class Job:
     mergeable: bool
     future: asyncio.Future = field(repr=False)
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
+    long: bool = False                # its call runs beside the batches (set by the batcher): see MAX_LONG
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -54,6 +55,16 @@ class Call:
     steps: Steps[list] | None = None
     used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
     since: float = 0.0                # the Engine's clock when it became active
+    waiting: bool = False             # a long call beyond MAX_LONG: no turns until one of those ends
+
+    @property
+    def long(self) -> bool:
+        return any(job.long for job in self.jobs)
+
+    @property
+    def gone(self) -> bool:
+        """Every client of it gave up."""
+        return all(job.future.done() for job in self.jobs)
 
     @property
     def weight(self) -> int:
@@ -63,7 +74,7 @@ class Call:
     def advance(self) -> bool:
         """One step (the first makes the Steps); whether the call is over (its future then set, unless the batcher
         cancelled it, stopping: set then, it would end the engine's thread with InvalidStateError)."""
-        if self.future.cancelled() or all(job.future.done() for job in self.jobs):  # every client gave up: stop here
+        if self.future.cancelled() or self.gone:  # every client gave up: stop here
             if self.steps is not None:
                 self.steps.close()
             if self.future.set_running_or_notify_cancel():
@@ -82,6 +93,10 @@ class Call:
             outcome[0](outcome[1])
         return True
 
+
+MAX_LONG = 4
+"""Long calls (Job.long) that take turns at once; the others wait, in order, until one of those ends. Otherwise,
+under overload, every long call would run in turns until each timed out; short work never waits for this."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -197,7 +212,7 @@ class Engine:
         held: deque[Job] = deque()             # streamed jobs waiting for room
         calls: list[Call] = []                 # running translate calls
         while True:
-            active = [*calls, *(s for s in open_.values() if len(s))]
+            active = [*self._taking_turns(calls), *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
             if None in items:
                 for call in calls:
@@ -217,7 +232,10 @@ class Engine:
                     if not len(streaming) and len(active) > 1:  # emptied by its clients leaving
                         self.went_idle(streaming)
             self._admit(held, open_)
-            active = [*calls, *(s for s in open_.values() if len(s))]
+            for call in [call for call in calls if call.waiting and call.gone]:  # dropped without a turn
+                call.advance()
+                calls.remove(call)
+            active = [*self._taking_turns(calls), *(s for s in open_.values() if len(s))]
             if not active:
                 continue
             pick = min(active, key=lambda work: work.used)
@@ -235,6 +253,20 @@ class Engine:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
+
+    def _taking_turns(self, calls: list[Call]) -> list[Call]:
+        """The calls that take turns: all but the long ones after the first MAX_LONG (in arrival order), which
+        wait; one whose wait ends starts from start_share, as arriving work does (its share stood still)."""
+        out, long = [], 0
+        for call in calls:
+            long += call.long
+            if call.long and long > MAX_LONG:
+                call.waiting = True
+                continue
+            if call.waiting:
+                call.waiting, call.used, call.since = False, self.start_share(), self.clock
+            out.append(call)
+        return out
 
     def start_share(self) -> float:
         """The share that work becoming active starts with: CREDIT below the clock, but not below `floor`

@@ -169,7 +169,15 @@ def named_lines(numbers: list[int]):
     except ApiError as e:
         message = FIELD.sub(lambda m: f"file: line {numbers[int(m[2])]}:" if m[2] else "file:", e.message)
         message = ITEM.sub(lambda m: f"line {numbers[int(m[1])]}", message)
-        raise ApiError(e.status, message, e.error_type, e.headers) from None
+        for request, file in WORDING:
+            message = message.replace(request, file)
+        about_file = e.status in (413, 422) and not message.startswith("file")  # (not a 429, 503 or 504)
+        raise ApiError(e.status, f"file: {message}" if about_file else message, e.error_type, e.headers) from None
+
+
+WORDING = (("the request asks for", "its lines ask for"), (" texts x ", " lines x "),
+           ("; send fewer or shorter texts, or a smaller beam", "; send a shorter file"))
+"""A request's words in the errors of check_work, as they read of a file (whose decoding settings are the model's)."""
 
 
 class Store:
