@@ -170,36 +170,30 @@ def test_a_request_of_more_texts_than_max_batch_is_not_streamed():
     run(test)
 
 
-def test_at_most_max_long_long_calls_take_turns_and_short_work_never_waits_for_them(monkeypatch):
-    """Beyond MAX_LONG, a long call waits for one of them to end (under overload they end one after another, rather
-    than all running in turns until each times out), and one whose clients gave up meanwhile is dropped without a
-    turn; a short call runs at once all the same (a cap in the collector held it, and everything else, until a long
-    call ended: 29 s)."""
+def test_one_long_call_more_than_max_long_is_refused_and_short_work_is_not(monkeypatch):
+    """Beyond MAX_LONG, a long call is refused at once (Crowded: a 429), rather than every long call running in
+    turns until each times out; a short call runs all the same (a cap in the collector held it, and everything
+    else, until a long call ended: 29 s)."""
     monkeypatch.setattr(engine, "MAX_LONG", 2)
 
     async def test(batcher, fake):
-        started, release = [], {t: threading.Event() for t in "abcd"}
+        started = []
 
         def steps(texts):
             started.append(texts[0])
-            while not release[texts[0]].is_set():
+            while not fake.release.is_set():
                 time.sleep(0.002)
                 yield
             return texts
         batcher.translate = lambda texts, settings: steps(texts) if settings != "short" else fake(texts, settings)
-        jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abcd"}  # settings apart
-        await until(lambda: len(started) == 2)
+        jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abc"}  # settings apart
+        with pytest.raises(engine.Crowded):
+            await asyncio.wait_for(jobs["c"], 5)
         assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
-        await asyncio.sleep(0.1)
-        assert started == ["a", "b"]  # c and d wait
-        jobs["c"].cancel()  # its client gives up while it waits
-        release["a"].set()
-        assert await asyncio.wait_for(jobs["a"], 5) == ["a"]
-        await until(lambda: len(started) == 3)
-        assert started == ["a", "b", "d"] and batcher.dropped == 1
-        for event in release.values():
-            event.set()
-        assert await asyncio.wait_for(asyncio.gather(jobs["b"], jobs["d"]), 5) == [["b"], ["d"]]
+        assert started == ["a", "b"] and not jobs["a"].done() and not jobs["b"].done()
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(jobs["a"], jobs["b"]), 5) == [["a"], ["b"]]
+        assert await asyncio.wait_for(batcher.submit(["d"], "d", work=101), 5) == ["d"]  # room again
     run(test)
 
 
@@ -448,6 +442,17 @@ def test_a_file_is_one_request_and_a_small_one_sent_beside_it_is_answered_first(
         assert batcher.calls == calls + 2  # the file's and the small request's, not the file's parts
     assert finished["translate"][0].status_code == finished["translate_file"][0].status_code == 200
     assert finished["translate"][1] < finished["translate_file"][1]
+
+
+def test_a_long_request_beyond_max_long_is_a_429_to_retry_later(numbers_model, monkeypatch):
+    monkeypatch.setattr(engine, "MAX_LONG", 0)  # every long call is one too many
+    with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), batch_wait_ms=0))) as c:
+        ready(c)
+        reply = c.post("/translate", json=LARGE)
+        assert reply.status_code == 429 and reply.headers["retry-after"] == "5", reply.text
+        assert reply.json() == {"error": "the server is busy with 4 long requests; retry later, or send a smaller one",
+                                "error_type": "busy"}
+        assert c.post("/translate", json={"q": "drei", "beam_size": 2}).status_code == 200  # short work is not
 
 
 def test_a_request_past_its_timeout_stops_decoding(numbers_model):

@@ -30,6 +30,7 @@ from xattn.serve import detect as identifier
 from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.batcher import QueueFull
+from xattn.serve.engine import MAX_LONG, Crowded
 from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
     named_lines
 from xattn.serve.limits import ApiError, Limits
@@ -216,6 +217,9 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     except QueueFull:
         raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
                        "busy", {"Retry-After": "1"}) from None
+    except Crowded:
+        raise ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",
+                       "busy", {"Retry-After": "5"}) from None
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
     except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)

@@ -12,8 +12,8 @@ request just under `long_work` can take seconds; a call for many requests may ho
 the engine's fair turns let it hold the engine longer, so that the clients of a busy server keep meeting in full
 batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
 turns step by step, so that one large request never holds up the small ones (at most engine.MAX_LONG long calls
-take turns at once; the others wait for one of them to end, so that under overload they end one after another
-rather than all running in turns until each times out; short work never waits for them). A request over
+at once: one more is refused, engine.Crowded, rather than all running in turns until each times out; short work
+is never refused for this). A request over
 `long_work`, or of more texts than `max_batch`, is never merged with others nor streamed: it runs alone, so that
 nobody's answer waits for its end, and the continuous batch never holds more than `max_batch` sentences.
 
@@ -31,7 +31,7 @@ import asyncio
 from typing import Any, Callable, Hashable
 
 from xattn.decoding import Steps
-from xattn.serve.engine import Dropped, Engine, Job, Streams
+from xattn.serve.engine import Crowded, Dropped, Engine, Job, Streams
 from xattn.serve.metrics import BatchMetrics
 
 
@@ -172,6 +172,11 @@ class Batcher:
         except Dropped:
             self.dropped += 1
             self.metrics.stop(len(group))
+            return
+        except Crowded as e:  # every request of it, as the queue's being full would be
+            for job in group:
+                if not job.future.done():
+                    job.future.set_exception(e)
             return
         except Exception as e:  # noqa: BLE001 - handed to the request that caused it
             if len(group) > 1:  # one request's text must not fail the others: each alone

@@ -27,6 +27,10 @@ class Dropped(Exception):
     """A call stopped between two steps: every request in it had gone."""
 
 
+class Crowded(Exception):
+    """A long call refused: MAX_LONG long calls take turns already."""
+
+
 @dataclass
 class Job:
     texts: list[str]
@@ -55,7 +59,6 @@ class Call:
     steps: Steps[list] | None = None
     used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
     since: float = 0.0                # the Engine's clock when it became active
-    waiting: bool = False             # a long call beyond MAX_LONG: no turns until one of those ends
 
     @property
     def long(self) -> bool:
@@ -75,10 +78,7 @@ class Call:
         """One step (the first makes the Steps); whether the call is over (its future then set, unless the batcher
         cancelled it, stopping: set then, it would end the engine's thread with InvalidStateError)."""
         if self.future.cancelled() or self.gone:  # every client gave up: stop here
-            if self.steps is not None:
-                self.steps.close()
-            if self.future.set_running_or_notify_cancel():
-                self.future.set_exception(Dropped())
+            self.stop(Dropped())
             return True
         try:
             if self.steps is None:
@@ -93,10 +93,18 @@ class Call:
             outcome[0](outcome[1])
         return True
 
+    def stop(self, error: Exception) -> None:
+        """End it before its end: its Steps closed, its future failed with `error` (unless cancelled)."""
+        if self.steps is not None:
+            self.steps.close()
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(error)
+
 
 MAX_LONG = 4
-"""Long calls (Job.long) that take turns at once; the others wait, in order, until one of those ends. Otherwise,
-under overload, every long call would run in turns until each timed out; short work never waits for this."""
+"""Long calls (Job.long) that may take turns at once; one more is refused (Crowded: the server answers 429, retry
+later). Otherwise, under overload, every long call would run in turns until each timed out; and holding it back
+would leave it to time out all the same, waiting. Short work is never refused for this."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -212,7 +220,7 @@ class Engine:
         held: deque[Job] = deque()             # streamed jobs waiting for room
         calls: list[Call] = []                 # running translate calls
         while True:
-            active = [*self._taking_turns(calls), *(s for s in open_.values() if len(s))]
+            active = [*calls, *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
             if None in items:
                 for call in calls:
@@ -232,10 +240,10 @@ class Engine:
                     if not len(streaming) and len(active) > 1:  # emptied by its clients leaving
                         self.went_idle(streaming)
             self._admit(held, open_)
-            for call in [call for call in calls if call.waiting and call.gone]:  # dropped without a turn
-                call.advance()
+            for call in [call for call in calls if call.long][MAX_LONG:]:  # (in arrival order)
+                call.stop(Crowded())
                 calls.remove(call)
-            active = [*self._taking_turns(calls), *(s for s in open_.values() if len(s))]
+            active = [*calls, *(s for s in open_.values() if len(s))]
             if not active:
                 continue
             pick = min(active, key=lambda work: work.used)
@@ -253,20 +261,6 @@ class Engine:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
-
-    def _taking_turns(self, calls: list[Call]) -> list[Call]:
-        """The calls that take turns: all but the long ones after the first MAX_LONG (in arrival order), which
-        wait; one whose wait ends starts from start_share, as arriving work does (its share stood still)."""
-        out, long = [], 0
-        for call in calls:
-            long += call.long
-            if call.long and long > MAX_LONG:
-                call.waiting = True
-                continue
-            if call.waiting:
-                call.waiting, call.used, call.since = False, self.start_share(), self.clock
-            out.append(call)
-        return out
 
     def start_share(self) -> float:
         """The share that work becoming active starts with: CREDIT below the clock, but not below `floor`
