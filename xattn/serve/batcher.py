@@ -13,9 +13,9 @@ the engine's fair turns let it hold the engine longer, so that the clients of a 
 batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
 turns step by step, so that one large request never holds up the small ones (at most engine.MAX_LONG long calls
 at once: one more is refused, engine.Crowded, rather than all running in turns until each times out; short work
-is never refused for this). A request over
-`long_work`, or of more texts than `max_batch`, is never merged with others nor streamed: it runs alone, so that
-nobody's answer waits for its end, and the continuous batch never holds more than `max_batch` sentences.
+is never refused for this). A request over `long_work`, or of more texts than `max_batch`, is never merged with
+others nor streamed: it runs alone, so that nobody's answer waits for its end, and the continuous batch never
+holds more than `max_batch` sentences.
 
 Under load (the last batch merged several requests) it also waits up to `max_wait` seconds for as many requests as
 last time: the clients of a batch send their next requests just after its answers go out, and would otherwise be
