@@ -1,6 +1,6 @@
 """Translate calls in turns (xattn/serve/batcher.py): a call runs one decoder step at a time on the engine, a long
-one (work over long_work, or running past long_after) beside the next batches, and a call whose clients all gave up
-stops between two steps."""
+one (work over long_work, or running past long_after) beside the next batches, at most engine.MAX_LONG long ones
+at once, and a call whose clients all gave up stops between two steps."""
 import asyncio
 import dataclasses
 import shutil
@@ -178,14 +178,7 @@ def test_one_long_call_more_than_max_long_is_refused_and_short_work_is_not(monke
 
     async def test(batcher, fake):
         started = []
-
-        def steps(texts):
-            started.append(texts[0])
-            while not fake.release.is_set():
-                time.sleep(0.002)
-                yield
-            return texts
-        batcher.translate = lambda texts, settings: steps(texts) if settings != "short" else fake(texts, settings)
+        batcher.translate = stepping(fake, started)
         jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abc"}  # settings apart
         with pytest.raises(engine.Crowded):
             await asyncio.wait_for(jobs["c"], 5)
@@ -194,6 +187,55 @@ def test_one_long_call_more_than_max_long_is_refused_and_short_work_is_not(monke
         fake.release.set()
         assert await asyncio.wait_for(asyncio.gather(jobs["a"], jobs["b"]), 5) == [["a"], ["b"]]
         assert await asyncio.wait_for(batcher.submit(["d"], "d", work=101), 5) == ["d"]  # room again
+    run(test)
+
+
+def stepping(fake, started: list):
+    """translate(texts, settings) whose calls step (2 ms of the engine's time each) until released, noting which
+    started; "short" calls end at once."""
+    def steps(texts):
+        started.append(texts[0])
+        while not fake.release.is_set():
+            time.sleep(0.002)
+            yield
+        return texts
+    return lambda texts, settings: steps(texts) if settings != "short" else fake(texts, settings)
+
+
+def test_calls_that_run_long_only_by_waiting_for_turns_are_never_refused(monkeypatch):
+    """Load is not size: past long_after the collector goes on, and the calls then take turns, each running longer
+    by the clock; they counted as long, and beyond MAX_LONG ordinary requests got 429 busy (32 clients sending
+    one-sentence beam-5 requests to a default server)."""
+    monkeypatch.setattr(engine, "MAX_LONG", 2)
+
+    async def test(batcher, fake):
+        started = []
+        batcher.translate, batcher.long_after = stepping(fake, started), 0.01
+        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"]  # settings apart
+        await until(lambda: len(started) == 3)
+        await asyncio.sleep(0.3)  # each far past long_after by the clock, at about 0.1 s of its own steps
+        assert not any(job.done() for job in jobs)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"]]
+    run(test)
+
+
+def test_a_call_long_by_its_own_engine_time_counts_towards_max_long(monkeypatch):
+    """Within long_work, a call whose own steps take over LONG_S per request is long (8 samples of 512 tokens ran
+    for seconds): beyond MAX_LONG such calls, one more is refused, as one over long_work is."""
+    monkeypatch.setattr(engine, "MAX_LONG", 2)
+    monkeypatch.setattr(engine, "LONG_S", 0.05)
+
+    async def test(batcher, fake):
+        started = []
+        batcher.translate, batcher.long_after = stepping(fake, started), 0.01
+        jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"}
+        with pytest.raises(engine.Crowded):
+            await asyncio.wait_for(jobs["c"], 5)
+        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
+        assert not jobs["a"].done() and not jobs["b"].done()
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(jobs["a"], jobs["b"]), 5) == [["a"], ["b"]]
     run(test)
 
 

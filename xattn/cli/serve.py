@@ -24,8 +24,8 @@ LIMIT_FLAGS = {
                    "tokens; bounds how long one request can hold the model"),
     "--long-work": ("long_work", int, "decoding work above which a request is long: it runs alone, and the next "
                     "batches run beside it, taking turns step by step, instead of waiting for it"),
-    "--long-after": ("long_after_s", float, "seconds per request it serves after which a running call is long, "
-                     "whatever its work"),
+    "--long-after": ("long_after_s", float, "seconds per request it serves after which the next batches run "
+                     "beside a running call instead of waiting for it, whatever its work"),
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),

@@ -11,11 +11,11 @@ running after `long_after` seconds per request it serves (the work counts steps 
 request just under `long_work` can take seconds; a call for many requests may hold the next batch for longer, as
 the engine's fair turns let it hold the engine longer, so that the clients of a busy server keep meeting in full
 batches rather than splitting into small ones that run in turns). The next batches then run beside it, taking
-turns step by step, so that one large request never holds up the small ones (at most engine.MAX_LONG long calls
-at once: one more is refused, engine.Crowded, rather than all running in turns until each times out; short work
-is never refused for this). A request over `long_work`, or of more texts than `max_batch`, is never merged with
-others nor streamed: it runs alone, so that nobody's answer waits for its end, and the continuous batch never
-holds more than `max_batch` sentences.
+turns step by step, so that one large request never holds up the small ones. A request over `long_work`, or of
+more texts than `max_batch`, is never merged with others nor streamed: it runs alone, so that nobody's answer
+waits for its end, and the continuous batch never holds more than `max_batch` sentences. Which calls are long,
+and how many of them may run at once, is the engine's (engine.MAX_LONG): by their work, or by the engine's own
+time they take, never by how long they waited for turns (the collector's clock runs on under load).
 
 Under load (the last batch merged several requests) it also waits up to `max_wait` seconds for as many requests as
 last time: the clients of a batch send their next requests just after its answers go out, and would otherwise be
@@ -84,7 +84,8 @@ class Batcher:
         The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this in a task of
         its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
-        job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work)
+        job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
+                  long=work > self.long_work)
         if self.streamed(settings, mergeable, len(texts), work):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
@@ -148,18 +149,17 @@ class Batcher:
         return list(groups.values()) + alone
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
-        """Start one call for `group`; wait for it to end unless it is long (by its work, or once it has run for
-        `long_after` seconds per request), marked long for the engine (engine.MAX_LONG)."""
+        """Start one call for `group`; wait for it to end unless it is long by its work, or still running after
+        `long_after` seconds per request (which does not make it long for the engine: under load, every call
+        runs that long in turns)."""
         settled = loop.create_task(self._settle(loop, group))
-        if sum(job.work for job in group) <= self.long_work:
+        if not any(job.long for job in group):
             try:
                 await asyncio.wait([settled], timeout=self.long_after * len(group))
             except asyncio.CancelledError:  # stopping: asyncio.wait does not cancel what it waits for
                 settled.cancel()
                 raise
         if not settled.done():
-            for job in group:
-                job.long = True
             self._long.add(settled)
             settled.add_done_callback(self._long.discard)
 

@@ -38,7 +38,7 @@ class Job:
     mergeable: bool
     future: asyncio.Future = field(repr=False)
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
-    long: bool = False                # its call runs beside the batches (set by the batcher): see MAX_LONG
+    long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -59,10 +59,12 @@ class Call:
     steps: Steps[list] | None = None
     used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
     since: float = 0.0                # the Engine's clock when it became active
+    own: float = 0.0                  # engine seconds spent on its steps
 
     @property
     def long(self) -> bool:
-        return any(job.long for job in self.jobs)
+        """Long by its work (Job.long), or by the engine time its steps took: over LONG_S per request it serves."""
+        return any(job.long for job in self.jobs) or self.own > LONG_S * len(self.jobs)
 
     @property
     def gone(self) -> bool:
@@ -102,9 +104,17 @@ class Call:
 
 
 MAX_LONG = 4
-"""Long calls (Job.long) that may take turns at once; one more is refused (Crowded: the server answers 429, retry
+"""Long calls (Call.long) that may take turns at once; one more is refused (Crowded: the server answers 429, retry
 later). Otherwise, under overload, every long call would run in turns until each timed out; and holding it back
 would leave it to time out all the same, waiting. Short work is never refused for this."""
+
+LONG_S = 1.0
+"""Seconds of the engine's time on its own steps, per request it serves, after which a call is long whatever its
+work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary requests take
+less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the median and 0.55 s
+for the longest test sentences, beam 16 up to 0.72 s; less per request in a call for many. The time a call waits
+for its turns does not count, so that load alone never makes a call long: with the batcher's clock instead, 32
+clients sending one-sentence beam-5 requests got 429 busy."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -256,7 +266,10 @@ class Engine:
                 self.metrics.step(len(pick))
                 pick.advance()
                 over = not len(pick)
-            pick.used += (time.perf_counter() - began) / weight
+            took = time.perf_counter() - began
+            pick.used += took / weight
+            if isinstance(pick, Call):
+                pick.own += took
             if over and len(active) > 1:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
