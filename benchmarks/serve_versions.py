@@ -6,9 +6,11 @@ revision is checked out into a temporary git worktree (removed at the end), each
 own source tree, and every sentence of Multi30k test_2016_flickr (de, the first `--sentences`) is sent to one and then
 the other, one request at a time on a keep-alive connection, the order alternating per sentence. Figures: each
 version's median latency, the median of the per-sentence ratios new/old and of the differences, and whether the two
-answered every sentence alike.
+answered every sentence alike. With `--clients N`, then throughput: the sentences sent by N clients in flight
+(serve_load.py's client) to each server in turns, `--repeats` times, the order alternating; sentences/s of each.
 
 usage: python benchmarks/serve_versions.py --against 600882e [--sentences 400] [--beam 1] [--threads 1]
+                                           [--clients 32 --repeats 4] [--out serve_versions]
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from common import ROOT, cached_model, model_fingerprint, write_result
 from decode_versions import git
 from serve_guards import sentences, start_server
-from serve_load import MODEL, ask, request_body
+from serve_load import MODEL, ask, request_body, run_worker
 
 
 async def alternate(ports: dict[str, int], texts: list[str], beam: int, warm_up: int = 30) -> dict:
@@ -44,6 +46,24 @@ async def alternate(ports: dict[str, int], texts: list[str], beam: int, warm_up:
     return {"latency": latency, "answers": answers}
 
 
+def throughput(ports: dict[str, int], texts: list[str], beam: int, clients: int, repeats: int, threads: int) -> dict:
+    """Each server in turns (the order alternating) translating `texts` sent by `clients` clients in flight:
+    sentences/s of each turn, and whether every turn answered alike."""
+    rates, answers = {name: [] for name in ports}, set()
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(texts, f)
+        f.flush()
+        for r in range(repeats):
+            for name in (list(ports) if r % 2 == 0 else list(ports)[::-1]):
+                out = run_worker(["--client", f"http://127.0.0.1:{ports[name]}", f.name, str(beam), str(clients), "0"],
+                                 threads)
+                rates[name].append(out["sentences_per_s"])
+                answers.add(out["answers_sha"])
+                print(f"{name} {clients} clients: {out['sentences_per_s']} sentences/s", flush=True)
+    return {"clients": clients, "sentences_per_s": rates, "same_answers": len(answers) == 1,
+            "new_over_old_median": round(statistics.median(rates["new"]) / statistics.median(rates["old"]), 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: serve_load.py's, the cached multi30k-de-en model)")
@@ -51,6 +71,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=400)
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of each server")
+    parser.add_argument("--clients", type=int, help="then throughput with this many clients in flight")
+    parser.add_argument("--repeats", type=int, default=4, help="turns of each server with --clients")
+    parser.add_argument("--out", default="serve_versions", help="the result's name in benchmarks/results")
     args = parser.parse_args()
     model = Path(args.model).resolve() if args.model else cached_model("multi30k-de-en", MODEL)
     texts = sentences(args.sentences)
@@ -65,6 +88,8 @@ def main() -> None:
                 server, ports[name] = start_server(model, args.threads, root=root)
                 servers.append(server)
             out = asyncio.run(alternate(ports, texts, args.beam))
+            if args.clients:
+                out["throughput"] = throughput(ports, texts, args.beam, args.clients, args.repeats, args.threads)
         finally:
             for server in servers:
                 server.terminate()
@@ -77,8 +102,10 @@ def main() -> None:
                "new_over_old_paired": round(statistics.median(b / a for a, b in zip(old, new)), 4),
                "extra_ms_median": round(1000 * statistics.median(b - a for a, b in zip(old, new)), 3),
                "same_answers": out["answers"]["old"] == out["answers"]["new"]}
+    if "throughput" in out:
+        figures["throughput"] = out["throughput"]
     print(json.dumps(figures, indent=1))
-    write_result("serve_versions", figures)
+    write_result(args.out, figures)
 
 
 if __name__ == "__main__":
