@@ -190,33 +190,74 @@ def test_one_long_call_more_than_max_long_is_refused_and_short_work_is_not(monke
     run(test)
 
 
-def stepping(fake, started: list):
-    """translate(texts, settings) whose calls step (2 ms of the engine's time each) until released, noting which
-    started; "short" calls end at once."""
+def stepping(fake, started: list, step=lambda: time.sleep(0.002)):
+    """translate(texts, settings) whose calls run `step` (2 ms asleep: waiting, not the engine's CPU) until
+    released, noting which started; "short" calls end at once."""
     def steps(texts):
         started.append(texts[0])
         while not fake.release.is_set():
-            time.sleep(0.002)
+            step()
             yield
         return texts
     return lambda texts, settings: steps(texts) if settings != "short" else fake(texts, settings)
 
 
+def spin(seconds: float = 0.002) -> None:
+    """A step's CPU time, as a model's decoder step takes."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_call_whose_requests_together_are_over_long_work_is_not_waited_for():
+    """Each request within long_work, merged over it: the collector goes on at once (waiting up to long_after per
+    request, 2 s here, a request with other settings waited that long behind it)."""
+    async def test(batcher, fake):
+        batcher.long_after, batcher.max_wait = 1.0, 0.05
+        merged = [asyncio.ensure_future(batcher.submit([t], "long", work=60)) for t in "ab"]
+        await until(lambda: fake.steps > 0)
+        assert await asyncio.wait_for(batcher.submit(["c"], "short", work=1), 0.5) == ["C"]
+        assert not any(job.done() for job in merged)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*merged), 5) == [["A"], ["B"]]
+    run(test)
+
+
 def test_calls_that_run_long_only_by_waiting_for_turns_are_never_refused(monkeypatch):
     """Load is not size: past long_after the collector goes on, and the calls then take turns, each running longer
     by the clock; they counted as long, and beyond MAX_LONG ordinary requests got 429 busy (32 clients sending
-    one-sentence beam-5 requests to a default server)."""
+    one-sentence beam-5 requests to a default server). Four calls in turns for 0.8 s: each has had about 0.2 s of
+    its own steps, 0.8 s by the clock."""
     monkeypatch.setattr(engine, "MAX_LONG", 2)
+    monkeypatch.setattr(engine, "LONG_S", 0.35)
 
     async def test(batcher, fake):
         started = []
-        batcher.translate, batcher.long_after = stepping(fake, started), 0.01
-        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"]  # settings apart
-        await until(lambda: len(started) == 3)
-        await asyncio.sleep(0.3)  # each far past long_after by the clock, at about 0.1 s of its own steps
+        batcher.translate, batcher.long_after = stepping(fake, started, spin), 0.01
+        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abcd"]  # settings apart
+        await until(lambda: len(started) == 4)
+        await asyncio.sleep(0.8)
         assert not any(job.done() for job in jobs)
         fake.release.set()
-        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"]]
+        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"], ["d"]]
+    run(test)
+
+
+def test_the_time_a_step_waits_is_not_the_calls_own(monkeypatch):
+    """A step's time asleep stands for its waits: for the GIL, which the event loop holds between the model's
+    operations, or for a core. Under load they grow, and counted as the call's own they made ordinary calls long."""
+    monkeypatch.setattr(engine, "MAX_LONG", 1)
+    monkeypatch.setattr(engine, "LONG_S", 0.05)
+
+    async def test(batcher, fake):
+        started = []
+        batcher.translate, batcher.long_after = stepping(fake, started, lambda: time.sleep(0.005)), 0.01
+        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "ab"]
+        await until(lambda: len(started) == 2)
+        await asyncio.sleep(0.4)  # each about 0.2 s asleep in its steps
+        assert not any(job.done() for job in jobs)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"]]
     run(test)
 
 
@@ -228,14 +269,35 @@ def test_a_call_long_by_its_own_engine_time_counts_towards_max_long(monkeypatch)
 
     async def test(batcher, fake):
         started = []
-        batcher.translate, batcher.long_after = stepping(fake, started), 0.01
-        jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"}
-        with pytest.raises(engine.Crowded):
-            await asyncio.wait_for(jobs["c"], 5)
+        batcher.translate, batcher.long_after = stepping(fake, started, spin), 0.01
+        jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"]
+        await until(lambda: any(job.done() for job in jobs))  # (which turns long last: as their turns fall)
         assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
-        assert not jobs["a"].done() and not jobs["b"].done()
+        refused = [job for job in jobs if job.done()]
+        assert len(refused) == 1 and isinstance(refused[0].exception(), engine.Crowded)
         fake.release.set()
-        assert await asyncio.wait_for(asyncio.gather(jobs["a"], jobs["b"]), 5) == [["a"], ["b"]]
+        kept = [job for job in jobs if job is not refused[0]]
+        assert len(await asyncio.wait_for(asyncio.gather(*kept), 5)) == 2
+    run(test)
+
+
+def test_a_call_turning_long_by_its_time_never_displaces_one_counted_before_it(monkeypatch):
+    """Beyond MAX_LONG, the call refused is the one that turned long last: a call that was admitted and counted
+    as long (by its work) and has been decoding since is not stopped because an older call turned long later."""
+    monkeypatch.setattr(engine, "MAX_LONG", 2)
+    monkeypatch.setattr(engine, "LONG_S", 0.1)
+
+    async def test(batcher, fake):
+        started = []
+        batcher.translate, batcher.long_after = stepping(fake, started, spin), 0.01
+        first = asyncio.ensure_future(batcher.submit(["a"], "a", work=1))  # long only once its steps take 0.1 s
+        await until(lambda: started == ["a"])
+        big = [asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "bc"]  # long on arrival
+        with pytest.raises(engine.Crowded):
+            await asyncio.wait_for(first, 5)
+        assert not any(job.done() for job in big)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*big), 5) == [["b"], ["c"]]
     run(test)
 
 

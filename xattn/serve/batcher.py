@@ -149,11 +149,11 @@ class Batcher:
         return list(groups.values()) + alone
 
     async def _call(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
-        """Start one call for `group`; wait for it to end unless it is long by its work, or still running after
-        `long_after` seconds per request (which does not make it long for the engine: under load, every call
-        runs that long in turns)."""
+        """Start one call for `group`; wait for it to end unless its requests' work is over long_work, or it is
+        still running after `long_after` seconds per request (which does not make it long for the engine: under
+        load, every call runs that long in turns)."""
         settled = loop.create_task(self._settle(loop, group))
-        if not any(job.long for job in group):
+        if sum(job.work for job in group) <= self.long_work:
             try:
                 await asyncio.wait([settled], timeout=self.long_after * len(group))
             except asyncio.CancelledError:  # stopping: asyncio.wait does not cancel what it waits for

@@ -59,7 +59,8 @@ class Call:
     steps: Steps[list] | None = None
     used: float = 0.0                 # engine seconds spent on it per request (Engine's fair share)
     since: float = 0.0                # the Engine's clock when it became active
-    own: float = 0.0                  # engine seconds spent on its steps
+    own: float = 0.0                  # the engine thread's CPU seconds on its steps (see LONG_S)
+    turned: int = 0                   # when it turned long, counted among long calls (0: not yet; MAX_LONG)
 
     @property
     def long(self) -> bool:
@@ -105,16 +106,20 @@ class Call:
 
 MAX_LONG = 4
 """Long calls (Call.long) that may take turns at once; one more is refused (Crowded: the server answers 429, retry
-later). Otherwise, under overload, every long call would run in turns until each timed out; and holding it back
-would leave it to time out all the same, waiting. Short work is never refused for this."""
+later): the one that turned long last, on arrival by its work or while it runs by its time, never one counted
+before it. Otherwise, under overload, every long call would run in turns until each timed out; and holding it back
+would leave it to time out all the same, waiting. A call short by both counts, and the continuous batch, is never
+refused for this."""
 
 LONG_S = 1.0
-"""Seconds of the engine's time on its own steps, per request it serves, after which a call is long whatever its
-work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary requests take
+"""CPU seconds of the engine's thread on a call's own steps, per request it serves, after which the call is long
+whatever its work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary requests take
 less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the median and 0.55 s
 for the longest test sentences, beam 16 up to 0.72 s; less per request in a call for many. The time a call waits
-for its turns does not count, so that load alone never makes a call long: with the batcher's clock instead, 32
-clients sending one-sentence beam-5 requests got 429 busy."""
+for its turns does not count, nor the time its steps wait for the GIL (held by the event loop between PyTorch
+operations) or for a core (time.thread_time, which with several PyTorch threads still counts the whole of each
+operation, the engine's thread taking its part), so that load alone never makes a call long: with the batcher's
+clock instead, 32 clients sending one-sentence beam-5 requests got 429 busy."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -205,6 +210,7 @@ class Engine:
         self.clock = 0.0                # the least share the running work has reached, never decreasing (an
         #                                 arrival within its lead sits below it)
         self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
+        self.long_calls = 0             # calls that have turned long so far (Call.turned)
 
     def start(self) -> None:
         self.thread.start()
@@ -250,14 +256,12 @@ class Engine:
                     if not len(streaming) and len(active) > 1:  # emptied by its clients leaving
                         self.went_idle(streaming)
             self._admit(held, open_)
-            for call in [call for call in calls if call.long][MAX_LONG:]:  # (in arrival order)
-                call.stop(Crowded())
-                calls.remove(call)
+            self._refuse_crowded(calls)
             active = [*calls, *(s for s in open_.values() if len(s))]
             if not active:
                 continue
             pick = min(active, key=lambda work: work.used)
-            weight, began = pick.weight, time.perf_counter()
+            weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
             if isinstance(pick, Call):
                 over = pick.advance()
                 if over:
@@ -266,14 +270,23 @@ class Engine:
                 self.metrics.step(len(pick))
                 pick.advance()
                 over = not len(pick)
-            took = time.perf_counter() - began
-            pick.used += took / weight
+            pick.used += (time.perf_counter() - began) / weight
             if isinstance(pick, Call):
-                pick.own += took
+                pick.own += time.thread_time() - cpu
             if over and len(active) > 1:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
+
+    def _refuse_crowded(self, calls: list[Call]) -> None:
+        """Beyond MAX_LONG long calls, those that turned long last are refused (Crowded) and leave `calls`."""
+        for call in calls:  # (those turning long together: in arrival order)
+            if not call.turned and call.long:
+                self.long_calls += 1
+                call.turned = self.long_calls
+        for call in sorted((call for call in calls if call.turned), key=lambda call: call.turned)[MAX_LONG:]:
+            call.stop(Crowded())
+            calls.remove(call)
 
     def start_share(self) -> float:
         """The share that work becoming active starts with: CREDIT below the clock, but not below `floor`
