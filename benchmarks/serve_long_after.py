@@ -2,8 +2,8 @@
 requests beside a request just under `--long-work`.
 
 The batcher waits for a translate call to end before it collects the next batch (so that requests arriving
-meanwhile share one), unless the call is long: by its work (over `--long-work`), or by time (still running after
-`--long-after` seconds per request it serves). This compares servers that differ only in that flag, in turns, on the
+meanwhile share one), unless its work is over `--long-work`, or it is still running after `--long-after` seconds per
+request it serves. This compares servers that differ only in that flag, in turns, on the
 benchmark model (the one of serve_load.py), 1 thread:
 - AFTER seconds per request (the default 0.1, or what `--after` gives), against 1000 (the collector always waits for
   a call within `--long-work`, as before the flag);

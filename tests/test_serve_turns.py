@@ -1,11 +1,12 @@
-"""Translate calls in turns (xattn/serve/batcher.py): a call runs one decoder step at a time on the engine, a long
-one (work over long_work, or running past long_after) beside the next batches, at most engine.MAX_LONG long ones
-at once, and a call whose clients all gave up stops between two steps."""
+"""Translate calls in turns (xattn/serve/batcher.py): a call runs one decoder step at a time on the engine, beside
+the next batches once its work is over long_work or it runs past long_after; at most engine.MAX_LONG long calls (by
+their work, or by their own CPU time) at once; and a call whose clients all gave up stops between two steps."""
 import asyncio
 import dataclasses
 import shutil
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -17,6 +18,8 @@ from xattn.decoding import done  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve import engine  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
+from xattn.serve.engine import Call, Job  # noqa: E402
+from xattn.serve.metrics import BatchMetrics  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
 
@@ -207,6 +210,28 @@ def spin(seconds: float = 0.002) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def test_a_long_call_whose_clients_left_does_not_count_towards_max_long(monkeypatch):
+    """A call whose clients gave up stops at its next turn; until then it took a place among the long calls, and
+    a live one arriving meanwhile was refused although there was room."""
+    monkeypatch.setattr(engine, "MAX_LONG", 2)
+    loop = asyncio.new_event_loop()
+    try:
+        def call(gone: bool):
+            job = Job(["x"], "s", False, loop.create_future(), work=101, long=True)
+            if gone:
+                job.future.cancel()
+            return Call(lambda: None, [job], Future())
+        calls = [call(True), call(False), call(False)]
+        eng = engine.Engine(None, 64, BatchMetrics())
+        eng._refuse_crowded(calls)
+        assert len(calls) == 3 and not any(c.future.done() for c in calls)
+        fourth = call(False)  # now one too many: the one that turned long last is refused
+        eng._refuse_crowded([*calls, fourth])
+        assert isinstance(fourth.future.exception(), engine.Crowded) and not any(c.future.done() for c in calls)
+    finally:
+        loop.close()
 
 
 def test_a_call_whose_requests_together_are_over_long_work_is_not_waited_for():

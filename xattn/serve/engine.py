@@ -116,10 +116,11 @@ LONG_S = 1.0
 whatever its work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary requests take
 less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the median and 0.55 s
 for the longest test sentences, beam 16 up to 0.72 s; less per request in a call for many. The time a call waits
-for its turns does not count, nor the time its steps wait for the GIL (held by the event loop between PyTorch
-operations) or for a core (time.thread_time, which with several PyTorch threads still counts the whole of each
-operation, the engine's thread taking its part), so that load alone never makes a call long: with the batcher's
-clock instead, 32 clients sending one-sentence beam-5 requests got 429 busy."""
+for its turns does not count, nor the time its steps wait for the GIL, which the event loop holds between PyTorch
+operations (time.thread_time), so that the server's own load does not make a call long: with the batcher's clock
+instead, 32 clients sending one-sentence beam-5 requests got 429 busy. Other work on the same cores still inflates
+it: 2-3x beside a busy process in a review's probe (the engine's thread also spins at the barriers of PyTorch's own
+threads while one of them waits for a core)."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -279,12 +280,14 @@ class Engine:
                 del open_[settings]
 
     def _refuse_crowded(self, calls: list[Call]) -> None:
-        """Beyond MAX_LONG long calls, those that turned long last are refused (Crowded) and leave `calls`."""
+        """Beyond MAX_LONG long calls whose clients are still there, those that turned long last are refused
+        (Crowded) and leave `calls`."""
         for call in calls:  # (those turning long together: in arrival order)
             if not call.turned and call.long:
                 self.long_calls += 1
                 call.turned = self.long_calls
-        for call in sorted((call for call in calls if call.turned), key=lambda call: call.turned)[MAX_LONG:]:
+        counted = [call for call in calls if call.turned and not call.gone]  # (the gone stop at their next turn)
+        for call in sorted(counted, key=lambda call: call.turned)[MAX_LONG:]:
             call.stop(Crowded())
             calls.remove(call)
 
