@@ -17,7 +17,7 @@ import xattn  # noqa: E402
 from xattn.decoding import done  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve import engine  # noqa: E402
-from xattn.serve.batcher import Batcher  # noqa: E402
+from xattn.serve.batcher import Batcher, QueueFull  # noqa: E402
 from xattn.serve.engine import Call, Job  # noqa: E402
 from xattn.serve.metrics import BatchMetrics  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
@@ -232,6 +232,25 @@ def test_a_long_call_whose_clients_left_does_not_count_towards_max_long(monkeypa
         assert isinstance(fourth.future.exception(), engine.Crowded) and not any(c.future.done() for c in calls)
     finally:
         loop.close()
+
+
+def test_requests_in_calls_no_longer_waited_for_count_towards_the_queue():
+    """Requests arriving faster than calls end: the collector took each into a call and went on, so the queue never
+    filled, nothing was refused, and the later requests timed out in turns (a review's probe at twice the engine's
+    rate: 7 of 40 answered, 33 timed out). With the queue's room taken by them, the next one is refused at once."""
+    async def test(batcher, fake):
+        started = []
+        batcher.translate, batcher.long_after, batcher.queue_size = stepping(fake, started, spin), 0.01, 3
+        running = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"]  # settings apart
+        await until(lambda: len(started) == 3)
+        await asyncio.sleep(0.1)  # each call past long_after: not waited for
+        with pytest.raises(QueueFull):
+            await asyncio.wait_for(batcher.submit(["d"], "d", work=1), 1)
+        fake.release.set()
+        assert await asyncio.wait_for(asyncio.gather(*running), 5) == [["a"], ["b"], ["c"]]
+        await until(lambda: batcher.beside == 0)
+        assert await asyncio.wait_for(batcher.submit(["e"], "short", work=1), 5) == ["E"]  # room again
+    run(test)
 
 
 def test_a_call_whose_requests_together_are_over_long_work_is_not_waited_for():

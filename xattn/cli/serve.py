@@ -27,7 +27,7 @@ LIMIT_FLAGS = {
     "--long-after": ("long_after_s", float, "seconds per request it serves after which the next batches run "
                      "beside a running call instead of waiting for it, whatever its work"),
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
-    "--queue-size": ("queue_size", int, "requests waiting before 429"),
+    "--queue-size": ("queue_size", int, "requests waiting (or running beside the next batches) before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
     "--batch-size": ("max_batch", int, "sentences per translate call"),
     "--batch-wait-ms": ("batch_wait_ms", float, "milliseconds the batcher waits for more requests"),

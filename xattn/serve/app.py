@@ -215,7 +215,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     try:
         done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, timeout=limits.timeout_s)
     except QueueFull:
-        raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting); retry later",
+        raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting or in turns); retry later",
                        "busy", {"Retry-After": "1"}) from None
     except Crowded:
         raise ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",

@@ -1,9 +1,11 @@
 """Cross-request batching: requests with the same decoding settings share one translate call, and plain
 greedy requests share a continuous batch.
 
-Requests wait in a bounded queue. One collector task takes the first, then whatever else is queued, up to
-`max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch`
-runs alone), groups them by settings and runs one translate call per group on the engine thread
+Requests wait in a bounded queue, which also counts the requests of the calls the collector no longer waits for
+(below): otherwise requests arriving faster than calls end would all be taken into calls running in turns, and the
+later ones would time out instead of being refused at once. One collector task takes the first, then whatever
+else is queued, up to `max_batch` sentences (a request that would go over starts the next batch; one larger than
+`max_batch` runs alone), groups them by settings and runs one translate call per group on the engine thread
 (serve/engine.py), so the event loop never blocks and concurrent clients share batches. The collector waits
 for a call to end before it collects the next batch, so that the requests arriving meanwhile share it; but not
 for long: a call whose requests' work (api.check_work) is over `long_work` is not waited for, nor one still
@@ -55,6 +57,7 @@ class Batcher:
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
         self._long: set[asyncio.Task] = set()  # calls the collector does not wait for
+        self.beside = 0                 # the requests of those calls: with the queue's, at most queue_size
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
     @property
@@ -92,6 +95,8 @@ class Batcher:
             self.engine.submit(job)
         else:
             try:
+                if self.queue.qsize() + self.beside >= self.queue_size:  # arrivals faster than calls end
+                    raise asyncio.QueueFull
                 self.queue.put_nowait(job)
             except asyncio.QueueFull:
                 raise QueueFull from None
@@ -161,7 +166,12 @@ class Batcher:
                 raise
         if not settled.done():
             self._long.add(settled)
-            settled.add_done_callback(self._long.discard)
+            self.beside += len(group)
+            settled.add_done_callback(lambda task: self._ended_beside(task, len(group)))
+
+    def _ended_beside(self, task: asyncio.Task, requests: int) -> None:
+        self._long.discard(task)
+        self.beside -= requests
 
     async def _settle(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         """Run one call for `group` on the engine and answer its requests."""

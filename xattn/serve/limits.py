@@ -18,7 +18,7 @@ class Limits:
     long_work: int = 4096              # work above which a request runs alone, beside the next batches, in turns
     long_after_s: float = 0.1          # a call still running after this long per request runs beside the next ones too
     max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
-    queue_size: int = 256              # requests waiting: more is 429
+    queue_size: int = 256              # requests waiting, or in calls no longer waited for: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
     max_batch: int = 64                # sentences in one translate call
     batch_wait_ms: float = 5.0         # under load, how long the batcher may wait for a batch as large as the last
