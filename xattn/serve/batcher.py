@@ -56,9 +56,13 @@ class Batcher:
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
-        self._long: set[asyncio.Task] = set()  # calls the collector does not wait for
-        self.beside = 0                 # the requests of those calls: with the queue's, at most queue_size
+        self._long: dict[asyncio.Task, int] = {}  # calls the collector does not wait for -> their requests
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
+
+    @property
+    def beside(self) -> int:
+        """The requests of the calls the collector does not wait for: with the queue's, at most queue_size."""
+        return sum(self._long.values())
 
     @property
     def depth(self) -> int:
@@ -94,12 +98,9 @@ class Batcher:
                 raise QueueFull
             self.engine.submit(job)
         else:
-            try:
-                if self.queue.qsize() + self.beside >= self.queue_size:  # arrivals faster than calls end
-                    raise asyncio.QueueFull
-                self.queue.put_nowait(job)
-            except asyncio.QueueFull:
-                raise QueueFull from None
+            if self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)
+                raise QueueFull
+            self.queue.put_nowait(job)
         expiry = loop.call_later(timeout, expire, job.future) if timeout is not None else None
         try:
             return await job.future
@@ -165,13 +166,8 @@ class Batcher:
                 settled.cancel()
                 raise
         if not settled.done():
-            self._long.add(settled)
-            self.beside += len(group)
-            settled.add_done_callback(lambda task: self._ended_beside(task, len(group)))
-
-    def _ended_beside(self, task: asyncio.Task, requests: int) -> None:
-        self._long.discard(task)
-        self.beside -= requests
+            self._long[settled] = len(group)
+            settled.add_done_callback(self._long.pop)
 
     async def _settle(self, loop: asyncio.AbstractEventLoop, group: list[Job]) -> None:
         """Run one call for `group` on the engine and answer its requests."""

@@ -64,7 +64,7 @@ class Call:
 
     @property
     def long(self) -> bool:
-        """Long by its work (Job.long), or by the engine time its steps took: over LONG_S per request it serves."""
+        """Long by its work (Job.long), or by the CPU time its steps took: over LONG_S per request it serves."""
         return any(job.long for job in self.jobs) or self.own > LONG_S * len(self.jobs)
 
     @property
@@ -113,8 +113,8 @@ refused for this."""
 
 LONG_S = 1.0
 """CPU seconds of the engine's thread on a call's own steps, per request it serves, after which the call is long
-whatever its work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary requests take
-less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the median and 0.55 s
+whatever its work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary
+requests take less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the median and 0.55 s
 for the longest test sentences, beam 16 up to 0.72 s; less per request in a call for many. The time a call waits
 for its turns does not count, nor the time its steps wait for the GIL, which the event loop holds between PyTorch
 operations (time.thread_time), so that the server's own load does not make a call long: with the batcher's clock
@@ -265,6 +265,7 @@ class Engine:
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
             if isinstance(pick, Call):
                 over = pick.advance()
+                pick.own += time.thread_time() - cpu
                 if over:
                     calls.remove(pick)
             else:
@@ -272,8 +273,6 @@ class Engine:
                 pick.advance()
                 over = not len(pick)
             pick.used += (time.perf_counter() - began) / weight
-            if isinstance(pick, Call):
-                pick.own += time.thread_time() - cpu
             if over and len(active) > 1:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
