@@ -20,7 +20,9 @@ import json
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from common import ROOT, cached_model, model_fingerprint, write_result
 from decode_versions import git
@@ -64,6 +66,27 @@ def throughput(ports: dict[str, int], texts: list[str], beam: int, clients: int,
             "new_over_old_median": round(statistics.median(rates["new"]) / statistics.median(rates["old"]), 4)}
 
 
+@contextmanager
+def side_by_side(model: Path, against: str, threads: int) -> Iterator[dict[str, int]]:
+    """`xattn serve` of the revision `against` (checked out into a temporary git worktree, removed at the end) and
+    of this tree, both up, each with `threads` threads: their ports, as {"old": ..., "new": ...}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        old_root = Path(tmp, f"xattn-{against}")
+        git("worktree", "add", "--detach", str(old_root), against)
+        servers = []
+        try:
+            ports = {}
+            for name, root in (("old", old_root), ("new", ROOT)):
+                server, ports[name] = start_server(model, threads, root=root)
+                servers.append(server)
+            yield ports
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait()
+            git("worktree", "remove", "--force", str(old_root))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: serve_load.py's, the cached multi30k-de-en model)")
@@ -78,23 +101,10 @@ def main() -> None:
     model = Path(args.model).resolve() if args.model else cached_model("multi30k-de-en", MODEL)
     texts = sentences(args.sentences)
     against = git("rev-parse", "--short", args.against)
-    with tempfile.TemporaryDirectory() as tmp:
-        old_root = Path(tmp, f"xattn-{against}")
-        git("worktree", "add", "--detach", str(old_root), against)
-        servers = []
-        try:
-            ports = {}
-            for name, root in (("old", old_root), ("new", ROOT)):
-                server, ports[name] = start_server(model, args.threads, root=root)
-                servers.append(server)
-            out = asyncio.run(alternate(ports, texts, args.beam))
-            if args.clients:
-                out["throughput"] = throughput(ports, texts, args.beam, args.clients, args.repeats, args.threads)
-        finally:
-            for server in servers:
-                server.terminate()
-                server.wait()
-            git("worktree", "remove", "--force", str(old_root))
+    with side_by_side(model, against, args.threads) as ports:
+        out = asyncio.run(alternate(ports, texts, args.beam))
+        if args.clients:
+            out["throughput"] = throughput(ports, texts, args.beam, args.clients, args.repeats, args.threads)
     old, new = out["latency"]["old"], out["latency"]["new"]
     figures = {"against": against, "model": model_fingerprint(model) | {"overrides": MODEL}, "sentences": len(texts), "beam": args.beam,
                "threads": args.threads, "old_p50_ms": round(1000 * statistics.median(old), 3),

@@ -29,6 +29,9 @@ LIMIT_FLAGS = {
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting (or running beside the next batches) before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
+    "--max-backlog": ("max_backlog_s", float, "seconds of translation that the requests admitted before a request "
+                      "would keep it waiting (estimated from the server's measured rate), beyond which it is refused "
+                      "with 429 at once rather than left to time out; default: half of --timeout"),
     "--batch-size": ("max_batch", int, "sentences per translate call"),
     "--batch-wait-ms": ("batch_wait_ms", float, "milliseconds the batcher waits for more requests"),
 }
@@ -57,9 +60,12 @@ def register(sub) -> None:
     p.add_argument("--cors-origin", help="allow browser requests from this origin, e.g. https://example.org:8443, or * "
                    "for any (default: none)")
     for flag, (name, kind, help) in LIMIT_FLAGS.items():
-        p.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"{help} (default {getattr(defaults, name)})")
+        default = getattr(defaults, name)
+        p.add_argument(flag, type=kind, default=default,
+                       help=help if default is None else f"{help} (default {default})")
     for flag, (_, kind, default, help) in CONNECTION_FLAGS.items():
-        p.add_argument(flag, type=kind, default=default, help=help if default is None else f"{help} (default {default})")
+        p.add_argument(flag, type=kind, default=default,
+                       help=help if default is None else f"{help} (default {default})")
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr (each line is JSON: "
                    "id, route, status, ms, texts, characters, output tokens, and whether it joined the continuous "
                    "batch or a translate call)")
@@ -150,8 +156,14 @@ def checked_flags(args) -> tuple[dict, dict]:
     values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in LIMIT_FLAGS.items()}
     for flag, (name, _, _) in LIMIT_FLAGS.items():
         value = values[name]
+        if value is None:  # (a default that follows another flag's)
+            continue
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_wait_ms"):
             raise XattnError(f"{flag}: must be {'>= 0' if name == 'batch_wait_ms' else '> 0'}, got {value}")
+    if values["max_backlog_s"] is not None and values["max_backlog_s"] > values["timeout_s"]:
+        raise XattnError(f"--max-backlog: {values['max_backlog_s']:g} s is above --timeout "
+                         f"({values['timeout_s']:g} s), so requests admitted would time out before their turn; "
+                         "lower it")
     if values["max_n_best"] > values["max_beam"]:
         raise XattnError(f"--max-n-best: {values['max_n_best']} is above --max-beam ({values['max_beam']}); n-best "
                          "hypotheses come from the beam, so lower it or raise --max-beam")

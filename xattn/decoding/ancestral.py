@@ -76,7 +76,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
             alive, token = alive[keep], token[keep]
             sentences = alive // copies if vocab is not None else None
         last = token.unsqueeze(1)
-        yield
+        yield raw.shape[0]
     stop = {cfg.eos_id, cfg.pad_id}
     hyps = [hypothesis(ids, stop, lp, alpha, 0.0, attention[r].cpu() if attention is not None else None, cut)
             for r, (ids, lp, cut) in enumerate(zip(out.cpu().tolist(), log_prob.cpu().tolist(), relaxed.tolist()))]

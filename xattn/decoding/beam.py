@@ -260,7 +260,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         cache.select((torch.arange(N, device=device).unsqueeze(1) * K + c.parent.gather(1, pick))[keep].view(-1))
         beam = beam.keep(keep)
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
-        yield
+        yield N * K
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
 
 

@@ -21,8 +21,9 @@ Step = Callable[..., tuple[Tensor, Tensor | None]]
 """(tokens (N, 1), cache[, the sentence of each row or group of rows]) -> this step's log-probabilities (N, V)
 and cross-attention (or None): make_step."""
 R = TypeVar("R")
-Steps = Generator[None, None, R]
-"""A computation run one decoder step per `next()`: it yields between two steps and returns its result.
+Steps = Generator[int, None, R]
+"""A computation run one decoder step per `next()`: it yields between two steps (the rows of the step it took:
+serve/backlog.py's rate) and returns its result.
 Searches are written this way (search_steps) so that a server can run several in turns on one thread and
 drop one between steps (serve/engine.py); `finish` runs one to its end."""
 
@@ -39,7 +40,7 @@ def finish(steps: Steps[R]) -> R:
 def done(value: R) -> Steps[R]:
     """Steps that take none: `value` at once."""
     return value
-    yield  # a generator function: the first next() returns `value`
+    yield 0  # a generator function: the first next() returns `value`
 
 
 @dataclass(frozen=True)

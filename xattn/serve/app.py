@@ -29,6 +29,7 @@ from xattn.io import json_text
 from xattn.serve import detect as identifier
 from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
+from xattn.serve.backlog import Overloaded
 from xattn.serve.batcher import QueueFull
 from xattn.serve.engine import MAX_LONG, Crowded
 from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
@@ -220,6 +221,9 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     except Crowded:
         raise ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",
                        "busy", {"Retry-After": "5"}) from None
+    except Overloaded as e:
+        raise ApiError(429, f"the server is busy: {e} (--max-backlog), so this request would not be answered in time; "
+                       "retry later", "busy", {"Retry-After": str(e.retry_after)}) from None
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
     except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)

@@ -77,24 +77,24 @@ class Call:
         """The requests it serves: those whose clients are still there (at least 1)."""
         return max(1, sum(not job.future.done() for job in self.jobs))
 
-    def advance(self) -> bool:
-        """One step (the first makes the Steps); whether the call is over (its future then set, unless the batcher
-        cancelled it, stopping: set then, it would end the engine's thread with InvalidStateError)."""
+    def advance(self) -> tuple[bool, int]:
+        """One step (the first makes the Steps): whether the call is over (its future then set, unless the batcher
+        cancelled it, stopping: set then, it would end the engine's thread with InvalidStateError), and the rows
+        the step ran (as far as its Steps say)."""
         if self.future.cancelled() or self.gone:  # every client gave up: stop here
             self.stop(Dropped())
-            return True
+            return True, 0
         try:
             if self.steps is None:
                 self.steps = self.start()
-            next(self.steps)
-            return False
+            return False, next(self.steps) or 0
         except StopIteration as end:
             outcome = (self.future.set_result, end.value)
         except Exception as e:  # noqa: BLE001 - the caller's to handle
             outcome = (self.future.set_exception, e)
         if self.future.set_running_or_notify_cancel():  # (False: cancelled meanwhile, from the event loop)
             outcome[0](outcome[1])
-        return True
+        return True, 0
 
     def stop(self, error: Exception) -> None:
         """End it before its end: its Steps closed, its future failed with `error` (unless cancelled)."""
@@ -212,6 +212,8 @@ class Engine:
         #                                 arrival within its lead sits below it)
         self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
         self.long_calls = 0             # calls that have turned long so far (Call.turned)
+        self.busy = 0.0                 # seconds spent admitting and stepping work, and
+        self.rows = 0                   # the rows of the decoder steps taken (backlog.Backlog's rate)
 
     def start(self) -> None:
         self.thread.start()
@@ -239,6 +241,7 @@ class Engine:
         while True:
             active = [*calls, *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
+            awake = time.perf_counter()
             if None in items:
                 for call in calls:
                     call.future.cancel()
@@ -264,15 +267,19 @@ class Engine:
             pick = min(active, key=lambda work: work.used)
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
             if isinstance(pick, Call):
-                over = pick.advance()
+                over, rows = pick.advance()
                 pick.own += time.thread_time() - cpu
                 if over:
                     calls.remove(pick)
             else:
-                self.metrics.step(len(pick))
+                rows = len(pick)
+                self.metrics.step(rows)
                 pick.advance()
                 over = not len(pick)
-            pick.used += (time.perf_counter() - began) / weight
+            ended = time.perf_counter()
+            pick.used += (ended - began) / weight
+            self.busy += ended - awake
+            self.rows += rows
             if over and len(active) > 1:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:

@@ -20,8 +20,15 @@ class Limits:
     max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
     queue_size: int = 256              # requests waiting, or in calls no longer waited for: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
+    max_backlog_s: float | None = None  # a request that the work ahead would keep from ending by then is 429
+    #                                    (serve/backlog.py); None: half of timeout_s
     max_batch: int = 64                # sentences in one translate call
     batch_wait_ms: float = 5.0         # under load, how long the batcher may wait for a batch as large as the last
+
+    @property
+    def backlog_s(self) -> float:
+        """Seconds of estimated work ahead beyond which a request is refused (max_backlog_s, or half the timeout)."""
+        return self.max_backlog_s if self.max_backlog_s is not None else self.timeout_s / 2
 
 
 class ApiError(Exception):

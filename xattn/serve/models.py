@@ -49,7 +49,7 @@ class Model:
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
-                               metrics, limits.long_work, limits.long_after_s)
+                               metrics, limits.long_work, limits.long_after_s, limits.backlog_s)
 
     def streamable(self, settings) -> bool:
         """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""

@@ -1,0 +1,100 @@
+"""`xattn serve` under an open-loop overload, against an earlier revision: requests arrive at a fixed rate, whether
+or not the earlier ones have been answered (as from many independent users), faster than the model translates them.
+
+What a server should do then: answer as much as the model can translate, each answer in time, and refuse the rest at
+once (429) so that their clients can retry or go elsewhere; not admit everything to have most of it time out (504)
+after using the model's time. Each scenario (`--scenarios`, TEXTS:BEAM:RATE:SECONDS each: sentences per request,
+beam size, requests per second, seconds of arrivals) runs against the revision `--against` (checked out into a
+temporary git worktree) and this tree, in turns, `--repeats` times, the order alternating; each request on a new
+connection, its sentences drawn from Multi30k test_2016_flickr (de). Figures per run: how many requests got each
+status, the latency of the answered ones (median, max), the refused ones' (max), and the sentences answered per
+second of the run (arrivals and every answer).
+
+usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 16:5:5:30 1:1:200:15] [--repeats 2]
+                                           [--threads 1] [--out serve_overload]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+
+from common import cached_model, model_fingerprint, write_result
+from decode_versions import git
+from serve_guards import sentences
+from serve_load import MODEL
+from serve_versions import side_by_side
+
+
+async def one(port: int, body: bytes) -> tuple[int | str, float]:
+    """POST /translate on a new connection: its status (or the error's name) and latency."""
+    start = time.perf_counter()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.read()
+        writer.close()
+        status: int | str = int(head.split()[1])
+    except (OSError, asyncio.IncompleteReadError) as e:
+        status = type(e).__name__
+    return status, time.perf_counter() - start
+
+
+async def open_loop(port: int, texts: list[str], n: int, beam: int, rate: float, seconds: float, seed: int) -> dict:
+    """Requests of `n` sentences at `rate` a second for `seconds`; figures of the run."""
+    draw = random.Random(seed)
+    start, tasks = time.perf_counter(), []
+    while (now := time.perf_counter() - start) < seconds:
+        body = json.dumps({"q": draw.sample(texts, n), "source": "de", "target": "en", "beam_size": beam}).encode()
+        tasks.append(asyncio.ensure_future(one(port, body)))
+        await asyncio.sleep(max(0.0, len(tasks) / rate - now))
+    outcomes = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    statuses = Counter(str(status) for status, _ in outcomes)
+    answered = sorted(t for status, t in outcomes if status == 200)
+    refused = [t for status, t in outcomes if status == 429]
+    return {"requests": len(outcomes), "statuses": dict(statuses), "wall_s": round(wall, 1),
+            "answered_sentences_per_s": round(len(answered) * n / wall, 1),
+            "answered_p50_s": round(statistics.median(answered), 2) if answered else None,
+            "answered_max_s": round(answered[-1], 2) if answered else None,
+            "refused_max_s": round(max(refused), 3) if refused else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model directory (default: serve_load.py's, the cached multi30k-de-en model)")
+    parser.add_argument("--against", required=True, help="the git revision to compare with")
+    parser.add_argument("--scenarios", nargs="+", default=["16:5:5:30", "1:1:200:15"], help="TEXTS:BEAM:RATE:SECONDS")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of each server")
+    parser.add_argument("--out", default="serve_overload", help="the result's name in benchmarks/results")
+    args = parser.parse_args()
+    scenarios = [dict(zip(("texts", "beam", "rate", "seconds"), map(float, s.split(":")))) for s in args.scenarios]
+    model = Path(args.model).resolve() if args.model else cached_model("multi30k-de-en", MODEL)
+    texts = sentences(1000)
+    against = git("rev-parse", "--short", args.against)
+    runs: dict = {f"{int(s['texts'])}:{int(s['beam'])}:{s['rate']:g}:{s['seconds']:g}": {"old": [], "new": []}
+                  for s in scenarios}
+    with side_by_side(model, against, args.threads) as ports:
+        for r in range(args.repeats):
+            for (key, result), s in zip(runs.items(), scenarios):
+                for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    figures = asyncio.run(open_loop(ports[name], texts, int(s["texts"]), int(s["beam"]), s["rate"],
+                                                    s["seconds"], seed=r))
+                    result[name].append(figures)
+                    print(f"repeat {r + 1} {key} {name}: {figures}", flush=True)
+                    time.sleep(2)  # (every request has ended: answered, refused or timed out)
+    write_result(args.out, {"against": against, "model": model_fingerprint(model) | {"overrides": MODEL},
+                            "threads": args.threads, "scenarios": "TEXTS:BEAM:RATE:SECONDS", "runs": runs})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Admission by time (xattn/serve/backlog.py): a request that the work admitted before it would keep from ending
+within --max-backlog seconds is refused at once (429), instead of being admitted to time out (504)."""
+import asyncio
+import dataclasses
+import math
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from xattn.cli.main import main  # noqa: E402
+from xattn.serve import backlog  # noqa: E402
+from xattn.serve.app import create_app  # noqa: E402
+from xattn.serve.backlog import Backlog, Overloaded  # noqa: E402
+from xattn.serve.batcher import Batcher  # noqa: E402
+from xattn.serve.limits import Limits  # noqa: E402
+
+
+class Progress:
+    """An engine's (busy seconds, rows) as a test sets them."""
+
+    def __init__(self):
+        self.busy, self.rows = 0.0, 0
+
+    def __call__(self) -> tuple[float, int]:
+        return self.busy, self.rows
+
+
+def test_the_estimate_is_the_work_each_request_admitted_runs_beside_the_new_one_over_the_rate():
+    engine = Progress()
+    b = Backlog(4.0, engine)
+    b.admit(1, 100)
+    b.admit(2, 1000)  # no rate yet: the engine has not been busy
+    engine.busy, engine.rows = 10.0, 1000  # 100 rows a second
+    assert b.rate() is None  # (not sampled since)
+    b.admit(3, 100)  # (100 + 100 + 100) / 100 = 3 s
+    assert b.rate() == 100.0
+    assert b.estimate(200) == pytest.approx((100 + 200 + 100 + 200) / 100)  # min(w_j, 200) each, and its own
+    with pytest.raises(Overloaded) as refused:
+        b.admit(4, 200)
+    assert refused.value.retry_after == math.ceil(6.0 - 4.0) and 4 not in b.admitted
+    assert "about 6 s of translation ahead, over 4 s" in str(refused.value)
+    b.leave(2, answered=False)  # a timed-out or cancelled request: out, its work not counted as done
+    assert b.done == 0
+    b.admit(4, 200)  # (100 + 100 + 200) / 100 = 4 s
+    assert sorted(b.admitted) == [1, 3, 4]
+
+
+def test_a_request_with_nothing_admitted_before_it_and_one_of_no_work_are_never_refused():
+    engine = Progress()
+    b = Backlog(1.0, engine)
+    b.admit(1, 10)
+    engine.busy, engine.rows = 1.0, 10
+    b.leave(1, answered=True)
+    b.admit(2, 10_000)  # 1,000 s alone: the limits on one request bound it, not the backlog
+    b.admit(3, 0)
+    with pytest.raises(Overloaded):
+        b.admit(4, 10)
+
+
+def test_the_rate_is_the_larger_of_answered_work_and_rows_over_the_last_window(monkeypatch):
+    monkeypatch.setattr(backlog, "WINDOW_S", 10.0)
+    engine = Progress()
+    b = Backlog(5.0, engine)
+    engine.busy, engine.rows = 0.4, 40
+    b.admit(1, 500)
+    assert b.rate() is None  # under MIN_BUSY_S of busy time
+    engine.busy, engine.rows = 2.0, 200
+    b.leave(1, answered=True)  # 500 units of work answered in 2 s: more than its 200 rows
+    assert b.rate() == 250.0
+    for second in range(3, 40):  # then 100 rows a second and nothing answered: the old answer leaves the window
+        engine.busy, engine.rows = float(second), 200 + 100 * (second - 2)
+        b.admit(second, 0)
+        b.leave(second, answered=False)
+    assert b.rate() == pytest.approx(100.0)
+    assert len(b.samples) <= 2 * 10 + 2  # only the window's events are kept
+
+
+class Slow:
+    """translate(texts, settings) for a Batcher: every text takes STEPS decoder steps of STEP_S seconds of the
+    engine's thread, one row each, its work STEPS rows."""
+    STEPS, STEP_S = 10, 0.01
+
+    def __call__(self, texts, settings):
+        for _ in range(self.STEPS):
+            time.sleep(self.STEP_S)
+            yield len(texts)
+        return [t.upper() for t in texts]
+
+
+def overload(max_backlog: float | None) -> dict:
+    """Requests of 0.1 s of the engine each, arriving every 0.02 s for 1.5 s (five times what it can do), 1 s
+    timeout: how many were answered, refused and timed out."""
+    outcomes = {"answered": 0, "refused": 0, "timed out": 0}
+
+    async def one(batcher):
+        try:
+            await batcher.submit(["a"], "slow", mergeable=False, work=Slow.STEPS, timeout=1.0)
+            outcomes["answered"] += 1
+        except Overloaded:
+            outcomes["refused"] += 1
+        except asyncio.TimeoutError:
+            outcomes["timed out"] += 1
+
+    async def run():
+        batcher = Batcher(Slow(), max_wait=0.0, max_backlog=max_backlog)
+        batcher.start()
+        try:
+            tasks = []
+            for _ in range(75):
+                tasks.append(asyncio.ensure_future(one(batcher)))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*tasks)
+        finally:
+            await batcher.stop()
+    asyncio.run(run())
+    return outcomes
+
+
+def test_an_overload_is_refused_at_once_rather_than_left_to_time_out(monkeypatch):
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
+    admitted_all = overload(None)  # as before: everything admitted, sharing the engine until it times out
+    assert admitted_all["timed out"] > admitted_all["answered"], admitted_all
+    shed = overload(0.5)
+    assert shed["timed out"] == 0 and shed["refused"] > 0, shed
+    assert shed["answered"] > admitted_all["answered"], (shed, admitted_all)
+
+
+def test_the_engine_counts_the_rows_of_the_steps_it_runs():
+    async def run():
+        batcher = Batcher(Slow(), max_wait=0.0)
+        batcher.start()
+        try:
+            assert await batcher.submit(["a", "b", "c"], "slow") == ["A", "B", "C"]
+        finally:
+            await batcher.stop()
+        return batcher.engine
+    engine = asyncio.run(run())
+    assert engine.rows == 3 * Slow.STEPS
+    assert engine.busy >= Slow.STEPS * Slow.STEP_S
+
+
+LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,
+         "min_len": 140}  # 32 x 16 x 150 = 76,800 steps of work, within the default max_work (100,000)
+
+
+def test_a_request_the_backlog_would_keep_past_the_limit_is_a_429_with_retry_after(numbers_model, monkeypatch):
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.0)
+    limits = dataclasses.replace(Limits(), batch_wait_ms=0, max_backlog_s=0.001)
+    with TestClient(create_app(str(numbers_model), limits)) as c:
+        while c.get("/health").status_code != 200:
+            time.sleep(0.02)
+        engine = c.app.state.xattn.served[0].model.batcher.engine
+        first = {}
+        worker = threading.Thread(target=lambda: first.setdefault("reply", c.post("/translate", json=LARGE)))
+        worker.start()
+        for _ in range(1000):
+            if engine.rows or "reply" in first:
+                break
+            time.sleep(0.01)
+        reply = c.post("/translate", json=LARGE)
+        worker.join()
+    assert first["reply"].status_code == 200
+    assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1, reply.text
+    assert reply.json()["error_type"] == "busy" and "(--max-backlog)" in reply.json()["error"]
+
+
+def test_max_backlog_above_the_timeout_is_refused_in_one_line(capsys, tmp_path):
+    assert main(["serve", str(tmp_path), "--timeout", "10", "--max-backlog", "20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--max-backlog: 20 s is above --timeout (10 s)" in err
