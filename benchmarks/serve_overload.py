@@ -3,15 +3,16 @@ or not the earlier ones have been answered (as from many independent users), fas
 
 What a server should do then: answer as much as the model can translate, each answer in time, and refuse the rest at
 once (429) so that their clients can retry or go elsewhere; not admit everything to have most of it time out (504)
-after using the model's time. Each scenario (`--scenarios`, TEXTS:BEAM:RATE:SECONDS each: sentences per request,
-beam size, requests per second, seconds of arrivals) runs against the revision `--against` (checked out into a
-temporary git worktree) and this tree, in turns, `--repeats` times, the order alternating; each request on a new
-connection, its sentences drawn from Multi30k test_2016_flickr (de). Figures per run: how many requests got each
-status, the latency of the answered ones (median, max), the refused ones' (max), and the sentences answered per
-second of the run (arrivals and every answer).
+after using the model's time. Each scenario (`--scenarios`, TEXTS:BEAM:RATE:SECONDS each: sentences per request, beam
+size, requests per second, seconds of arrivals) runs against the revision `--against` (checked out into a temporary
+git worktree) and this tree, in turns, `--repeats` times, the order alternating; each request on a new connection,
+its sentences drawn from Multi30k test_2016_flickr (de). Figures per run: how many requests got each status (429s by
+the reason their message gives: the queue's count, the cap on long requests, or the backlog's time), the latency of
+the answered ones (median, max), the refused ones' (max), and the sentences answered per second of the run (arrivals
+and every answer).
 
-usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 16:5:5:30 1:1:200:15] [--repeats 2]
-                                           [--threads 1] [--out serve_overload]
+usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 4:5:20:30 16:5:5:30 1:1:200:15]
+                                           [--repeats 2] [--threads 1] [--out serve_overload]
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ from serve_load import MODEL
 from serve_versions import side_by_side
 
 
+REASONS = {"requests waiting": "queue", "long requests": "long", "translation ahead": "backlog"}
+"""What a 429's message says it was for: the queue's count, the cap on long calls, or the backlog's time."""
+
+
 async def one(port: int, body: bytes) -> tuple[int | str, float]:
-    """POST /translate on a new connection: its status (or the error's name) and latency."""
+    """POST /translate on a new connection: its status (a 429 with its reason, REASONS; or the error's name) and
+    latency."""
     start = time.perf_counter()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -40,9 +46,12 @@ async def one(port: int, body: bytes) -> tuple[int | str, float]:
                      b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
-        await reader.read()
+        answer = await reader.read()
         writer.close()
         status: int | str = int(head.split()[1])
+        if status == 429:
+            error = json.loads(answer)["error"]
+            status = f"429 {next((why for words, why in REASONS.items() if words in error), 'other')}"
     except (OSError, asyncio.IncompleteReadError) as e:
         status = type(e).__name__
     return status, time.perf_counter() - start
@@ -60,7 +69,7 @@ async def open_loop(port: int, texts: list[str], n: int, beam: int, rate: float,
     wall = time.perf_counter() - start
     statuses = Counter(str(status) for status, _ in outcomes)
     answered = sorted(t for status, t in outcomes if status == 200)
-    refused = [t for status, t in outcomes if status == 429]
+    refused = [t for status, t in outcomes if str(status).startswith("429")]
     return {"requests": len(outcomes), "statuses": dict(statuses), "wall_s": round(wall, 1),
             "answered_sentences_per_s": round(len(answered) * n / wall, 1),
             "answered_p50_s": round(statistics.median(answered), 2) if answered else None,
@@ -72,7 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: serve_load.py's, the cached multi30k-de-en model)")
     parser.add_argument("--against", required=True, help="the git revision to compare with")
-    parser.add_argument("--scenarios", nargs="+", default=["16:5:5:30", "1:1:200:15"], help="TEXTS:BEAM:RATE:SECONDS")
+    parser.add_argument("--scenarios", nargs="+", default=["4:5:20:30", "16:5:5:30", "1:1:200:15"],
+                        help="TEXTS:BEAM:RATE:SECONDS")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of each server")
     parser.add_argument("--out", default="serve_overload", help="the result's name in benchmarks/results")
