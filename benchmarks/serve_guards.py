@@ -55,8 +55,8 @@ def start_server(model: Path, threads: int, *flags: str, files: int | None = Non
         if files is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(root)}
-    # run from `root` too: `python -m` puts the working directory ahead of PYTHONPATH, so from another checkout the
-    # server would be that checkout's (until session 25, serve_versions.py's "old" server ran the new tree)
+    # run from `root` too: `python -m` puts the working directory ahead of PYTHONPATH, so a script started from a
+    # checkout's root (not from benchmarks/, as the earlier results were) ran that checkout's server for both
     server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
                                str(threads), "--no-access-log", *flags], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, preexec_fn=limit_files, cwd=root)

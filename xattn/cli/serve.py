@@ -29,9 +29,10 @@ LIMIT_FLAGS = {
     "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
     "--queue-size": ("queue_size", int, "requests waiting (or running beside the next batches) before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
-    "--max-backlog": ("max_backlog_s", float, "seconds of translation that the requests admitted before a request "
-                      "would keep it waiting (estimated from the server's measured rate), beyond which it is refused "
-                      "with 429 at once rather than left to time out; default: half of --timeout"),
+    "--max-backlog": ("max_backlog_s", float, "while the server is behind, the seconds of translation that the "
+                      "requests admitted would keep a request waiting (estimated from the server's measured rate), "
+                      "beyond which it is refused with 429 at once rather than left to time out; default: half of "
+                      "--timeout"),
     "--batch-size": ("max_batch", int, "sentences per translate call"),
     "--batch-wait-ms": ("batch_wait_ms", float, "milliseconds the batcher waits for more requests"),
 }

@@ -179,7 +179,8 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         """Every model (with one model, its fields at the top level too), the limits, whether a key is needed."""
         each = [one.describe() | one.ready().details() for one in models.served]  # 503 while one loads, as /health
         alone = each[0] if len(each) == 1 else {}
-        return alone | {"models": each, "limits": dataclasses.asdict(limits), "api_key_required": api_key is not None}
+        limits_ = dataclasses.asdict(limits) | {"max_backlog_s": limits.backlog_s}  # (its default: the value in force)
+        return alone | {"models": each, "limits": limits_, "api_key_required": api_key is not None}
 
     @app.post("/translate", openapi_extra=openapi_body(TranslateRequest))
     async def translate(request: Request):
@@ -222,8 +223,8 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         raise ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",
                        "busy", {"Retry-After": "5"}) from None
     except Overloaded as e:
-        raise ApiError(429, f"the server is busy: {e} (--max-backlog), so this request would not be answered in time; "
-                       "retry later", "busy", {"Retry-After": str(e.retry_after)}) from None
+        raise ApiError(429, f"the server is busy: {e} (--max-backlog); retry later", "busy",
+                       {"Retry-After": str(e.retry_after)}) from None
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
     except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)

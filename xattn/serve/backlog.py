@@ -1,24 +1,28 @@
-"""Admission by time: a request is refused at once (429) when the work admitted before it would keep it from being
-answered within `limit_s` seconds, rather than admitted to time out later.
+"""Admission by time: when the server is behind, a request is refused at once (429) if the work admitted before it
+would keep it waiting more than `limit_s` seconds, rather than admitted to time out later.
 
 Counting requests (the batcher's queue_size) cannot tell that: a request may hold 1 sentence or 32, greedy or beam
-16. Without this, requests arriving faster than the engine translates them were all admitted, took turns, and
-most of them reached the timeout (504) having used the engine's time for nothing: at twice the engine's rate,
-118 of 150 sixteen-sentence beam-5 requests got 504 after 30 s and the server answered a quarter of what it can.
+16. Without this, requests arriving faster than the engine translates them were all admitted, took turns, and most
+of them reached the timeout (504) having used the engine's time for nothing: in benchmarks/serve_overload.py, at
+about twice the engine's rate, 114 and 125 of 150 sixteen-sentence beam-5 requests got 504 after 30 s.
 
 The estimate: the engine gives every request an equal share of its time (serve/engine.py's fair turns), so while a
 request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
-admitted before it runs at most w of its own work too; it ends after at most sum(min(w_j, w)) + w units of work.
-The engine's rate in those units is measured over its last WINDOW_S seconds of busy time, two ways, and the larger
-taken: the work of the requests answered, per second; and the rows its decoder steps ran, per second (a row-step
-is a unit of work, but a search ends before its maximum length, so this one under-counts, by 1.5-2x on Multi30k;
-it is there from the first step, when under a sudden overload nothing is answered for a while, every request
-sharing the engine). So the estimate errs on the side of refusing. Nothing is refused by time before the engine
-has been busy for MIN_BUSY_S.
+admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
+aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
+busy time, over the last WINDOW_S seconds of it: measured at every step, so it does not jump when a large request
+ends. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k: the estimate errs
+on the side of refusing.
+
+That rate is the one of the batches the engine has been running: under light traffic, batches of one, several times
+below what it reaches with full batches. So nothing is refused unless the server is behind: a request admitted more
+than BEHIND x `limit_s` ago is still running. A burst after light traffic is admitted (its requests are all new),
+and batched as it runs; an overload that goes on is refused once the first of it has waited that long.
 """
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import Callable
 
@@ -28,12 +32,15 @@ WINDOW_S = 10.0
 MIN_BUSY_S = 0.5
 """Seconds of the engine's busy time before its rate counts."""
 
+BEHIND = 1 / 3
+"""The server is behind while a request admitted more than this share of `limit_s` ago is still running."""
+
 
 class Overloaded(Exception):
-    """Refused: the requests admitted before this one would keep it from being answered in time."""
+    """Refused: the requests admitted before this one would keep it waiting too long."""
 
     def __init__(self, estimate_s: float, limit_s: float):
-        super().__init__(f"about {estimate_s:.0f} s of translation ahead, over {limit_s:g} s")
+        super().__init__(f"about {estimate_s:.1f} s of translation ahead of this request, over {limit_s:g} s")
         self.estimate_s, self.limit_s = estimate_s, limit_s
 
     @property
@@ -44,48 +51,48 @@ class Overloaded(Exception):
 
 class Backlog:
     """The work of the requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that
-    would not end within `limit_s` seconds. `progress()` gives the engine's busy seconds and decoder rows so far
-    (Engine.busy, Engine.rows)."""
+    the others would keep waiting more than `limit_s` seconds while the server is behind. `progress()` gives the
+    engine's busy seconds and decoder rows so far (Engine.busy, Engine.rows); `clock()` the time."""
 
-    def __init__(self, limit_s: float, progress: Callable[[], tuple[float, int]]):
-        self.limit_s, self.progress = limit_s, progress
-        self.admitted: dict[int, int] = {}       # id(job) -> its work, from admission to its end
-        self.done = 0                             # work of the requests answered so far
-        self.samples: deque[tuple[float, int, int]] = deque([(0.0, 0, 0)])  # (busy, rows, done), at each event
+    def __init__(self, limit_s: float, progress: Callable[[], tuple[float, int]],
+                 clock: Callable[[], float] = time.monotonic):
+        self.limit_s, self.progress, self.clock = limit_s, progress, clock
+        self.admitted: dict[int, tuple[int, float]] = {}  # id(job) -> its work and when it was admitted (in order)
+        self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission and end
 
     def _sample(self) -> None:
         busy, rows = self.progress()
-        self.samples.append((busy, rows, self.done))
+        self.samples.append((busy, rows))
         while len(self.samples) > 2 and self.samples[1][0] <= busy - WINDOW_S:  # the first: the window's start
             self.samples.popleft()
 
     def rate(self) -> float | None:
-        """Work per second of the engine's busy time, over the window (None before MIN_BUSY_S of it)."""
-        (busy0, rows0, done0), (busy, rows, done) = self.samples[0], self.samples[-1]
-        if busy - busy0 < MIN_BUSY_S:
+        """Rows per second of the engine's busy time, over the window (None before MIN_BUSY_S of it)."""
+        (busy0, rows0), (busy, rows) = self.samples[0], self.samples[-1]
+        if busy - busy0 < MIN_BUSY_S or rows == rows0:
             return None
-        return max(rows - rows0, done - done0) / (busy - busy0)
+        return (rows - rows0) / (busy - busy0)
 
-    def estimate(self, work: int) -> float | None:
-        """Seconds until a request of `work` would end, with what is admitted (None: no rate yet)."""
+    def behind(self) -> bool:
+        """Whether a request admitted more than BEHIND x limit_s ago is still running."""
+        oldest = next(iter(self.admitted.values()), None)  # (a dict keeps the order of admission)
+        return oldest is not None and self.clock() - oldest[1] > BEHIND * self.limit_s
+
+    def ahead(self, work: int) -> float | None:
+        """Seconds the requests admitted would keep one of `work` waiting (None: no rate yet)."""
         rate = self.rate()
-        if not rate:
-            return None
-        return (sum(min(w, work) for w in self.admitted.values()) + work) / rate
+        return None if rate is None else sum(min(w, work) for w, _ in self.admitted.values()) / rate
 
     def admit(self, job_id: int, work: int) -> None:
-        """Count the request in, or raise Overloaded. A request with nothing admitted before it is never refused
-        (the limits on one request bound it), nor one of no work."""
+        """Count the request in, or raise Overloaded (only while the server is behind; never one of no work)."""
         self._sample()
-        if work and self.admitted:
-            estimate = self.estimate(work)
-            if estimate is not None and estimate > self.limit_s:
-                raise Overloaded(estimate, self.limit_s)
-        self.admitted[job_id] = work
+        if work and self.behind():
+            ahead = self.ahead(work)
+            if ahead is not None and ahead > self.limit_s:
+                raise Overloaded(ahead, self.limit_s)
+        self.admitted[job_id] = (work, self.clock())
 
-    def leave(self, job_id: int, answered: bool) -> None:
-        """The request ended; `answered`: with its translations (its work then counts towards the rate)."""
-        work = self.admitted.pop(job_id, 0)
-        if answered:
-            self.done += work
+    def leave(self, job_id: int) -> None:
+        """The request ended (answered or not)."""
+        self.admitted.pop(job_id, None)
         self._sample()

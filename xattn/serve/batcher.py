@@ -3,23 +3,23 @@ greedy requests share a continuous batch.
 
 Requests wait in a bounded queue, which also counts the requests of the calls the collector no longer waits for
 (below): otherwise requests arriving faster than calls end would all be taken into calls running in turns, and the
-later ones would time out instead of being refused at once. A request is refused too when the work admitted before
-it would keep it from ending within `max_backlog` seconds (serve/backlog.py): a count cannot tell one sentence from
-32. One collector task takes the first, then whatever else is queued, up to `max_batch` sentences (a request that
-would go over starts the next batch; one larger than `max_batch` runs alone), groups them by settings and runs one
-translate call per group on the engine thread (serve/engine.py), so the event loop never blocks and concurrent
-clients share batches. The collector waits for a call to end before it collects the next batch, so that the
-requests arriving meanwhile share it; but not for long: a call whose requests' work (api.check_work) is over
-`long_work` is not waited for, nor one still running after `long_after` seconds per request it serves (the work
-counts steps and rows, not their cost: a request just under `long_work` can take seconds; a call for many requests
-may hold the next batch for longer, as the engine's fair turns let it hold the engine longer, so that the clients
-of a busy server keep meeting in full batches rather than splitting into small ones that run in turns). The next
-batches then run beside it, taking turns step by step, so that one large request never holds up the small ones. A
-request over `long_work`, or of more texts than `max_batch`, is never merged with others nor streamed: it runs
-alone, so that nobody's answer waits for its end, and the continuous batch never holds more than `max_batch`
-sentences. Which calls are long, and how many of them may run at once, is the engine's (engine.MAX_LONG): by their
-work, or by the engine's own time they take, never by how long they waited for turns (the collector's clock runs on
-under load).
+later ones would time out instead of being refused at once. A request is refused too, while the server is behind,
+when the work admitted before it would keep it waiting more than `max_backlog` seconds (serve/backlog.py): a count
+cannot tell one sentence from 32. One collector task takes the first, then whatever else is queued, up to
+`max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch` runs alone),
+groups them by settings and runs one translate call per group on the engine thread (serve/engine.py), so the event
+loop never blocks and concurrent clients share batches. The collector waits for a call to end before it collects
+the next batch, so that the requests arriving meanwhile share it; but not for long: a call whose requests' work
+(api.check_work) is over `long_work` is not waited for, nor one still running after `long_after` seconds per
+request it serves (the work counts steps and rows, not their cost: a request just under `long_work` can take
+seconds; a call for many requests may hold the next batch for longer, as the engine's fair turns let it hold the
+engine longer, so that the clients of a busy server keep meeting in full batches rather than splitting into small
+ones that run in turns). The next batches then run beside it, taking turns step by step, so that one large request
+never holds up the small ones. A request over `long_work`, or of more texts than `max_batch`, is never merged with
+others nor streamed: it runs alone, so that nobody's answer waits for its end, and the continuous batch never holds
+more than `max_batch` sentences. Which calls are long, and how many of them may run at once, is the engine's
+(engine.MAX_LONG): by their work, or by the engine's own time they take, never by how long they waited for turns
+(the collector's clock runs on under load).
 
 Under load (the last batch merged several requests) it also waits up to `max_wait` seconds for as many requests as
 last time: the clients of a batch send their next requests just after its answers go out, and would otherwise be
@@ -91,12 +91,12 @@ class Batcher:
 
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0,
                      timeout: float | None = None) -> list:
-        """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the
-        work admitted before it would keep it from ending within `max_backlog` seconds, asyncio.TimeoutError once
-        `timeout` seconds have passed (the job is then gone: dropped between two steps, as when its client
-        leaves). `work`: the request's decoding work (api.check_work), which tells a long request from the others.
-        The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this in a task of
-        its own, two more turns of the event loop on the way in and out."""
+        """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the work
+        admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind),
+        asyncio.TimeoutError once `timeout` seconds have passed (the job is then gone: dropped between two steps, as
+        when its client leaves). `work`: the request's decoding work (api.check_work), which tells a long request
+        from the others. The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this
+        in a task of its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
                   long=work > self.long_work)
@@ -118,8 +118,7 @@ class Batcher:
             if expiry is not None:
                 expiry.cancel()
             if self.backlog is not None:
-                answered = job.future.done() and not job.future.cancelled() and job.future.exception() is None
-                self.backlog.leave(id(job), answered)
+                self.backlog.leave(id(job))
 
     def alone(self, texts: int, work: int) -> bool:
         """Whether a request of `texts` texts and `work` runs alone: neither merged nor streamed."""
