@@ -10,20 +10,23 @@ The estimate: the engine gives every request an equal share of its time (serve/e
 request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
 admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
 aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
-busy time, over the last WINDOW_S seconds of it: measured at every step, so it does not jump when a large request
-ends. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k: the estimate errs
-on the side of refusing.
+busy time, over the last WINDOW_S seconds of it: the rows are counted at every step, so it does not jump when a
+large request ends. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k:
+the estimate errs on the side of refusing.
 
-That rate is the one of the batches the engine has been running: under light traffic, batches of one, several times
-below what it reaches with full batches. So nothing is refused unless the server is behind: a request admitted more
-than BEHIND x `limit_s` ago is still running. A burst after light traffic is admitted (its requests are all new),
-and batched as it runs; an overload that goes on is refused once the first of it has waited that long.
+That rate is the one of the batches the engine has been running: under light traffic, or beside one long request of
+small steps, several times below what it reaches with full batches. So nothing is refused unless the server is
+behind: two requests admitted more than BEHIND x `limit_s` ago are still running (one alone may be a long request
+that its limits let through). A burst is admitted (its requests are all new), and batched as it runs; an overload
+that goes on is refused once the first two of it have waited that long. So a burst that arrives at once is admitted
+whole, however large, as before this module; what it refuses is an overload that goes on.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from itertools import islice
 from typing import Callable
 
 WINDOW_S = 10.0
@@ -33,7 +36,7 @@ MIN_BUSY_S = 0.5
 """Seconds of the engine's busy time before its rate counts."""
 
 BEHIND = 1 / 3
-"""The server is behind while a request admitted more than this share of `limit_s` ago is still running."""
+"""The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
 
 
 class Overloaded(Exception):
@@ -74,9 +77,9 @@ class Backlog:
         return (rows - rows0) / (busy - busy0)
 
     def behind(self) -> bool:
-        """Whether a request admitted more than BEHIND x limit_s ago is still running."""
-        oldest = next(iter(self.admitted.values()), None)  # (a dict keeps the order of admission)
-        return oldest is not None and self.clock() - oldest[1] > BEHIND * self.limit_s
+        """Whether two requests admitted more than BEHIND x limit_s ago are still running."""
+        oldest = list(islice(self.admitted.values(), 2))  # (a dict keeps the order of admission)
+        return len(oldest) == 2 and self.clock() - oldest[1][1] > BEHIND * self.limit_s
 
     def ahead(self, work: int) -> float | None:
         """Seconds the requests admitted would keep one of `work` waiting (None: no rate yet)."""
