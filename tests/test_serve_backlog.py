@@ -180,6 +180,7 @@ def test_a_request_the_backlog_would_keep_past_the_limit_is_a_429_with_retry_aft
     with TestClient(create_app(str(numbers_model), limits)) as c:
         while c.get("/health").status_code != 200:
             time.sleep(0.02)
+        assert c.get("/info").json()["limits"]["max_backlog_s"] == 0.001
         batcher = c.app.state.xattn.served[0].model.batcher
         replies = {}
         workers = [threading.Thread(target=lambda i=i: replies.setdefault(i, c.post("/translate", json=LARGE)))
@@ -196,6 +197,13 @@ def test_a_request_the_backlog_would_keep_past_the_limit_is_a_429_with_retry_aft
     assert [r.status_code for r in replies.values()] == [200, 200]
     assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1, reply.text
     assert reply.json()["error_type"] == "busy" and "(--max-backlog)" in reply.json()["error"]
+
+
+def test_info_gives_the_backlog_limit_in_force_half_the_timeout_by_default(numbers_model):
+    with TestClient(create_app(str(numbers_model), dataclasses.replace(Limits(), timeout_s=8.0))) as c:
+        while c.get("/health").status_code != 200:
+            time.sleep(0.02)
+        assert c.get("/info").json()["limits"]["max_backlog_s"] == 4.0
 
 
 def test_max_backlog_above_the_timeout_is_refused_in_one_line(capsys, tmp_path):
