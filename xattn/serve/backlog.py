@@ -54,10 +54,11 @@ class Overloaded(Exception):
 
 class Backlog:
     """The work of the requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that
-    the others would keep waiting more than `limit_s` seconds while the server is behind. `progress()` gives the
-    engine's busy seconds and decoder rows so far (Engine.busy, Engine.rows); `clock()` the time."""
+    the others would keep waiting more than `limit_s` seconds while the server is behind (none with no limit).
+    `progress()` gives the engine's busy seconds and decoder rows so far (Engine.busy, Engine.rows); `clock()` the
+    time."""
 
-    def __init__(self, limit_s: float, progress: Callable[[], tuple[float, int]],
+    def __init__(self, limit_s: float | None, progress: Callable[[], tuple[float, int]],
                  clock: Callable[[], float] = time.monotonic):
         self.limit_s, self.progress, self.clock = limit_s, progress, clock
         self.admitted: dict[int, tuple[int, float]] = {}  # id(job) -> its work and when it was admitted (in order)
@@ -89,7 +90,7 @@ class Backlog:
     def admit(self, job_id: int, work: int) -> None:
         """Count the request in, or raise Overloaded (only while the server is behind; never one of no work)."""
         self._sample()
-        if work and self.behind():
+        if work and self.limit_s is not None and self.behind():
             ahead = self.ahead(work)
             if ahead is not None and ahead > self.limit_s:
                 raise Overloaded(ahead, self.limit_s)

@@ -57,8 +57,7 @@ class Batcher:
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
         self.streams, self.metrics = streams, metrics or BatchMetrics()
         self.engine = Engine(streams, max_batch, self.metrics)
-        progress = lambda: (self.engine.busy, self.engine.rows)  # noqa: E731
-        self.backlog = None if max_backlog is None else Backlog(max_backlog, progress)
+        self.backlog = Backlog(max_backlog, lambda: (self.engine.busy, self.engine.rows))
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
@@ -105,8 +104,7 @@ class Batcher:
                 raise QueueFull
         elif self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)
             raise QueueFull
-        if self.backlog is not None:
-            self.backlog.admit(id(job), work)
+        self.backlog.admit(id(job), work)
         if streamed:
             self.engine.submit(job)
         else:
@@ -117,8 +115,7 @@ class Batcher:
         finally:
             if expiry is not None:
                 expiry.cancel()
-            if self.backlog is not None:
-                self.backlog.leave(id(job))
+            self.backlog.leave(id(job))
 
     def alone(self, texts: int, work: int) -> bool:
         """Whether a request of `texts` texts and `work` runs alone: neither merged nor streamed."""

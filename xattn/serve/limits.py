@@ -20,7 +20,7 @@ class Limits:
     max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
     queue_size: int = 256              # requests waiting, or in calls no longer waited for: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
-    max_backlog_s: float | None = None  # a request that the work ahead would keep from ending by then is 429
+    max_backlog_s: float | None = None  # behind, a request that the work ahead would keep waiting longer is 429
     #                                    (serve/backlog.py); None: half of timeout_s
     max_batch: int = 64                # sentences in one translate call
     batch_wait_ms: float = 5.0         # under load, how long the batcher may wait for a batch as large as the last
