@@ -5,6 +5,7 @@ import dataclasses
 import math
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -32,29 +33,60 @@ class Progress:
         return self.now
 
 
+class Request:
+    """What the backlog reads of a serve.engine.Job."""
+
+    def __init__(self, work: int, started: bool = True):
+        self.work, self.started, self.future = work, started, Future()
+
+
 def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside_it_is_over_the_limit():
     engine = Progress()
     b = Backlog(3.0, engine, engine.clock)
-    b.admit(1, 100)
-    b.admit(2, 1000)
+    r = {i: Request(work) for i, work in enumerate([0, 100, 1000, 100, 100_000, 200, 50, 0, 10_000]) if i}
+    b.admit(r[1])
+    b.admit(r[2])
     engine.busy, engine.rows = 10.0, 1000  # 100 rows a second
-    b.admit(3, 100)  # not behind: nothing admitted over a third of the limit ago
+    b.admit(r[3])  # not behind: nothing admitted over a third of the limit ago
     assert b.rate() == 100.0 and not b.behind()
     assert b.ahead(200) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; its own work aside
-    b.admit(4, 100_000)  # alone it would run for 1,000 s: the limits on one request bound that
+    b.admit(r[4])  # alone it would run for 1,000 s: the limits on one request bound that
     engine.now = 1.01  # requests 1 to 4 are still running, admitted more than 1 s ago: behind
     with pytest.raises(Overloaded) as refused:
-        b.admit(5, 200)  # (100 + 200 + 100 + 200) / 100 = 6 s
-    assert refused.value.retry_after == math.ceil(6.0 - 3.0) and 5 not in b.admitted
+        b.admit(r[5])  # (100 + 200 + 100 + 200) / 100 = 6 s
+    assert refused.value.retry_after == math.ceil(6.0 - 3.0) and id(r[5]) not in b.admitted
     assert "about 6.0 s of translation ahead of this request, over 3 s" in str(refused.value)
-    b.admit(6, 50)  # (50 + 50 + 50 + 50) / 100 = 2 s: a small request beside large ones goes in
-    b.admit(7, 0)  # nor is one of no work refused
+    b.admit(r[6])  # (50 + 50 + 50 + 50) / 100 = 2 s: a small request beside large ones goes in
+    b.admit(r[7])  # nor is one of no work refused
     for done in (1, 2, 3, 4):
-        b.leave(done)
+        b.leave(r[done])
     assert not b.behind()  # requests 6 and 7 were admitted just now
     engine.now = 5.0
-    b.admit(8, 10_000)  # behind (request 6), but what it runs beside is short
-    assert sorted(b.admitted) == [6, 7, 8]
+    b.admit(r[8])  # behind (request 6), but what it runs beside is short
+    assert list(b.admitted) == [id(r[6]), id(r[7]), id(r[8])]
+
+
+def test_once_behind_the_requests_not_started_that_the_earlier_ones_would_keep_too_long_are_refused_oldest_first():
+    """A burst that arrives at once is admitted whole (nothing in it has waited yet, and no rate may be known); once
+    the server is behind, those of it still waiting are checked by the same rule, every CHECK_S seconds."""
+    engine = Progress()
+    b = Backlog(3.0, engine, engine.clock)
+    burst = [Request(100, started=i < 2) for i in range(8)] + [Request(0, started=False)]
+    for request in burst:
+        b.admit(request)
+    assert b.shed() == 0  # no rate, not behind
+    engine.busy, engine.rows, engine.now = 2.0, 200, 0.5  # 100 rows a second, but nobody has waited 1 s yet
+    assert b.shed() == 0
+    engine.now = 1.5  # behind: requests 0 and 1 still running
+    burst[3].future.set_exception(TimeoutError())  # its client gave up: left to the batcher (Backlog.leave)
+    assert b.shed() == 3  # 2 waits 2 s (0, 1), 4 waits 3 s (0, 1, 2; not 3, gone): both kept; 5, 6, 7 over 3 s
+    for request in burst[5:8]:
+        with pytest.raises(Overloaded, match="about 4.0 s of translation ahead of this request, over 3 s"):
+            request.future.result()
+    assert not burst[2].future.done() and not burst[4].future.done() and not burst[8].future.done()  # 8: no work
+    assert list(b.admitted) == [id(r) for r in burst[:5]] + [id(burst[8])]
+    burst[0].work = 10_000  # a started request is never refused, however large: its work is under way
+    assert b.shed() == 0
 
 
 def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
@@ -62,15 +94,17 @@ def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
     engine = Progress()
     b = Backlog(5.0, engine, engine.clock)
     engine.busy, engine.rows = 0.4, 40
-    b.admit(1, 500)
+    first = Request(500)
+    b.admit(first)
     assert b.rate() is None  # under MIN_BUSY_S of busy time
     engine.busy, engine.rows = 2.0, 500
-    b.leave(1)
+    b.leave(first)
     assert b.rate() == 250.0
     for second in range(3, 40):  # then 100 rows a second: the fast start leaves the window
         engine.busy, engine.rows = float(second), 500 + 100 * (second - 2)
-        b.admit(second, 10)
-        b.leave(second)
+        request = Request(10)
+        b.admit(request)
+        b.leave(request)
     assert b.rate() == pytest.approx(100.0)
     assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
 
@@ -87,42 +121,53 @@ class Slow:
         return [t.upper() for t in texts]
 
 
-def overload(max_backlog: float | None) -> dict:
-    """Requests of 0.1 s of the engine each, arriving every 0.02 s for 1.5 s (five times what it can do), 2 s
-    timeout: how many were answered, refused and timed out."""
-    outcomes = {"answered": 0, "refused": 0, "timed out": 0}
+def outcomes(max_backlog: float | None, requests: int, every: float) -> dict:
+    """`requests` requests of 0.1 s of the engine each, one every `every` seconds, 2 s timeout: how many were
+    answered, refused and timed out."""
+    counts = {"answered": 0, "refused": 0, "timed out": 0}
 
     async def one(batcher):
         try:
             await batcher.submit(["a"], "slow", mergeable=False, work=Slow.STEPS, timeout=2.0)
-            outcomes["answered"] += 1
+            counts["answered"] += 1
         except Overloaded:
-            outcomes["refused"] += 1
+            counts["refused"] += 1
         except asyncio.TimeoutError:
-            outcomes["timed out"] += 1
+            counts["timed out"] += 1
 
     async def run():
         batcher = Batcher(Slow(), max_wait=0.0, max_backlog=max_backlog)
         batcher.start()
         try:
             tasks = []
-            for _ in range(75):
+            for _ in range(requests):
                 tasks.append(asyncio.ensure_future(one(batcher)))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(every)
             await asyncio.gather(*tasks)
         finally:
             await batcher.stop()
     asyncio.run(run())
-    return outcomes
+    return counts
 
 
 def test_an_overload_is_refused_at_once_rather_than_left_to_time_out(monkeypatch):
     monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
-    admitted_all = overload(None)  # as before: everything admitted, sharing the engine until it times out
+    # arriving every 0.02 s for 1.5 s (five times what the engine can do)
+    admitted_all = outcomes(None, 75, 0.02)  # as before: everything admitted, sharing the engine until it times out
     assert admitted_all["timed out"] > admitted_all["answered"], admitted_all
-    shed = overload(0.5)
+    shed = outcomes(0.5, 75, 0.02)
     assert shed["timed out"] == 0 and shed["refused"] > 0, shed
     assert shed["answered"] > admitted_all["answered"], (shed, admitted_all)
+
+
+def test_a_burst_sent_at_once_is_refused_in_part_rather_than_left_to_time_out(monkeypatch):
+    """Nothing of a burst has waited when it arrives, so all of it is admitted; the part still waiting once the
+    server is behind is refused then (Backlog.shed), before its timeout."""
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
+    admitted_all = outcomes(None, 60, 0.0)  # sent at once, three times what the engine can do before the timeout
+    assert admitted_all["timed out"] > 0 and not admitted_all["refused"], admitted_all
+    shed = outcomes(1.0, 60, 0.0)
+    assert shed["timed out"] == 0 and shed["refused"] > 0 and shed["answered"] > 0, shed
 
 
 @pytest.mark.parametrize("beside_a_long_request", [False, True])

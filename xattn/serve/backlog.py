@@ -18,8 +18,14 @@ That rate is the one of the batches the engine has been running: under light tra
 small steps, several times below what it reaches with full batches. So nothing is refused unless the server is
 behind: two requests admitted more than BEHIND x `limit_s` ago are still running (one alone may be a long request
 that its limits let through). A burst is admitted (its requests are all new), and batched as it runs; an overload
-that goes on is refused once the first two of it have waited that long. So a burst that arrives at once is admitted
-whole, however large, as before this module; what it refuses is an overload that goes on.
+that goes on is refused once the first two of it have waited that long.
+
+A burst that arrives at once is admitted whole, since nothing in it has waited yet; so the rule is applied again,
+every CHECK_S seconds (`shed`), to the requests admitted that have not started (Job.started: no decoder step of
+theirs has run), oldest first: once the server is behind, those that the requests admitted before them would keep
+waiting more than `limit_s` are refused then (429), each one refused leaving the later ones less to wait for, rather
+than left to time out: 100 requests of 16 sentences sent at once all got 504 before. A request that has started is
+never refused: its work is under way, and the requests of a merged call go on with it whatever happens to one.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ import math
 import time
 from collections import deque
 from itertools import islice
-from typing import Callable
+from typing import Any, Callable
 
 WINDOW_S = 10.0
 """Seconds of the engine's busy time over which its rate is measured."""
@@ -37,6 +43,9 @@ MIN_BUSY_S = 0.5
 
 BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
+
+CHECK_S = 0.25
+"""Seconds between two checks of the requests admitted that have not started (Backlog.shed)."""
 
 
 class Overloaded(Exception):
@@ -53,16 +62,17 @@ class Overloaded(Exception):
 
 
 class Backlog:
-    """The work of the requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that
-    the others would keep waiting more than `limit_s` seconds while the server is behind (none with no limit).
-    `progress()` gives the engine's busy seconds and decoder rows so far (Engine.busy, Engine.rows); `clock()` the
-    time."""
+    """The requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that the others
+    would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and `shed` those
+    admitted that have not started. A request is a serve.engine.Job: its `work`, whether it has `started`, and its
+    `future`, which `shed` fails with Overloaded. `progress()` gives the engine's busy seconds and decoder rows so far
+    (Engine.busy, Engine.rows); `clock()` the time."""
 
     def __init__(self, limit_s: float | None, progress: Callable[[], tuple[float, int]],
                  clock: Callable[[], float] = time.monotonic):
         self.limit_s, self.progress, self.clock = limit_s, progress, clock
-        self.admitted: dict[int, tuple[int, float]] = {}  # id(job) -> its work and when it was admitted (in order)
-        self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission and end
+        self.admitted: dict[int, tuple[Any, float]] = {}  # id(job) -> the job and when it was admitted (in order)
+        self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission, end and check
 
     def _sample(self) -> None:
         busy, rows = self.progress()
@@ -85,18 +95,41 @@ class Backlog:
     def ahead(self, work: int) -> float | None:
         """Seconds the requests admitted would keep one of `work` waiting (None: no rate yet)."""
         rate = self.rate()
-        return None if rate is None else sum(min(w, work) for w, _ in self.admitted.values()) / rate
+        return None if rate is None else sum(min(job.work, work) for job, _ in self.admitted.values()) / rate
 
-    def admit(self, job_id: int, work: int) -> None:
+    def admit(self, job) -> None:
         """Count the request in, or raise Overloaded (only while the server is behind; never one of no work)."""
         self._sample()
-        if work and self.limit_s is not None and self.behind():
-            ahead = self.ahead(work)
+        if job.work and self.limit_s is not None and self.behind():
+            ahead = self.ahead(job.work)
             if ahead is not None and ahead > self.limit_s:
                 raise Overloaded(ahead, self.limit_s)
-        self.admitted[job_id] = (work, self.clock())
+        self.admitted[id(job)] = (job, self.clock())
 
-    def leave(self, job_id: int) -> None:
+    def shed(self) -> int:
+        """Refuse the requests admitted that have not started and that those admitted before them would keep
+        waiting more than limit_s (only while the server is behind), oldest first: their futures fail with
+        Overloaded, and they leave. How many."""
+        self._sample()
+        if self.limit_s is None or not self.behind() or (rate := self.rate()) is None:
+            return 0
+        before: list[int] = []  # the work of those admitted before, still here
+        total, refused = 0, 0
+        for key, (job, _) in list(self.admitted.items()):
+            if job.future.done():  # its client gave up, or it was answered: it leaves (Batcher.submit)
+                continue
+            if job.work and not job.started and total / rate > self.limit_s:
+                ahead = sum(min(work, job.work) for work in before) / rate  # (the total bounds it: often enough)
+                if ahead > self.limit_s:
+                    job.future.set_exception(Overloaded(ahead, self.limit_s))
+                    del self.admitted[key]
+                    refused += 1
+                    continue
+            before.append(job.work)
+            total += job.work
+        return refused
+
+    def leave(self, job) -> None:
         """The request ended (answered or not)."""
-        self.admitted.pop(job_id, None)
+        self.admitted.pop(id(job), None)
         self._sample()

@@ -4,8 +4,8 @@ greedy requests share a continuous batch.
 Requests wait in a bounded queue, which also counts the requests of the calls the collector no longer waits for
 (below): otherwise requests arriving faster than calls end would all be taken into calls running in turns, and the
 later ones would time out instead of being refused at once. A request is refused too, while the server is behind,
-when the work admitted before it would keep it waiting more than `max_backlog` seconds (serve/backlog.py): a count
-cannot tell one sentence from 32. One collector task takes the first, then whatever else is queued, up to
+when the work admitted before it would keep it waiting more than `max_backlog` seconds (serve/backlog.py: on
+arrival, or later while it has not started): a count cannot tell one sentence from 32. One collector task takes the first, then whatever else is queued, up to
 `max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch` runs alone),
 groups them by settings and runs one translate call per group on the engine thread (serve/engine.py), so the event
 loop never blocks and concurrent clients share batches. The collector waits for a call to end before it collects
@@ -35,7 +35,7 @@ import asyncio
 from typing import Any, Callable, Hashable
 
 from xattn.decoding import Steps
-from xattn.serve.backlog import Backlog
+from xattn.serve.backlog import CHECK_S, Backlog
 from xattn.serve.engine import Crowded, Dropped, Engine, Job, Streams
 from xattn.serve.metrics import BatchMetrics
 
@@ -61,6 +61,7 @@ class Batcher:
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None  # the backlog's checks (Backlog.shed)
         self._long: dict[asyncio.Task, int] = {}  # calls the collector does not wait for -> their requests
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
@@ -76,10 +77,13 @@ class Batcher:
 
     def start(self) -> None:
         self.engine.start()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        if self.backlog.limit_s is not None:
+            self._watch = loop.create_task(self._shed())
 
     async def stop(self) -> None:
-        for task in [self._task, *self._long]:
+        for task in [self._task, self._watch, *self._long]:
             if task is not None:
                 task.cancel()
                 try:
@@ -91,8 +95,8 @@ class Batcher:
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0,
                      timeout: float | None = None) -> list:
         """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the work
-        admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind),
-        asyncio.TimeoutError once `timeout` seconds have passed (the job is then gone: dropped between two steps, as
+        admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind; at
+        once, or later while it has not started: Backlog.shed), asyncio.TimeoutError once `timeout` seconds have passed (the job is then gone: dropped between two steps, as
         when its client leaves). `work`: the request's decoding work (api.check_work), which tells a long request
         from the others. The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this
         in a task of its own, two more turns of the event loop on the way in and out."""
@@ -104,7 +108,7 @@ class Batcher:
                 raise QueueFull
         elif self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)
             raise QueueFull
-        self.backlog.admit(id(job), work)
+        self.backlog.admit(job)
         if streamed:
             self.engine.submit(job)
         else:
@@ -115,7 +119,14 @@ class Batcher:
         finally:
             if expiry is not None:
                 expiry.cancel()
-            self.backlog.leave(id(job))
+            self.backlog.leave(job)
+
+    async def _shed(self) -> None:
+        """Every CHECK_S seconds, the backlog refuses the requests admitted and not yet started that the others
+        would keep waiting too long (Backlog.shed: their submit raises Overloaded)."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            self.backlog.shed()
 
     def alone(self, texts: int, work: int) -> bool:
         """Whether a request of `texts` texts and `work` runs alone: neither merged nor streamed."""

@@ -39,6 +39,7 @@ class Job:
     future: asyncio.Future = field(repr=False)
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
+    started: bool = False             # a decoder step of its has run (or is running): backlog.Backlog.shed
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -86,6 +87,8 @@ class Call:
             return True, 0
         try:
             if self.steps is None:
+                for job in self.jobs:
+                    job.started = True
                 self.steps = self.start()
             return False, next(self.steps) or 0
         except StopIteration as end:
@@ -159,7 +162,7 @@ class Streaming:
                 resolve(jobs[0], e)
             return
         for job in jobs:
-            job.results = [None] * len(job.texts)
+            job.results, job.started = [None] * len(job.texts), True
         self.rows.update(rows)
 
     def drop_gone(self) -> int:
