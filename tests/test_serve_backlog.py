@@ -36,8 +36,17 @@ class Progress:
 class Request:
     """What the backlog reads of a serve.engine.Job."""
 
-    def __init__(self, work: int, started: bool = True):
-        self.work, self.started, self.future = work, started, Future()
+    def __init__(self, work: int, deadline: float | None = None):
+        self.work, self.deadline, self.call, self.future = work, deadline, None, Future()
+
+
+class Call:
+    """What the backlog reads of a serve.engine.Call: its requests (each then in it) and the rows it stepped."""
+
+    def __init__(self, jobs: list[Request], rows: int):
+        self.jobs, self.rows = jobs, rows
+        for job in jobs:
+            job.call = self
 
 
 def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside_it_is_over_the_limit():
@@ -66,27 +75,32 @@ def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside
     assert list(b.admitted) == [id(r[6]), id(r[7]), id(r[8])]
 
 
-def test_once_behind_the_requests_not_started_that_the_earlier_ones_would_keep_too_long_are_refused_oldest_first():
-    """A burst that arrives at once is admitted whole (nothing in it has waited yet, and no rate may be known); once
-    the server is behind, those of it still waiting are checked by the same rule, every CHECK_S seconds."""
+def test_once_behind_the_work_that_would_end_past_its_deadline_is_refused_newest_first():
+    """A burst sent at once is admitted whole (nothing in it has waited yet), and its calls take turns: all end
+    together, after the timeout if it is too large. Once the server is behind, every CHECK_S seconds, work that would
+    end past its requests' deadline under the engine's fair turns is refused then."""
     engine = Progress()
     b = Backlog(3.0, engine, engine.clock)
-    burst = [Request(100, started=i < 2) for i in range(8)] + [Request(0, started=False)]
-    for request in burst:
+    a = [Request(100, deadline=10.0), Request(100, deadline=10.0)]
+    gone, alone, nothing, c = Request(100, 10.0), Request(100, deadline=3.5), Request(0, 1.0), Request(300, 5.5)
+    for request in [*a, gone, alone, nothing, c]:
         b.admit(request)
+    Call(a, rows=50), Call([gone], rows=0), Call([c], rows=0)  # a call for both of `a`, 150 left; c's 300
+    gone.future.set_exception(TimeoutError())  # its client gave up: left to the batcher (Backlog.leave)
     assert b.shed() == 0  # no rate, not behind
     engine.busy, engine.rows, engine.now = 2.0, 200, 0.5  # 100 rows a second, but nobody has waited 1 s yet
     assert b.shed() == 0
-    engine.now = 1.5  # behind: requests 0 and 1 still running
-    burst[3].future.set_exception(TimeoutError())  # its client gave up: left to the batcher (Backlog.leave)
-    assert b.shed() == 3  # 2 waits 2 s (0, 1), 4 waits 3 s (0, 1, 2; not 3, gone): both kept; 5, 6, 7 over 3 s
-    for request in burst[5:8]:
-        with pytest.raises(Overloaded, match="about 4.0 s of translation ahead of this request, over 3 s"):
-            request.future.result()
-    assert not burst[2].future.done() and not burst[4].future.done() and not burst[8].future.done()  # 8: no work
-    assert list(b.admitted) == [id(r) for r in burst[:5]] + [id(burst[8])]
-    burst[0].work = 10_000  # a started request is never refused, however large: its work is under way
-    assert b.shed() == 0
+    engine.now = 1.5  # behind
+    assert b.shed() == 2
+    # c, newest: ends once a's call has run its 150 and `alone` its 100, with its own 300: 5.5 s, past its 4 s left
+    with pytest.raises(Overloaded, match=r"about 5\.5 s of translation left for this request, over the 4\.0 s to"):
+        c.future.result()
+    # then `alone`: 150 + 100 = 2.5 s, past its 2 s left; a's call (two requests: 75 of `alone` per 150 of its
+    # own, 2.25 s) would have made it beside `alone`
+    with pytest.raises(Overloaded, match=r"about 2\.5 s of translation left for this request, over the 2\.0 s to"):
+        alone.future.result()
+    assert list(b.admitted) == [id(a[0]), id(a[1]), id(gone), id(nothing)]  # the gone one leaves by Batcher.submit
+    assert not any(r.future.done() for r in [*a, nothing]) and not b.shed()
 
 
 def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):

@@ -20,12 +20,15 @@ behind: two requests admitted more than BEHIND x `limit_s` ago are still running
 that its limits let through). A burst is admitted (its requests are all new), and batched as it runs; an overload
 that goes on is refused once the first two of it have waited that long.
 
-A burst that arrives at once is admitted whole, since nothing in it has waited yet; so the rule is applied again,
-every CHECK_S seconds (`shed`), to the requests admitted that have not started (Job.started: no decoder step of
-theirs has run), oldest first: once the server is behind, those that the requests admitted before them would keep
-waiting more than `limit_s` are refused then (429), each one refused leaving the later ones less to wait for, rather
-than left to time out: 100 requests of 16 sentences sent at once all got 504 before. A request that has started is
-never refused: its work is under way, and the requests of a merged call go on with it whatever happens to one.
+A burst that arrives at once is admitted whole, since nothing in it has waited yet, and the batcher starts its calls
+beside each other, to take turns: under fair turns they all end together, and when that is past their timeout
+nothing is answered (100 requests of 16 sentences of beam 5 sent at once: all 504, or a part of them in runs at the
+edge). So every CHECK_S seconds while the server is behind (`shed`), the backlog estimates when each piece of work
+admitted will end: a call (Job.call) with the requests it serves, or a request not yet in one. Its work left is its
+requests' work less the rows the call has stepped; the engine's turns are fair per request, so work with r left for
+n requests ends once every other piece j has run min(r_j, n_j x r / n) of its own. Newest first, work that would end
+after its requests' deadline (their timeout) is refused (429) then, which leaves the others more of the engine,
+rather than left to time out after using it for nothing; its call stops at its next step (every client of it gone).
 """
 from __future__ import annotations
 
@@ -45,14 +48,16 @@ BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
 
 CHECK_S = 0.25
-"""Seconds between two checks of the requests admitted that have not started (Backlog.shed)."""
+"""Seconds between two checks of the work admitted against its deadline (Backlog.shed)."""
 
 
 class Overloaded(Exception):
     """Refused: the requests admitted before this one would keep it waiting too long."""
 
-    def __init__(self, estimate_s: float, limit_s: float):
-        super().__init__(f"about {estimate_s:.1f} s of translation ahead of this request, over {limit_s:g} s")
+    def __init__(self, estimate_s: float, limit_s: float, to_timeout: bool = False):
+        super().__init__(f"about {estimate_s:.1f} s of translation left for this request, over the {limit_s:.1f} s "
+                         "to its timeout" if to_timeout else
+                         f"about {estimate_s:.1f} s of translation ahead of this request, over {limit_s:g} s")
         self.estimate_s, self.limit_s = estimate_s, limit_s
 
     @property
@@ -63,10 +68,10 @@ class Overloaded(Exception):
 
 class Backlog:
     """The requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that the others
-    would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and `shed` those
-    admitted that have not started. A request is a serve.engine.Job: its `work`, whether it has `started`, and its
-    `future`, which `shed` fails with Overloaded. `progress()` gives the engine's busy seconds and decoder rows so far
-    (Engine.busy, Engine.rows); `clock()` the time."""
+    would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and `shed` the
+    work admitted that would end after its deadline. A request is a serve.engine.Job: its `work`, `deadline`,
+    `call` and `future`, which `shed` fails with Overloaded. `progress()` gives the engine's busy seconds and decoder
+    rows so far (Engine.busy, Engine.rows); `clock()` the time."""
 
     def __init__(self, limit_s: float | None, progress: Callable[[], tuple[float, int]],
                  clock: Callable[[], float] = time.monotonic):
@@ -107,29 +112,40 @@ class Backlog:
         self.admitted[id(job)] = (job, self.clock())
 
     def shed(self) -> int:
-        """Refuse the requests admitted that have not started and that those admitted before them would keep
-        waiting more than limit_s (only while the server is behind), oldest first: their futures fail with
-        Overloaded, and they leave. How many."""
+        """Refuse the work admitted that would end after its deadline, newest first (only while the server is
+        behind): its requests' futures fail with Overloaded, and they leave. How many requests."""
         self._sample()
         if self.limit_s is None or not self.behind() or (rate := self.rate()) is None:
             return 0
-        before: list[int] = []  # the work of those admitted before, still here
-        total, refused = 0, 0
-        for key, (job, _) in list(self.admitted.items()):
-            if job.future.done():  # its client gave up, or it was answered: it leaves (Batcher.submit)
-                continue
-            if job.work and not job.started and total / rate > self.limit_s:
-                ahead = sum(min(work, job.work) for work in before) / rate  # (the total bounds it: often enough)
-                if ahead > self.limit_s:
-                    job.future.set_exception(Overloaded(ahead, self.limit_s))
-                    del self.admitted[key]
-                    refused += 1
-                    continue
-            before.append(job.work)
-            total += job.work
+        pieces: dict[int, list] = {}  # id(call), or id(job) not in one -> its requests (by the newest's admission)
+        for job, _ in self.admitted.values():
+            if not job.future.done():  # (done: its client gave up, or it was answered; it leaves)
+                key = id(job.call) if job.call is not None else id(job)
+                pieces[key] = pieces.pop(key, []) + [job]
+        left = {key: (work_left(jobs), len(jobs)) for key, jobs in pieces.items()}
+        now, refused = self.clock(), 0
+        for key in reversed(list(pieces)):
+            work, n = left[key]
+            deadline = min((job.deadline for job in pieces[key] if job.deadline is not None), default=math.inf)
+            ends = sum(min(w, m * work / n) for w, m in left.values()) / rate  # seconds from now
+            if work and now + ends > deadline:
+                for job in pieces[key]:
+                    job.future.set_exception(Overloaded(ends, max(0.0, deadline - now), to_timeout=True))
+                    del self.admitted[id(job)]
+                refused += len(pieces[key])
+                del left[key]
         return refused
 
     def leave(self, job) -> None:
         """The request ended (answered or not)."""
         self.admitted.pop(id(job), None)
         self._sample()
+
+
+def work_left(jobs: list) -> int:
+    """The work left of requests that share a call (or of one request in none): their call's work less the rows it
+    has stepped."""
+    call = jobs[0].call
+    if call is None:
+        return sum(job.work for job in jobs)
+    return max(0, sum(job.work for job in call.jobs) - call.rows)

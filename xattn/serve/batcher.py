@@ -4,8 +4,9 @@ greedy requests share a continuous batch.
 Requests wait in a bounded queue, which also counts the requests of the calls the collector no longer waits for
 (below): otherwise requests arriving faster than calls end would all be taken into calls running in turns, and the
 later ones would time out instead of being refused at once. A request is refused too, while the server is behind,
-when the work admitted before it would keep it waiting more than `max_backlog` seconds (serve/backlog.py: on
-arrival, or later while it has not started): a count cannot tell one sentence from 32. One collector task takes the first, then whatever else is queued, up to
+when the work admitted before it would keep it waiting more than `max_backlog` seconds, and later once its call
+would end past its timeout (serve/backlog.py): a count cannot tell one sentence from 32. One collector task takes
+the first, then whatever else is queued, up to
 `max_batch` sentences (a request that would go over starts the next batch; one larger than `max_batch` runs alone),
 groups them by settings and runs one translate call per group on the engine thread (serve/engine.py), so the event
 loop never blocks and concurrent clients share batches. The collector waits for a call to end before it collects
@@ -96,13 +97,14 @@ class Batcher:
                      timeout: float | None = None) -> list:
         """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the work
         admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind; at
-        once, or later while it has not started: Backlog.shed), asyncio.TimeoutError once `timeout` seconds have passed (the job is then gone: dropped between two steps, as
+        once, or later once its call would end past the timeout: Backlog.shed), asyncio.TimeoutError once `timeout`
+        seconds have passed (the job is then gone: dropped between two steps, as
         when its client leaves). `work`: the request's decoding work (api.check_work), which tells a long request
         from the others. The deadline is a timer on the job's own future, not asyncio.wait_for: that would run this
         in a task of its own, two more turns of the event loop on the way in and out."""
         loop = asyncio.get_running_loop()
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
-                  long=work > self.long_work)
+                  long=work > self.long_work, deadline=None if timeout is None else loop.time() + timeout)
         if streamed := self.streamed(settings, mergeable, len(texts), work):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
@@ -122,8 +124,8 @@ class Batcher:
             self.backlog.leave(job)
 
     async def _shed(self) -> None:
-        """Every CHECK_S seconds, the backlog refuses the requests admitted and not yet started that the others
-        would keep waiting too long (Backlog.shed: their submit raises Overloaded)."""
+        """Every CHECK_S seconds, the backlog refuses the work admitted that would end past its deadline
+        (Backlog.shed: the submit of its requests raises Overloaded)."""
         while True:
             await asyncio.sleep(CHECK_S)
             self.backlog.shed()

@@ -39,7 +39,8 @@ class Job:
     future: asyncio.Future = field(repr=False)
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
-    started: bool = False             # a decoder step of its has run (or is running): backlog.Backlog.shed
+    deadline: float | None = None     # time.monotonic() of its timeout (backlog.Backlog.shed)
+    call: Call | None = field(default=None, repr=False)  # the call it is in, once in one (Engine.run)
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -62,6 +63,7 @@ class Call:
     since: float = 0.0                # the Engine's clock when it became active
     own: float = 0.0                  # the engine thread's CPU seconds on its steps (see LONG_S)
     turned: int = 0                   # when it turned long, counted among long calls (0: not yet; MAX_LONG)
+    rows: int = 0                     # the rows its steps ran so far (backlog.work_left)
 
     @property
     def long(self) -> bool:
@@ -87,10 +89,10 @@ class Call:
             return True, 0
         try:
             if self.steps is None:
-                for job in self.jobs:
-                    job.started = True
                 self.steps = self.start()
-            return False, next(self.steps) or 0
+            rows = next(self.steps) or 0
+            self.rows += rows
+            return False, rows
         except StopIteration as end:
             outcome = (self.future.set_result, end.value)
         except Exception as e:  # noqa: BLE001 - the caller's to handle
@@ -162,7 +164,7 @@ class Streaming:
                 resolve(jobs[0], e)
             return
         for job in jobs:
-            job.results, job.started = [None] * len(job.texts), True
+            job.results = [None] * len(job.texts)
         self.rows.update(rows)
 
     def drop_gone(self) -> int:
@@ -229,9 +231,11 @@ class Engine:
     def run(self, start: Callable[[], Steps[list]], jobs: list[Job]) -> Future:
         """The result of the Steps that `start()` makes, run here in turns with the rest; Dropped once every
         one of `jobs` is done (its clients gave up)."""
-        future: Future = Future()
-        self.inbox.put(Call(start, jobs, future))
-        return future
+        call = Call(start, jobs, Future())
+        for job in jobs:
+            job.call = call
+        self.inbox.put(call)
+        return call.future
 
     def submit(self, job: Job) -> None:
         self.waiting += 1
