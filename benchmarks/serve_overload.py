@@ -7,9 +7,10 @@ after using the model's time. Each scenario (`--scenarios`, TEXTS:BEAM:RATE:SECO
 size, requests per second, seconds of arrivals) runs against the revision `--against` (checked out into a temporary
 git worktree) and this tree, in turns, `--repeats` times, the order alternating; each request on a new connection,
 its sentences drawn from Multi30k test_2016_flickr (de). Figures per run: how many requests got each status (429s by
-the reason their message gives: the queue's count, the cap on long requests, or the backlog's time), the latency of
-the answered ones (median, max), the refused ones' (max), and the sentences answered per second of the run (arrivals
-and every answer).
+the reason their message gives: the queue's count, the cap on long requests, the backlog's time, or its deadline
+check), the latency of the answered ones (median, max), the refused ones' (max), and the sentences answered per
+second of the run (arrivals and every answer). A scenario of a high rate for a fraction of a second (16:5:1000:0.1,
+100 requests) is a burst sent at once.
 
 usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 4:5:20:30 16:5:5:30 1:1:200:15]
                                            [--repeats 2] [--threads 1] [--out serve_overload]
@@ -32,8 +33,10 @@ from serve_load import MODEL
 from serve_versions import side_by_side
 
 
-REASONS = {"requests waiting": "queue", "long requests": "long", "translation ahead": "backlog"}
-"""What a 429's message says it was for: the queue's count, the cap on long calls, or the backlog's time."""
+REASONS = {"requests waiting": "queue", "long requests": "long", "translation ahead": "backlog",
+           "translation left": "deadline"}
+"""What a 429's message says it was for: the queue's count, the cap on long calls, the backlog's time on arrival, or
+its later check of the work admitted against its deadline."""
 
 
 async def one(port: int, body: bytes) -> tuple[int | str, float]:
