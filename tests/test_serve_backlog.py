@@ -103,6 +103,35 @@ def test_once_behind_the_work_that_would_end_past_its_deadline_is_refused_newest
     assert not any(r.future.done() for r in [*a, nothing]) and not b.shed()
 
 
+def test_the_work_left_is_the_share_of_their_work_that_the_calls_answered_lately_ran():
+    engine = Progress()
+    b = Backlog(3.0, engine, engine.clock)
+    done = [Request(100), Request(300)]
+    for request in done:
+        b.admit(request)
+        request.future.set_result(["answered"])
+    Call(done, rows=240)  # 60% of its 400: a search ends before its maximum length
+    for request in done:
+        b.leave(request)
+    assert b.share() == pytest.approx(0.6)
+    gone = Request(1000)
+    b.admit(gone)
+    Call([gone], rows=10)
+    gone.future.set_exception(TimeoutError())
+    b.leave(gone)  # a call stopped says nothing of how far searches run
+    assert b.share() == pytest.approx(0.6)
+    late, running = Request(200, deadline=3.0), Request(100, deadline=3.0)
+    b.admit(running)
+    b.admit(late)
+    Call([running], rows=50)
+    engine.busy, engine.rows, engine.now = 2.0, 200, 1.5  # 100 rows a second; behind
+    # late, newest: 0.6 x 200 = 120 left, and 0.6 x 100 - 50 = 10 for `running`: 1.3 s, within the 1.5 s left
+    # (with the work's bound, 200 + 50: 2.5 s, refused)
+    assert b.shed() == 0
+    engine.busy, engine.rows = 100.0, 300  # about 1 row a second: both past their deadline
+    assert b.shed() == 2 and not b.admitted
+
+
 def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
     monkeypatch.setattr(backlog, "WINDOW_S", 10.0)
     engine = Progress()
