@@ -198,6 +198,7 @@ class Settings:
     wider: DecodeConfig | None = None  # a search wide enough for the alternatives asked, when `decode` is not:
     #   the first translation still comes from `decode`, so asking for alternatives never changes it
     work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
+    source: int = dataclasses.field(default=0, compare=False)  # its hypotheses x source tokens (backlog.Backlog.rows)
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
@@ -233,7 +234,9 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
-    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work)
+    hypotheses = (wider or decode).hypotheses + (decode.hypotheses if wider is not None else 0)
+    source = hypotheses * sum(n + 1 for n in counts if n)  # (of a source counted with its </s>, as check_work's)
+    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work, source)
 
 
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:

@@ -22,15 +22,20 @@ that goes on is refused once the first two of it have waited that long.
 
 A burst that arrives at once is admitted whole, since nothing in it has waited yet, and the batcher starts its calls
 beside each other, to take turns: under fair turns they all end together, and when that is past their timeout
-nothing is answered (100 requests of 16 sentences of beam 5 sent at once: all 504, or a part of them in runs at the
-edge). So every CHECK_S seconds while the server is behind (`shed`), the backlog estimates when each piece of work
-admitted will end: a call (Job.call) with the requests it serves, or a request not yet in one. Its work left is its
-requests' work times the share of their work that the calls answered lately ran (a search ends before its maximum
-length, which the work counts: 1.5-2x on Multi30k), less the rows the call has stepped. The engine's turns are fair
-per request, so work with r left for n requests ends once every other piece j has run min(r_j, n_j x r / n) of its
-own. Newest first, work that would end after its requests' deadline (their timeout) is refused (429) then, which
-leaves the others more of the engine, rather than left to time out after using it for nothing; its call stops at its
-next step (every client of it gone). Before any call has been answered, the share is 1: the work's upper bound.
+nothing is answered. So every CHECK_S seconds while the server is behind (`shed`), the backlog estimates when each
+piece of work admitted will end: a call (Job.call) with the requests it serves, or a request in none (waiting, or
+streamed). Its work left is the rows it will likely step less those it has stepped: the rows that the requests
+answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
+own source rows, within its work's bound; before KNOWN requests have been answered, the bound itself (1.5-2x what a
+search runs). The engine's turns are fair per request, so work with r left for n requests ends once every other
+piece j has run min(r_j, n_j x r / n) of its own, at the engine's rate. Newest first, work that would end after its
+requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more
+of the engine, rather than left to time out after using it for nothing; its call stops at its next step (every
+client of it gone).
+
+What it leaves out: the engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second
+than the rate, which is the engine's over all its steps; the encoder's passes; and that one piece's sentences run
+longer than the average. It errs on either side, and answers can still time out.
 """
 from __future__ import annotations
 
@@ -50,18 +55,26 @@ BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
 
 ENDED = 64
-"""Requests answered in calls whose rows, against their work, the deadline check goes by (Backlog.share)."""
+"""Requests answered whose rows, against their source rows, the deadline check goes by (Backlog.per_source)."""
+
+KNOWN = 8
+"""Requests answered before the deadline check goes by their rows per source row rather than the work's bound."""
+
+SLACK = 1.25
+"""The deadline check's allowance for its estimate's errors: work whose estimated end, this many times as far off,
+is past its deadline is refused (without it, work kept to end just in time timed out on the slightest delay)."""
 
 CHECK_S = 0.25
 """Seconds between two checks of the work admitted against its deadline (Backlog.shed)."""
 
 
 class Overloaded(Exception):
-    """Refused: the requests admitted before this one would keep it waiting too long."""
+    """Refused: the requests admitted before this one would keep it waiting too long (on arrival: `limit_s` is the
+    limit), or its work would end past its timeout (later, `to_timeout`: `limit_s` is the time left to it)."""
 
     def __init__(self, estimate_s: float, limit_s: float, to_timeout: bool = False):
-        super().__init__(f"about {estimate_s:.1f} s of translation left for this request, over the {limit_s:.1f} s "
-                         "to its timeout" if to_timeout else
+        super().__init__(f"up to about {estimate_s:.1f} s of translation left for this request, over the "
+                         f"{limit_s:.1f} s to its timeout" if to_timeout else
                          f"about {estimate_s:.1f} s of translation ahead of this request, over {limit_s:g} s")
         self.estimate_s, self.limit_s = estimate_s, limit_s
 
@@ -83,11 +96,14 @@ class Backlog:
         self.limit_s, self.progress, self.clock = limit_s, progress, clock
         self.admitted: dict[int, tuple[Any, float]] = {}  # id(job) -> the job and when it was admitted (in order)
         self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission, end and check
-        self.ended: deque[tuple[float, int]] = deque(maxlen=ENDED)  # (rows, work) of requests answered in calls
+        self.ended: deque[tuple[float, int]] = deque(maxlen=ENDED)  # (rows, source rows) of requests answered
 
     def _sample(self) -> None:
         busy, rows = self.progress()
-        self.samples.append((busy, rows))
+        if len(self.samples) > 2 and busy - self.samples[-2][0] < WINDOW_S / 64:  # (an idle server's checks: one)
+            self.samples[-1] = (busy, rows)
+        else:
+            self.samples.append((busy, rows))
         while len(self.samples) > 2 and self.samples[1][0] <= busy - WINDOW_S:  # the first: the window's start
             self.samples.popleft()
 
@@ -125,16 +141,16 @@ class Backlog:
             return 0
         pieces: dict[int, list] = {}  # id(call), or id(job) not in one -> its requests (by the newest's admission)
         for job, _ in self.admitted.values():
-            if not job.future.done():  # (done: its client gave up, or it was answered; it leaves)
+            if not (job.future.done() or job.ended):  # (its client gave up, or it is answered: it leaves)
                 key = id(job.call) if job.call is not None else id(job)
                 pieces[key] = pieces.pop(key, []) + [job]
-        share = self.share()
-        left = {key: (work_left(jobs, share), len(jobs)) for key, jobs in pieces.items()}
+        per_source = self.per_source()
+        left = {key: (work_left(jobs, per_source), len(jobs)) for key, jobs in pieces.items()}
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
             work, n = left[key]
             deadline = min((job.deadline for job in pieces[key] if job.deadline is not None), default=math.inf)
-            ends = sum(min(w, m * work / n) for w, m in left.values()) / rate  # seconds from now
+            ends = SLACK * sum(min(w, m * work / n) for w, m in left.values()) / rate  # seconds from now
             if work and now + ends > deadline:
                 for job in pieces[key]:
                     job.future.set_exception(Overloaded(ends, max(0.0, deadline - now), to_timeout=True))
@@ -143,25 +159,30 @@ class Backlog:
                 del left[key]
         return refused
 
-    def share(self) -> float:
-        """The rows that the calls of the last ENDED requests answered stepped per unit of their work (1 before
-        any): a search ends before its maximum length, which the work counts."""
-        work = sum(w for _, w in self.ended)
-        return sum(rows for rows, _ in self.ended) / work if work else 1.0
+    def per_source(self) -> float | None:
+        """The rows that the last ENDED requests answered stepped per source row (hypotheses x source tokens): how
+        long their translations ran against their sources; None before KNOWN of them."""
+        source = sum(n for _, n in self.ended)
+        return sum(rows for rows, _ in self.ended) / source if len(self.ended) >= KNOWN and source else None
 
     def leave(self, job) -> None:
         """The request ended (answered or not)."""
         self.admitted.pop(id(job), None)
         self._sample()
         answered = job.future.done() and not job.future.cancelled() and job.future.exception() is None
-        if answered and job.call is not None and (work := sum(j.work for j in job.call.jobs)):
-            self.ended.append((job.call.rows * job.work / work, job.work))  # (its part of its call's rows)
+        if not answered or not job.source:
+            return
+        if job.call is None:  # (streamed)
+            self.ended.append((job.rows, job.source))
+        elif source := sum(j.source for j in job.call.jobs):
+            self.ended.append((job.call.rows * job.source / source, job.source))  # (its part of its call's rows)
 
 
-def work_left(jobs: list, share: float) -> float:
-    """The work left of requests that share a call (or of one request in none): the `share` of their call's work
-    that a call runs (Backlog.share) less the rows it has stepped."""
+def work_left(jobs: list, per_source: float | None) -> float:
+    """The work left of requests that share a call (or of one request in none): the rows they will likely step,
+    per_source x their source rows within their work's bound (the bound itself with per_source None), less the rows
+    stepped so far."""
     call = jobs[0].call
-    if call is None:
-        return share * sum(job.work for job in jobs)
-    return max(0.0, share * sum(job.work for job in call.jobs) - call.rows)
+    jobs, rows = (jobs, jobs[0].rows) if call is None else (call.jobs, call.rows)
+    likely = sum(job.work if per_source is None else min(job.work, per_source * job.source) for job in jobs)
+    return max(0.0, likely - rows)

@@ -39,8 +39,11 @@ class Job:
     future: asyncio.Future = field(repr=False)
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
-    deadline: float | None = None     # time.monotonic() of its timeout (backlog.Backlog.shed)
+    source: int = 0                   # hypotheses x source tokens (api.Settings.source): what it will likely step
+    deadline: float | None = None     # its timeout, on its event loop's clock (backlog.Backlog.shed)
     call: Call | None = field(default=None, repr=False)  # the call it is in, once in one (Engine.run)
+    rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
+    ended: bool = False               # its translation ended: its answer is on its way to the event loop
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
 
 
@@ -94,6 +97,8 @@ class Call:
             self.rows += rows
             return False, rows
         except StopIteration as end:
+            for job in self.jobs:
+                job.ended = True
             outcome = (self.future.set_result, end.value)
         except Exception as e:  # noqa: BLE001 - the caller's to handle
             outcome = (self.future.set_exception, e)
@@ -178,6 +183,8 @@ class Streaming:
 
     def advance(self) -> None:
         """One decoder step; the requests whose last sentence ended are answered."""
+        for job, _ in self.rows.values():
+            job.rows += 1
         try:
             ended = self.stream.step()
         except Exception as e:  # noqa: BLE001 - a bug: fail the stream's requests, not the server
@@ -352,6 +359,7 @@ class Engine:
 
 def resolve(job: Job, outcome: Any) -> None:
     """Answer `job` on its event loop's thread (a result list, or an exception to raise)."""
+    job.ended = True
     def settle() -> None:
         if job.future.done():
             return
