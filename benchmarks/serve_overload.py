@@ -10,10 +10,12 @@ its sentences drawn from Multi30k test_2016_flickr (de). Figures per run: how ma
 the reason their message gives: the queue's count, the cap on long requests, the backlog's time, or its deadline
 check), the latency of the answered ones (median, max), the refused ones' (max), and the sentences answered per
 second of the run (arrivals and every answer). A scenario of a high rate for a fraction of a second (16:5:1000:0.1,
-100 requests) is a burst sent at once.
+100 requests) is a burst sent at once. Scenarios joined by + run at once, each with its own figures
+(16:5:1000:0.1+1:5:4:30: the burst, while one-sentence requests keep arriving). `--flags` go to both servers
+(`--flags=--timeout=5`).
 
 usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 4:5:20:30 16:5:5:30 1:1:200:15]
-                                           [--repeats 2] [--threads 1] [--out serve_overload]
+                                           [--repeats 2] [--threads 1] [--flags=...] [--out serve_overload]
 """
 from __future__ import annotations
 
@@ -88,25 +90,31 @@ def main() -> None:
                         help="TEXTS:BEAM:RATE:SECONDS")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of each server")
+    parser.add_argument("--flags", default="", help="flags for both servers, separated by spaces")
     parser.add_argument("--out", default="serve_overload", help="the result's name in benchmarks/results")
     args = parser.parse_args()
-    scenarios = [dict(zip(("texts", "beam", "rate", "seconds"), map(float, s.split(":")))) for s in args.scenarios]
+    scenarios = {key: [dict(zip(("texts", "beam", "rate", "seconds"), map(float, part.split(":"))))
+                       for part in key.split("+")] for key in args.scenarios}
     model = Path(args.model).resolve() if args.model else cached_model("multi30k-de-en", MODEL)
     texts = sentences(1000)
     against = git("rev-parse", "--short", args.against)
-    runs: dict = {f"{int(s['texts'])}:{int(s['beam'])}:{s['rate']:g}:{s['seconds']:g}": {"old": [], "new": []}
-                  for s in scenarios}
-    with side_by_side(model, against, args.threads) as ports:
+    runs: dict = {key: {"old": [], "new": []} for key in scenarios}
+
+    async def together(port: int, parts: list[dict], seed: int) -> dict | list[dict]:
+        figures = await asyncio.gather(*(open_loop(port, texts, int(s["texts"]), int(s["beam"]), s["rate"],
+                                                   s["seconds"], seed=seed) for s in parts))
+        return figures[0] if len(figures) == 1 else figures
+    with side_by_side(model, against, args.threads, *args.flags.split()) as ports:
         for r in range(args.repeats):
-            for (key, result), s in zip(runs.items(), scenarios):
+            for key, result in runs.items():
                 for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    figures = asyncio.run(open_loop(ports[name], texts, int(s["texts"]), int(s["beam"]), s["rate"],
-                                                    s["seconds"], seed=r))
+                    figures = asyncio.run(together(ports[name], scenarios[key], seed=r))
                     result[name].append(figures)
                     print(f"repeat {r + 1} {key} {name}: {figures}", flush=True)
                     time.sleep(2)  # (every request has ended: answered, refused or timed out)
     write_result(args.out, {"against": against, "model": model_fingerprint(model) | {"overrides": MODEL},
-                            "threads": args.threads, "scenarios": "TEXTS:BEAM:RATE:SECONDS", "runs": runs})
+                            "threads": args.threads, "flags": args.flags, "scenarios": "TEXTS:BEAM:RATE:SECONDS",
+                            "runs": runs})
 
 
 if __name__ == "__main__":

@@ -67,9 +67,9 @@ def throughput(ports: dict[str, int], texts: list[str], beam: int, clients: int,
 
 
 @contextmanager
-def side_by_side(model: Path, against: str, threads: int) -> Iterator[dict[str, int]]:
+def side_by_side(model: Path, against: str, threads: int, *flags: str) -> Iterator[dict[str, int]]:
     """`xattn serve` of the revision `against` (checked out into a temporary git worktree, removed at the end) and
-    of this tree, both up, each with `threads` threads: their ports, as {"old": ..., "new": ...}."""
+    of this tree, both up, each with `threads` threads and `flags`: their ports, as {"old": ..., "new": ...}."""
     with tempfile.TemporaryDirectory() as tmp:
         old_root = Path(tmp, f"xattn-{against}")
         git("worktree", "add", "--detach", str(old_root), against)
@@ -77,7 +77,7 @@ def side_by_side(model: Path, against: str, threads: int) -> Iterator[dict[str, 
         try:
             ports = {}
             for name, root in (("old", old_root), ("new", ROOT)):
-                server, ports[name] = start_server(model, threads, root=root)
+                server, ports[name] = start_server(model, threads, *flags, root=root)
                 servers.append(server)
             yield ports
         finally:

@@ -15,37 +15,46 @@ from fastapi.testclient import TestClient  # noqa: E402
 from xattn.cli.main import main  # noqa: E402
 from xattn.serve import backlog  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.backlog import Backlog, Overloaded  # noqa: E402
+from xattn.serve.backlog import Backlog, Overloaded, StepCost  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
 
 class Progress:
-    """An engine's (busy seconds, rows) and the time, as a test sets them."""
+    """What the backlog reads of a serve.engine.Engine (busy seconds, of which stepping, and its latest steps' rows
+    and seconds), and the time, as a test sets them."""
 
     def __init__(self):
-        self.busy, self.rows, self.now = 0.0, 0, 0.0
+        self.busy, self.stepping, self.costs, self.now = 0.0, 0.0, [], 0.0
 
-    def __call__(self) -> tuple[float, int]:
-        return self.busy, self.rows
+    def step_costs(self) -> list[tuple[int, float]]:
+        return self.costs
+
+    def ran(self, busy: float, rate: float) -> None:
+        """Busy for `busy` seconds so far, all of it in steps of one width, `rate` rows a second."""
+        self.busy = self.stepping = busy
+        self.costs = [(10, 10 / rate)]
 
     def clock(self) -> float:
         return self.now
 
 
 class Request:
-    """What the backlog reads of a serve.engine.Job."""
+    """What the backlog reads of a serve.engine.Job (by default one that runs alone, one row a step)."""
 
-    def __init__(self, work: int, deadline: float | None = None, source: int = 0):
+    def __init__(self, work: int, deadline: float | None = None, source: int = 0, width: int = 1,
+                 settings=None, texts: int = 1):
         self.work, self.deadline, self.source, self.future = work, deadline, source, Future()
+        self.width, self.settings, self.mergeable, self.texts = width, settings, settings is not None, ["x"] * texts
         self.call, self.rows, self.ended = None, 0, False
 
 
 class Call:
-    """What the backlog reads of a serve.engine.Call: its requests (each then in it) and the rows it stepped."""
+    """What the backlog reads of a serve.engine.Call: its requests (each then in it), the rows it stepped and the
+    rows of its latest step."""
 
-    def __init__(self, jobs: list[Request], rows: int):
-        self.jobs, self.rows = jobs, rows
+    def __init__(self, jobs: list[Request], rows: int, width: int = 0):
+        self.jobs, self.rows, self.width = jobs, rows, width
         for job in jobs:
             job.call = self
 
@@ -56,10 +65,10 @@ def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside
     r = {i: Request(work) for i, work in enumerate([0, 100, 1000, 100, 100_000, 200, 50, 0, 10_000]) if i}
     b.admit(r[1])
     b.admit(r[2])
-    engine.busy, engine.rows = 10.0, 1000  # 100 rows a second
+    engine.ran(10.0, 100)  # 100 rows a second
     b.admit(r[3])  # not behind: nothing admitted over a third of the limit ago
-    assert b.rate() == 100.0 and not b.behind()
-    assert b.ahead(200) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; its own work aside
+    assert b.cost() == StepCost(0.0, 0.01) and not b.behind()
+    assert b.ahead(Request(200)) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; not its own
     b.admit(r[4])  # alone it would run for 1,000 s: the limits on one request bound that
     engine.now = 1.01  # requests 1 to 4 are still running, admitted more than 1 s ago: behind
     with pytest.raises(Overloaded) as refused:
@@ -89,7 +98,8 @@ def test_once_behind_the_work_that_would_end_past_its_deadline_is_refused_newest
     Call(a, rows=50), Call([gone], rows=0), Call([c], rows=0)  # a call for both of `a`, 150 left; c's 300
     gone.future.set_exception(TimeoutError())  # its client gave up: left to the batcher (Backlog.leave)
     assert b.shed() == 0  # no rate, not behind
-    engine.busy, engine.rows, engine.now = 2.0, 200, 0.5  # 100 rows a second, but nobody has waited 1 s yet
+    engine.ran(2.0, 100)
+    engine.now = 0.5  # 100 rows a second, but nobody has waited 1 s yet
     assert b.shed() == 0
     engine.now = 1.5  # behind
     assert b.shed() == 2
@@ -132,32 +142,44 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     b.admit(running)
     b.admit(late)
     Call([running], rows=50)
-    engine.busy, engine.rows, engine.now = 2.0, 200, 1.5  # 100 rows a second; behind
+    engine.ran(2.0, 100)
+    engine.now = 1.5  # 100 rows a second; behind
     # late, newest: 1.2 x 100 = 120 left, and min(100, 1.2 x 50) - 50 = 10 for `running`: 1.3 s, 1.6 s with the
     # SLACK, within the 2 s left (with the work's bound, 4000 + 50: refused)
     assert b.shed() == 0
     running.ended = True  # its answer is on its way: never refused, and nothing left
-    engine.busy, engine.rows = 4.0, 250  # 62.5 rows a second: late ends in 1.9 s, 2.4 s with the SLACK
+    engine.ran(4.0, 62.5)  # late ends in 1.9 s, 2.4 s with the SLACK
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
 
 
-def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
+def test_the_cost_of_a_step_is_fitted_to_the_latest_steps_and_scaled_by_the_time_besides_them():
+    linear = StepCost.fitted([(1, 0.0045), (5, 0.0065), (21, 0.0145)], overhead=1.5)  # 4 ms and 0.5 ms a row
+    assert linear.a == pytest.approx(0.006) and linear.b == pytest.approx(0.00075)
+    assert StepCost(0.004, 0.0005).seconds(100, 5) == pytest.approx(0.13)  # 100 rows in 20 steps of 5
+    assert StepCost(0.004, 0.0005).seconds(100, 0) == pytest.approx(0.45)  # (a step has a row at least)
+    assert StepCost.fitted([(10, 0.1), (10, 0.12)], 1.0) == StepCost(0.0, pytest.approx(0.011))  # one width: a rate
+    # steps of more rows cheaper: the rows make no difference; an intercept below 0: through the origin
+    assert StepCost.fitted([(1, 0.01), (10, 0.005)], 1.0) == StepCost(pytest.approx(0.0075), 0.0)
+    assert StepCost.fitted([(1, 0.001), (10, 0.1)], 1.0) == StepCost(0.0, pytest.approx(1.001 / 101))
+
+
+def test_the_time_besides_the_steps_is_measured_over_the_last_window(monkeypatch):
     monkeypatch.setattr(backlog, "WINDOW_S", 10.0)
     engine = Progress()
     b = Backlog(5.0, engine, engine.clock)
-    engine.busy, engine.rows = 0.4, 40
+    engine.busy, engine.stepping, engine.costs = 0.4, 0.2, [(10, 0.02)]
     first = Request(500)
     b.admit(first)
-    assert b.rate() is None  # under MIN_BUSY_S of busy time
-    engine.busy, engine.rows = 2.0, 500
+    assert b.cost() is None  # under MIN_BUSY_S of busy time
+    engine.busy, engine.stepping = 2.0, 1.0  # (encoding, admitting: as long as the steps)
     b.leave(first)
-    assert b.rate() == 250.0
-    for second in range(3, 40):  # then 100 rows a second: the fast start leaves the window
-        engine.busy, engine.rows = float(second), 500 + 100 * (second - 2)
+    assert b.cost() == StepCost(0.0, pytest.approx(0.004))
+    for second in range(3, 40):  # then nothing besides the steps: the start leaves the window
+        engine.busy, engine.stepping = float(second), second - 1.0
         request = Request(10)
         b.admit(request)
         b.leave(request)
-    assert b.rate() == pytest.approx(100.0)
+    assert b.cost() == StepCost(0.0, pytest.approx(0.002))
     assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
 
 
@@ -165,11 +187,46 @@ def test_the_checks_of_an_idle_server_keep_no_more_samples():
     """The batcher checks every CHECK_S seconds: a sample each, kept until 10 s of busy time had passed, grew by
     345,000 a day on an idle server (a review)."""
     engine = Progress()
+    engine.costs = [(10, 0.01)]
     b = Backlog(15.0, engine, engine.clock)
     for check in range(10_000):
-        engine.busy, engine.rows = 100.0 + check * 0.001, 5000 + check  # a little work now and then
+        engine.busy = engine.stepping = 100.0 + check * 0.001  # a little work now and then
         b.shed()
-    assert len(b.samples) <= 70 and b.rate() == pytest.approx(engine.rows / engine.busy)  # (the window's start: 0)
+    assert len(b.samples) <= 70 and b.cost() == StepCost(0.0, pytest.approx(0.001))
+
+
+def test_the_rows_of_a_step_are_its_calls_or_those_of_the_requests_it_will_be_merged_with():
+    b = Backlog(5.0, Progress(), max_batch=8)
+    running, waiting = [Request(10, width=5, texts=1), Request(10, width=10, texts=2)], Request(10, width=5)
+    Call(running, rows=30, width=15)
+    Call([waiting], rows=0)  # no step yet: its requests'
+    merged = [Request(10, width=5 * n, settings="beam 5", texts=n) for n in (2, 3, 3, 1)]  # 8 sentences, then 1
+    other, alone = Request(10, width=1, settings="greedy", texts=4), Request(10, width=7)
+    widths = b.widths([*running, waiting, *merged, other, alone])
+    assert [widths[id(r)] for r in [*running, waiting, *merged, other, alone]] == [15, 15, 5, 40, 40, 40, 5, 1, 7]
+
+
+def test_the_time_of_work_is_its_rows_at_the_cost_of_its_steps():
+    """A step of few rows costs several times as much a row as one of many (on the benchmarks' machine about 4 ms
+    and 0.18 ms a row): one sentence's work takes longer than its rows say, requests merged less."""
+    engine = Progress()
+    engine.busy = engine.stepping = 2.0
+    engine.costs = [(1, 0.0042), (81, 0.0202)]  # 4 ms and 0.2 ms a row
+    b = Backlog(3.0, engine, engine.clock)
+    wide, narrow = Request(4000, deadline=3.5, width=80), Request(200, deadline=3.5, width=1)
+    queued = [Request(100, deadline=2.5, width=5, settings="beam 5") for _ in range(16)]
+    for request in [wide, narrow, *queued]:
+        b.admit(request)
+    Call([wide], rows=0)
+    engine.now = 1.5  # behind
+    assert b.shed() == 1
+    # the 16 waiting requests will share a call of 80 rows: 0.025 s each (at 5 rows a step 0.1 s: the newest would
+    # end in 2.25 s, past its 1 s left), the newest at 0.56 s. Then narrow: 200 rows, one a step, 0.84 s (at the
+    # rate of wide's steps 0.05 s), once the others have run as much (wide) or all of theirs (0.4 s): 2.6 s, past
+    # its 2 s left. Then wide, 4,000 rows at 80 a step: 1.0 s and the others' 0.4 s, 1.75 s: in time.
+    with pytest.raises(Overloaded, match=r"up to about 2\.6 s of translation left for this request, over the 2\.0 s"):
+        narrow.future.result()
+    assert not any(r.future.done() for r in [wide, *queued]) and b.shed() == 0
 
 
 class Slow:
@@ -255,7 +312,8 @@ def test_a_burst_is_admitted_though_the_rate_was_measured_on_small_batches(monke
             if beside_a_long_request:  # running for over a third of max_backlog by the time the burst comes
                 long = asyncio.ensure_future(batcher.submit(["l"], "long", mergeable=False, work=500, timeout=10))
                 await asyncio.sleep(1.2)
-            assert batcher.backlog.ahead(20) is not None  # a rate: 244 rows a second, 300 x 20 work is 25 s of it
+            assert batcher.backlog.cost() is not None  # of one-row steps only: a rate of 244 rows a second, by which
+            #                                            300 x 20 work would be 25 s
             burst = await asyncio.gather(*(batcher.submit(["x"], "s", work=20, timeout=10) for _ in range(300)),
                                          return_exceptions=True)
             return burst, (await long if beside_a_long_request else ["L"])
@@ -264,7 +322,45 @@ def test_a_burst_is_admitted_though_the_rate_was_measured_on_small_batches(monke
     assert asyncio.run(run()) == ([["X"]] * 300, ["L"])
 
 
-def test_the_engine_counts_the_rows_of_the_steps_it_runs():
+def test_a_request_of_one_row_a_step_beside_wide_calls_is_refused_early_by_its_time_not_its_rows(monkeypatch):
+    """Its 300 rows are little beside the calls' 1,280 each, but at one row a step they take 1.2 s of the engine
+    against 0.22 s for a call: under fair turns it would end last, past its 2 s timeout. It is refused at the first
+    check once the server is behind, with over half its time left, rather than as its timeout nears, having held
+    up the others: by the rate of rows a second, it seemed to end in time until then."""
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
+
+    def steps(texts, settings):  # a step costs 4 ms and 0.05 ms a row
+        for _ in range(settings[1]):
+            time.sleep(0.004 + 0.00005 * len(texts))
+            yield len(texts)
+        return [t.upper() for t in texts]
+
+    async def outcome(request):
+        try:
+            await request
+            return "answered"
+        except Overloaded as e:
+            return "refused" if e.limit_s > 1.0 else "refused late"
+        except asyncio.TimeoutError:
+            return "timed out"
+
+    async def run():
+        batcher = Batcher(steps, max_batch=32, max_wait=0.0, max_backlog=1.0)
+        batcher.start()
+        try:
+            for texts in (1, 32, 1, 32):  # what steps of one row and of 32 cost
+                await batcher.submit(["x"] * texts, ("warm", 10), work=10 * texts, width=texts)
+            wide = [outcome(batcher.submit(["w"] * 32, ("wide", 40), work=32 * 40, width=32, timeout=10))
+                    for _ in range(8)]
+            narrow = outcome(batcher.submit(["n"], ("narrow", 300), mergeable=False, work=300, timeout=2))
+            return await asyncio.gather(narrow, *wide)
+        finally:
+            await batcher.stop()
+    narrow, *wide = asyncio.run(run())
+    assert (narrow, wide) == ("refused", ["answered"] * 8)
+
+
+def test_the_engine_keeps_the_rows_and_seconds_of_the_steps_it_runs():
     async def run():
         batcher = Batcher(Slow(), max_wait=0.0)
         batcher.start()
@@ -274,8 +370,9 @@ def test_the_engine_counts_the_rows_of_the_steps_it_runs():
             await batcher.stop()
         return batcher.engine
     engine = asyncio.run(run())
-    assert engine.rows == 3 * Slow.STEPS
-    assert engine.busy >= Slow.STEPS * Slow.STEP_S
+    assert [rows for rows, _ in engine.step_costs()] == [3] * (Slow.STEPS - 1)  # (not the first: it encodes)
+    assert min(seconds for _, seconds in engine.step_costs()) >= Slow.STEP_S
+    assert engine.busy >= Slow.STEPS * Slow.STEP_S and engine.stepping >= (Slow.STEPS - 1) * Slow.STEP_S
 
 
 LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,
@@ -296,7 +393,7 @@ def test_a_request_the_backlog_would_keep_past_the_limit_is_a_429_with_retry_aft
         for worker in workers:  # two large requests running: behind (one alone may be a long request)
             worker.start()
         for _ in range(1000):
-            if (len(batcher.backlog.admitted) == 2 and batcher.engine.rows) or replies:
+            if (len(batcher.backlog.admitted) == 2 and batcher.engine.step_costs()) or replies:
                 break
             time.sleep(0.01)
         reply = c.post("/translate", json=LARGE)

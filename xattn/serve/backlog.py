@@ -8,17 +8,19 @@ about twice the engine's rate, 114 and 125 of 150 sixteen-sentence beam-5 reques
 
 The estimate: the engine gives every request an equal share of its time (serve/engine.py's fair turns), so while a
 request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
-admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
-aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
-busy time, over the last WINDOW_S seconds of it: the rows are counted at every step, so it does not jump when a
-large request ends. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k:
-the estimate errs on the side of refusing.
+admitted before it runs for at most as long as w takes; they delay it by the sum of those times, its own aside (the
+limits on one request bound that). What work takes is in the engine's time, not its rows: a decoder step of r rows
+takes about a + b x r seconds (StepCost, fitted to the engine's latest steps of each width: on the benchmarks'
+2-core machine, one thread, about 4 ms and 0.18 ms a row), so work of few rows a step, such as one sentence, takes
+several times as long a row as a batch of many. The rows a step of a request runs (`widths`) are its call's; for a
+request not yet in one, those of the requests it will likely be merged with. A search ends before its maximum
+length, so the work over-counts rows, by 1.5-2x on Multi30k: the estimate errs on the side of refusing.
 
-That rate is the one of the batches the engine has been running: under light traffic, or beside one long request of
-small steps, several times below what it reaches with full batches. So nothing is refused unless the server is
-behind: two requests admitted more than BEHIND x `limit_s` ago are still running (one alone may be a long request
-that its limits let through). A burst is admitted (its requests are all new), and batched as it runs; an overload
-that goes on is refused once the first two of it have waited that long.
+Fitted to the batches the engine has been running, under light traffic or beside one long request of small steps,
+the cost of the widest steps is a guess. So nothing is refused unless the server is behind: two requests admitted
+more than BEHIND x `limit_s` ago are still running (one alone may be a long request that its limits let through). A
+burst is admitted (its requests are all new), and batched as it runs; an overload that goes on is refused once the
+first two of it have waited that long.
 
 A burst that arrives at once is admitted whole, since nothing in it has waited yet, and the batcher starts its calls
 beside each other, to take turns: under fair turns they all end together, and when that is past their timeout
@@ -27,29 +29,30 @@ piece of work admitted will end: a call (Job.call) with the requests it serves, 
 streamed). Its work left is the rows it will likely step less those it has stepped: the rows that the requests
 answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
 own source rows, within its work's bound; before KNOWN requests have been answered, the bound itself (1.5-2x what a
-search runs). The engine's turns are fair per request, so work with r left for n requests ends once every other
-piece j has run min(r_j, n_j x r / n) of its own, at the engine's rate. Newest first, work that would end after its
-requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more
-of the engine, rather than left to time out after using it for nothing; its call stops at its next step (every
-client of it gone).
+search runs). In seconds, at the cost of its steps' rows: a piece with s seconds left for n requests ends once every
+other piece j has run min(s_j, n_j x s / n) of its own. Newest first, work that would end after its requests'
+deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more of the
+engine, rather than left to time out after using it for nothing; its call stops at its next step (every client of it
+gone).
 
-What it leaves out: the engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second
-than the rate, which is the engine's over all its steps; the encoder's passes; and that one piece's sentences run
-longer than the average. It errs on either side, and answers can still time out.
+What it leaves out: that a step's cost grows with the positions it attends over (longer sentences, later steps); the
+rows of a beam search's later steps, fewer as its sentences end; and that one piece's sentences run longer than the
+average. It errs on either side, and answers can still time out.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable
 
 WINDOW_S = 10.0
-"""Seconds of the engine's busy time over which its rate is measured."""
+"""Seconds of the engine's busy time over which its time besides its steps is measured (StepCost)."""
 
 MIN_BUSY_S = 0.5
-"""Seconds of the engine's busy time before its rate counts."""
+"""Seconds of the engine's busy time before the cost of its steps counts."""
 
 BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
@@ -84,51 +87,106 @@ class Overloaded(Exception):
         return max(1, math.ceil(self.estimate_s - self.limit_s))
 
 
-class Backlog:
-    """The requests admitted and not yet ended, and the engine's rate; `admit` refuses a request that the others
-    would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and `shed` the
-    work admitted that would end after its deadline. A request is a serve.engine.Job: its `work`, `deadline`,
-    `call` and `future`, which `shed` fails with Overloaded. `progress()` gives the engine's busy seconds and decoder
-    rows so far (Engine.busy, Engine.rows); `clock()` the time."""
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of the engine's busy time per decoder step of r rows: a + b x r. Fitted (least squares) to the
+    engine's latest steps of each width (Engine.step_costs), then scaled by its busy time over its stepping time over
+    the window, for what it spends besides steps (encoding, admitting). With steps of one width only, a is 0: a rate
+    of rows a second, which work of another width is then taken to run at too."""
+    a: float
+    b: float
 
-    def __init__(self, limit_s: float | None, progress: Callable[[], tuple[float, int]],
-                 clock: Callable[[], float] = time.monotonic):
-        self.limit_s, self.progress, self.clock = limit_s, progress, clock
+    @classmethod
+    def fitted(cls, costs: list[tuple[int, float]], overhead: float) -> StepCost:
+        n = len(costs)
+        mean_r, mean_t = sum(r for r, _ in costs) / n, sum(t for _, t in costs) / n
+        var = sum((r - mean_r) ** 2 for r, _ in costs)
+        b = sum((r - mean_r) * (t - mean_t) for r, t in costs) / var if var > 1e-9 * n else 0.0
+        a = mean_t - b * mean_r
+        if var <= 1e-9 * n or a < 0:  # one width, or steps that cost less than nothing: through the origin
+            a, b = 0.0, sum(r * t for r, t in costs) / sum(r * r for r, _ in costs)
+        elif b < 0:  # steps of more rows cheaper: the rows make no difference
+            a, b = mean_t, 0.0
+        return cls(a * overhead, b * overhead)
+
+    def seconds(self, rows: float, width: float) -> float:
+        """Busy seconds for `rows` rows stepped `width` rows a step."""
+        return rows * (self.a / max(1.0, width) + self.b)
+
+
+class Backlog:
+    """The requests admitted and not yet ended, and what the engine's steps cost; `admit` refuses a request that
+    the others would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and
+    `shed` the work admitted that would end after its deadline. A request is a serve.engine.Job: its `work`,
+    `width`, `deadline`, `call`, `settings`, `mergeable`, `texts` and `future`, which `shed` fails with Overloaded.
+    `engine`: its `busy` and `stepping` seconds so far and its latest steps' `step_costs()` (serve.engine.Engine);
+    `max_batch`: the most sentences the batcher merges into one call or continuous batch; `clock()` the time."""
+
+    def __init__(self, limit_s: float | None, engine: Any, clock: Callable[[], float] = time.monotonic,
+                 max_batch: int = 64):
+        self.limit_s, self.engine, self.clock, self.max_batch = limit_s, engine, clock, max_batch
         self.admitted: dict[int, tuple[Any, float]] = {}  # id(job) -> the job and when it was admitted (in order)
-        self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission, end and check
+        self.samples: deque[tuple[float, float]] = deque([(0.0, 0.0)])  # (busy, stepping): admissions, ends, checks
         self.ended: deque[tuple[float, int]] = deque(maxlen=ENDED)  # (rows, source rows) of requests answered
 
     def _sample(self) -> None:
-        busy, rows = self.progress()
+        busy, stepping = self.engine.busy, self.engine.stepping
         if len(self.samples) > 2 and busy - self.samples[-2][0] < WINDOW_S / 64:  # (an idle server's checks: one)
-            self.samples[-1] = (busy, rows)
+            self.samples[-1] = (busy, stepping)
         else:
-            self.samples.append((busy, rows))
+            self.samples.append((busy, stepping))
         while len(self.samples) > 2 and self.samples[1][0] <= busy - WINDOW_S:  # the first: the window's start
             self.samples.popleft()
 
-    def rate(self) -> float | None:
-        """Rows per second of the engine's busy time, over the window (None before MIN_BUSY_S of it)."""
-        (busy0, rows0), (busy, rows) = self.samples[0], self.samples[-1]
-        if busy - busy0 < MIN_BUSY_S or rows == rows0:
+    def cost(self) -> StepCost | None:
+        """What the engine's steps cost (None before MIN_BUSY_S of busy time over the window)."""
+        (busy0, stepping0), (busy, stepping) = self.samples[0], self.samples[-1]
+        costs = self.engine.step_costs()
+        if busy - busy0 < MIN_BUSY_S or stepping == stepping0 or not costs:
             return None
-        return (rows - rows0) / (busy - busy0)
+        return StepCost.fitted(costs, max(1.0, (busy - busy0) / (stepping - stepping0)))
+
+    def widths(self, jobs: list) -> dict[int, float]:
+        """id(job) -> the rows a step of its work runs: its call's latest step (before the first, its requests'
+        widths); for a request in no call, those of the requests it will likely share a call or continuous batch
+        with (mergeable, of equal settings, in order of admission, up to max_batch sentences)."""
+        widths, chunks = {}, {}  # settings -> (sentences, the requests) of the latest chunk
+        for job in jobs:
+            if job.call is not None:
+                widths[id(job)] = job.call.width or sum(j.width for j in job.call.jobs)
+            elif job.mergeable:
+                texts, chunk = chunks.get(job.settings, (0, []))
+                if texts and texts + len(job.texts) > self.max_batch:
+                    texts, chunk = 0, []
+                chunk.append(job)
+                chunks[job.settings] = (texts + len(job.texts), chunk)
+                width = sum(j.width for j in chunk)
+                for j in chunk:  # (quadratic in a chunk's requests: at most max_batch of them)
+                    widths[id(j)] = width
+            else:
+                widths[id(job)] = job.width
+        return widths
 
     def behind(self) -> bool:
         """Whether two requests admitted more than BEHIND x limit_s ago are still running."""
         oldest = list(islice(self.admitted.values(), 2))  # (a dict keeps the order of admission)
         return len(oldest) == 2 and self.clock() - oldest[1][1] > BEHIND * self.limit_s
 
-    def ahead(self, work: int) -> float | None:
-        """Seconds the requests admitted would keep one of `work` waiting (None: no rate yet)."""
-        rate = self.rate()
-        return None if rate is None else sum(min(job.work, work) for job, _ in self.admitted.values()) / rate
+    def ahead(self, job) -> float | None:
+        """Seconds the requests admitted would keep `job` waiting (None: no cost model yet): each runs beside it as
+        much of its work's bound as `job` runs of its own."""
+        if (cost := self.cost()) is None:
+            return None
+        others = [other for other, _ in self.admitted.values()]
+        widths = self.widths([*others, job])
+        own = cost.seconds(job.work, widths[id(job)])
+        return sum(min(cost.seconds(other.work, widths[id(other)]), own) for other in others)
 
     def admit(self, job) -> None:
         """Count the request in, or raise Overloaded (only while the server is behind; never one of no work)."""
         self._sample()
         if job.work and self.limit_s is not None and self.behind():
-            ahead = self.ahead(job.work)
+            ahead = self.ahead(job)
             if ahead is not None and ahead > self.limit_s:
                 raise Overloaded(ahead, self.limit_s)
         self.admitted[id(job)] = (job, self.clock())
@@ -137,21 +195,23 @@ class Backlog:
         """Refuse the work admitted that would end after its deadline, newest first (only while the server is
         behind): its requests' futures fail with Overloaded, and they leave. How many requests."""
         self._sample()
-        if self.limit_s is None or not self.behind() or (rate := self.rate()) is None:
+        if self.limit_s is None or not self.behind() or (cost := self.cost()) is None:
             return 0
+        live = [job for job, _ in self.admitted.values() if not (job.future.done() or job.ended)]  # (the others: it
+        widths = self.widths(live)                                    # gave up, or is answered: it leaves)
         pieces: dict[int, list] = {}  # id(call), or id(job) not in one -> its requests (by the newest's admission)
-        for job, _ in self.admitted.values():
-            if not (job.future.done() or job.ended):  # (its client gave up, or it is answered: it leaves)
-                key = id(job.call) if job.call is not None else id(job)
-                pieces[key] = pieces.pop(key, []) + [job]
+        for job in live:
+            key = id(job.call) if job.call is not None else id(job)
+            pieces[key] = pieces.pop(key, []) + [job]
         per_source = self.per_source()
-        left = {key: (work_left(jobs, per_source), len(jobs)) for key, jobs in pieces.items()}
+        left = {key: (cost.seconds(work_left(jobs, per_source), widths[id(jobs[0])]), len(jobs))
+                for key, jobs in pieces.items()}  # busy seconds left, requests
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
-            work, n = left[key]
+            seconds, n = left[key]
             deadline = min((job.deadline for job in pieces[key] if job.deadline is not None), default=math.inf)
-            ends = SLACK * sum(min(w, m * work / n) for w, m in left.values()) / rate  # seconds from now
-            if work and now + ends > deadline:
+            ends = SLACK * sum(min(s, m * seconds / n) for s, m in left.values())  # seconds from now
+            if seconds and now + ends > deadline:
                 for job in pieces[key]:
                     job.future.set_exception(Overloaded(ends, max(0.0, deadline - now), to_timeout=True))
                     del self.admitted[id(job)]
