@@ -31,9 +31,10 @@ class Progress:
         return self.costs
 
     def ran(self, busy: float, rate: float) -> None:
-        """Busy for `busy` seconds so far, all of it in steps of one width, `rate` rows a second."""
+        """Busy for `busy` seconds so far, all of it in steps of one row, `rate` a second (and wider ones would take
+        as long a row)."""
         self.busy = self.stepping = busy
-        self.costs = [(10, 10 / rate)]
+        self.costs = [(1, 1 / rate)]
 
     def clock(self) -> float:
         return self.now
@@ -46,7 +47,7 @@ class Request:
                  settings=None, texts: int = 1):
         self.work, self.deadline, self.source, self.future = work, deadline, source, Future()
         self.width, self.settings, self.mergeable, self.texts = width, settings, settings is not None, ["x"] * texts
-        self.call, self.rows, self.ended = None, 0, False
+        self.call, self.rows, self.ended, self.streamed = None, 0, False, False
 
 
 class Call:
@@ -67,7 +68,7 @@ def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside
     b.admit(r[2])
     engine.ran(10.0, 100)  # 100 rows a second
     b.admit(r[3])  # not behind: nothing admitted over a third of the limit ago
-    assert b.cost() == StepCost(0.0, 0.01) and not b.behind()
+    assert b.cost() == StepCost(((1, 0.01),)) and not b.behind()
     assert b.ahead(Request(200)) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; not its own
     b.admit(r[4])  # alone it would run for 1,000 s: the limits on one request bound that
     engine.now = 1.01  # requests 1 to 4 are still running, admitted more than 1 s ago: behind
@@ -152,15 +153,19 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
 
 
-def test_the_cost_of_a_step_is_fitted_to_the_latest_steps_and_scaled_by_the_time_besides_them():
-    linear = StepCost.fitted([(1, 0.0045), (5, 0.0065), (21, 0.0145)], overhead=1.5)  # 4 ms and 0.5 ms a row
-    assert linear.a == pytest.approx(0.006) and linear.b == pytest.approx(0.00075)
-    assert StepCost(0.004, 0.0005).seconds(100, 5) == pytest.approx(0.13)  # 100 rows in 20 steps of 5
-    assert StepCost(0.004, 0.0005).seconds(100, 0) == pytest.approx(0.45)  # (a step has a row at least)
-    assert StepCost.fitted([(10, 0.1), (10, 0.12)], 1.0) == StepCost(0.0, pytest.approx(0.011))  # one width: a rate
-    # steps of more rows cheaper: the rows make no difference; an intercept below 0: through the origin
-    assert StepCost.fitted([(1, 0.01), (10, 0.005)], 1.0) == StepCost(pytest.approx(0.0075), 0.0)
-    assert StepCost.fitted([(1, 0.001), (10, 0.1)], 1.0) == StepCost(0.0, pytest.approx(1.001 / 101))
+def test_the_cost_of_a_step_is_that_of_each_widths_median_step_interpolated_and_scaled_by_the_time_besides():
+    costs = [(1, 0.0045), (1, 0.0040), (1, 0.0099), (5, 0.0065), (7, 0.0075), (20, 0.0145), (3000, 0.9)]
+    cost = StepCost.fitted(costs, overhead=1.5)  # widths 1, 4-7 (median 6 rows), 16-31, 2048-4095
+    assert [rows for rows, _ in cost.points] == [1, 6, 20, 3000]
+    assert [seconds for _, seconds in cost.points] == pytest.approx([0.00675, 0.0105, 0.02175, 1.35])
+    assert cost.step(1) == cost.step(0.5) == pytest.approx(0.00675)  # narrower than any: the narrowest's
+    assert cost.step(13) == pytest.approx(0.0105 + (0.02175 - 0.0105) * 7 / 14)  # between two: interpolated
+    assert cost.step(6000) == pytest.approx(2.7)  # wider than any: the widest's per row
+    assert cost.seconds(100, 20) == pytest.approx(100 * 0.02175 / 20)  # 100 rows in 5 steps
+    assert cost.seconds(100, 0) == pytest.approx(100 * 0.00675)  # (a step has a row at least)
+    # the widest steps' cost a row (0.45 ms) does not make a step of one row nearly free, as one line fitted to all
+    # did (its intercept below 0, through the origin: 0.45 ms a step of one row)
+    assert cost.seconds(1, 1) > 10 * cost.seconds(1, 3000)
 
 
 def test_the_time_besides_the_steps_is_measured_over_the_last_window(monkeypatch):
@@ -173,13 +178,13 @@ def test_the_time_besides_the_steps_is_measured_over_the_last_window(monkeypatch
     assert b.cost() is None  # under MIN_BUSY_S of busy time
     engine.busy, engine.stepping = 2.0, 1.0  # (encoding, admitting: as long as the steps)
     b.leave(first)
-    assert b.cost() == StepCost(0.0, pytest.approx(0.004))
+    assert b.cost() == StepCost(((10, pytest.approx(0.04)),))
     for second in range(3, 40):  # then nothing besides the steps: the start leaves the window
         engine.busy, engine.stepping = float(second), second - 1.0
         request = Request(10)
         b.admit(request)
         b.leave(request)
-    assert b.cost() == StepCost(0.0, pytest.approx(0.002))
+    assert b.cost() == StepCost(((10, pytest.approx(0.02)),))
     assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
 
 
@@ -192,18 +197,26 @@ def test_the_checks_of_an_idle_server_keep_no_more_samples():
     for check in range(10_000):
         engine.busy = engine.stepping = 100.0 + check * 0.001  # a little work now and then
         b.shed()
-    assert len(b.samples) <= 70 and b.cost() == StepCost(0.0, pytest.approx(0.001))
+    assert len(b.samples) <= 70 and b.cost() == StepCost(((10, pytest.approx(0.01)),))
 
 
 def test_the_rows_of_a_step_are_its_calls_or_those_of_the_requests_it_will_be_merged_with():
     b = Backlog(5.0, Progress(), max_batch=8)
     running, waiting = [Request(10, width=5, texts=1), Request(10, width=10, texts=2)], Request(10, width=5)
-    Call(running, rows=30, width=15)
+    Call(running, rows=30, width=5)  # down to one sentence of beam 5, from 15 rows
     Call([waiting], rows=0)  # no step yet: its requests'
-    merged = [Request(10, width=5 * n, settings="beam 5", texts=n) for n in (2, 3, 3, 1)]  # 8 sentences, then 1
-    other, alone = Request(10, width=1, settings="greedy", texts=4), Request(10, width=7)
-    widths = b.widths([*running, waiting, *merged, other, alone])
-    assert [widths[id(r)] for r in [*running, waiting, *merged, other, alone]] == [15, 15, 5, 40, 40, 40, 5, 1, 7]
+    # the batcher takes 8 sentences at a time, whatever their settings, and merges those of equal settings
+    queued = [Request(10, width=5 * n, settings=kind, texts=n) for n, kind in
+              [(2, "beam 5"), (3, "greedy"), (3, "beam 5"), (2, "beam 5")]]  # (the last starts the next batch)
+    alone = Request(10, width=7, texts=1)  # (unmergeable: in the next batch too, alone)
+    streamed = [Request(10, width=n, settings="greedy", texts=n) for n in (4, 3, 5)]
+    for job in streamed:
+        job.streamed = True  # one continuous batch: 12 sentences, at most 8 at a time
+    jobs = [*running, waiting, *queued, alone, *streamed]
+    widths = b.widths(jobs)
+    assert [widths[id(r)] for r in jobs] == [5, 5, 5, 25, 15, 25, 10, 7, 8, 8, 8]
+    started = b.widths(jobs, started=True)  # (a call's requests' whole bound: at the rows they start with)
+    assert [started[id(r)] for r in running] == [15, 15]
 
 
 def test_the_time_of_work_is_its_rows_at_the_cost_of_its_steps():
@@ -373,6 +386,25 @@ def test_the_engine_keeps_the_rows_and_seconds_of_the_steps_it_runs():
     assert [rows for rows, _ in engine.step_costs()] == [3] * (Slow.STEPS - 1)  # (not the first: it encodes)
     assert min(seconds for _, seconds in engine.step_costs()) >= Slow.STEP_S
     assert engine.busy >= Slow.STEPS * Slow.STEP_S and engine.stepping >= (Slow.STEPS - 1) * Slow.STEP_S
+
+
+def test_a_step_of_more_rows_than_its_calls_last_encodes_and_is_not_kept():
+    """A search's rows a step only shrink; more rows than the step before mean a next search started in that step
+    (a call's next batch, alternatives' wider search, beam search's second step), its encoder pass in it."""
+    def searches(texts, settings):
+        for rows in (2, 2, 1, 5, 5, 3):  # a first search of two sentences, then a second, wider
+            yield rows
+        return texts
+
+    async def run():
+        batcher = Batcher(searches, max_wait=0.0)
+        batcher.start()
+        try:
+            await batcher.submit(["a", "b"], "s")
+        finally:
+            await batcher.stop()
+        return batcher.engine
+    assert sorted(rows for rows, _ in asyncio.run(run()).step_costs()) == [1, 2, 3, 5]
 
 
 LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,

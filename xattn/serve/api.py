@@ -294,8 +294,8 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
     can ask of the model, however its settings combine), with `first`'s too, a search that runs before cfg's
     (alternatives widen the model's own); each text's maximum output tokens within the limit; and a minimum length
     its maximum cannot reach. With it, its source rows: hypotheses x source tokens and their </s>, by which
-    serve/backlog.py expects the rows it will step; and the rows its decoder steps start with (the wider search's
-    hypotheses x texts), by which it expects what they cost."""
+    serve/backlog.py expects the rows it will step; and the rows its decoder steps start with (hypotheses x texts;
+    with `first`, the two searches' on average), by which it expects what they cost."""
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
         i = max(over, key=lambda i: most[i])
@@ -318,7 +318,8 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
                        f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
                        f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
                        "too_much_work")
-    return work, rows * sum(n + 1 for n in counts if n), max(1, cfg.hypotheses * sum(1 for n in counts if n))
+    searches = 1 if first is None else 2  # (run one after the other: their rows a step on average)
+    return work, rows * sum(n + 1 for n in counts if n), max(1, round(rows * len(texts) / searches))
 
 
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:

@@ -10,17 +10,18 @@ The estimate: the engine gives every request an equal share of its time (serve/e
 request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
 admitted before it runs for at most as long as w takes; they delay it by the sum of those times, its own aside (the
 limits on one request bound that). What work takes is in the engine's time, not its rows: a decoder step of r rows
-takes about a + b x r seconds (StepCost, fitted to the engine's latest steps of each width: on the benchmarks'
-2-core machine, one thread, about 4 ms and 0.18 ms a row), so work of few rows a step, such as one sentence, takes
-several times as long a row as a batch of many. The rows a step of a request runs (`widths`) are its call's; for a
-request not yet in one, those of the requests it will likely be merged with. A search ends before its maximum
-length, so the work over-counts rows, by 1.5-2x on Multi30k: the estimate errs on the side of refusing.
+takes about 4 ms and 0.18 ms a row on the benchmarks' 2-core machine with one thread (StepCost: the median step of
+each width the engine ran lately), so work of few rows a step, such as one sentence, takes several times as long a
+row as a batch of many. The rows a step of a request runs (`widths`) are its call's (for admission, which counts its
+whole bound, those it started with); for a request not yet in one, those of the requests it will likely be merged
+with. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k: the estimate
+errs on the side of refusing.
 
-Fitted to the batches the engine has been running, under light traffic or beside one long request of small steps,
-the cost of the widest steps is a guess. So nothing is refused unless the server is behind: two requests admitted
-more than BEHIND x `limit_s` ago are still running (one alone may be a long request that its limits let through). A
-burst is admitted (its requests are all new), and batched as it runs; an overload that goes on is refused once the
-first two of it have waited that long.
+Taken from the batches the engine has been running, under light traffic or beside one long request of small steps,
+the cost of wider steps is a guess (as much a row as the widest it ran). So nothing is refused unless the server is
+behind: two requests admitted more than BEHIND x `limit_s` ago are still running (one alone may be a long request
+that its limits let through). A burst is admitted (its requests are all new), and batched as it runs; an overload
+that goes on is refused once the first two of it have waited that long.
 
 A burst that arrives at once is admitted whole, since nothing in it has waited yet, and the batcher starts its calls
 beside each other, to take turns: under fair turns they all end together, and when that is past their timeout
@@ -35,13 +36,16 @@ deadline (their timeout), SLACK times that estimate, is refused (429) then, whic
 engine, rather than left to time out after using it for nothing; its call stops at its next step (every client of it
 gone).
 
-What it leaves out: that a step's cost grows with the positions it attends over (longer sentences, later steps); the
-rows of a beam search's later steps, fewer as its sentences end; and that one piece's sentences run longer than the
-average. It errs on either side, and answers can still time out.
+What it leaves out: that a step's cost grows with the positions it attends over (longer sentences, later steps); that a
+call's steps have fewer rows as its sentences end (the rows of its latest step count for all it has left); that
+requests merged will end at their longest sentence; and that one piece's sentences run longer than the average. It
+errs on either side, and answers can still time out.
 """
 from __future__ import annotations
 
+import bisect
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -89,29 +93,37 @@ class Overloaded(Exception):
 
 @dataclass(frozen=True)
 class StepCost:
-    """Seconds of the engine's busy time per decoder step of r rows: a + b x r. Fitted (least squares) to the
-    engine's latest steps of each width (Engine.step_costs), then scaled by its busy time over its stepping time over
-    the window, for what it spends besides steps (encoding, admitting). With steps of one width only, a is 0: a rate
-    of rows a second, which work of another width is then taken to run at too."""
-    a: float
-    b: float
+    """Seconds of the engine's busy time per decoder step, by its rows: from the median step of each width that the
+    engine ran lately (Engine.step_costs, widths by powers of two), interpolated between them; a step narrower than
+    any costs as much as the narrowest, one wider than any as much a row as the widest (either way it errs on the
+    side of refusing). Scaled by the engine's busy time over its stepping time over the window, for what it spends
+    besides steps (encoding, admitting). Medians and interpolation rather than one line fitted to all: steps of very
+    many rows, or noisy ones of few, then cannot make a step of one row look nearly free."""
+    points: tuple[tuple[float, float], ...]  # (rows, seconds) of each width's median step, by rows
 
     @classmethod
     def fitted(cls, costs: list[tuple[int, float]], overhead: float) -> StepCost:
-        n = len(costs)
-        mean_r, mean_t = sum(r for r, _ in costs) / n, sum(t for _, t in costs) / n
-        var = sum((r - mean_r) ** 2 for r, _ in costs)
-        b = sum((r - mean_r) * (t - mean_t) for r, t in costs) / var if var > 1e-9 * n else 0.0
-        a = mean_t - b * mean_r
-        if var <= 1e-9 * n or a < 0:  # one width, or steps that cost less than nothing: through the origin
-            a, b = 0.0, sum(r * t for r, t in costs) / sum(r * r for r, _ in costs)
-        elif b < 0:  # steps of more rows cheaper: the rows make no difference
-            a, b = mean_t, 0.0
-        return cls(a * overhead, b * overhead)
+        widths: dict[int, list[tuple[int, float]]] = {}
+        for rows, seconds in costs:
+            widths.setdefault(rows.bit_length(), []).append((rows, seconds))
+        return cls(tuple(sorted((statistics.median(r for r, _ in steps), statistics.median(t for _, t in steps) *
+                                 overhead) for steps in widths.values())))
+
+    def step(self, width: float) -> float:
+        """Seconds of a step of `width` rows."""
+        (narrowest, least), (widest, most) = self.points[0], self.points[-1]
+        if width <= narrowest:
+            return least
+        if width >= widest:
+            return most * width / widest
+        i = bisect.bisect_left(self.points, (width,))
+        (r0, t0), (r1, t1) = self.points[i - 1], self.points[i]
+        return t0 + (t1 - t0) * (width - r0) / (r1 - r0)
 
     def seconds(self, rows: float, width: float) -> float:
         """Busy seconds for `rows` rows stepped `width` rows a step."""
-        return rows * (self.a / max(1.0, width) + self.b)
+        width = max(1.0, width)
+        return rows * self.step(width) / width
 
 
 class Backlog:
@@ -146,25 +158,29 @@ class Backlog:
             return None
         return StepCost.fitted(costs, max(1.0, (busy - busy0) / (stepping - stepping0)))
 
-    def widths(self, jobs: list) -> dict[int, float]:
-        """id(job) -> the rows a step of its work runs: its call's latest step (before the first, its requests'
-        widths); for a request in no call, those of the requests it will likely share a call or continuous batch
-        with (mergeable, of equal settings, in order of admission, up to max_batch sentences)."""
-        widths, chunks = {}, {}  # settings -> (sentences, the requests) of the latest chunk
+    def widths(self, jobs: list, started: bool = False) -> dict[int, float]:
+        """id(job) -> the rows a step of its work runs: its call's latest step (`started`: its first, the requests'
+        widths); for a request in no call, those of the requests it will likely share one with, as the batcher
+        merges them (in order of admission, up to max_batch sentences, those of equal settings), or its continuous
+        batch's (the streamed requests of its settings, up to max_batch sentences)."""
+        widths: dict[int, float] = {}
+        calls: dict[Any, list] = {}    # the queued requests likely to share a call
+        streams: dict[Any, list] = {}  # settings -> the streamed requests
+        batch, texts = 0, 0            # the batcher's batch (max_batch sentences) each queued request will be in
         for job in jobs:
             if job.call is not None:
-                widths[id(job)] = job.call.width or sum(j.width for j in job.call.jobs)
-            elif job.mergeable:
-                texts, chunk = chunks.get(job.settings, (0, []))
-                if texts and texts + len(job.texts) > self.max_batch:
-                    texts, chunk = 0, []
-                chunk.append(job)
-                chunks[job.settings] = (texts + len(job.texts), chunk)
-                width = sum(j.width for j in chunk)
-                for j in chunk:  # (quadratic in a chunk's requests: at most max_batch of them)
-                    widths[id(j)] = width
+                widths[id(job)] = (not started and job.call.width) or sum(j.width for j in job.call.jobs)
+            elif job.streamed:
+                streams.setdefault(job.settings, []).append(job)
             else:
-                widths[id(job)] = job.width
+                if texts and texts + len(job.texts) > self.max_batch:
+                    batch, texts = batch + 1, 0
+                texts += len(job.texts)
+                calls.setdefault((batch, job.settings) if job.mergeable else id(job), []).append(job)
+        for group, most in [*((g, math.inf) for g in calls.values()), *((g, self.max_batch) for g in streams.values())]:
+            width = min(most, sum(job.width for job in group))
+            for job in group:
+                widths[id(job)] = width
         return widths
 
     def behind(self) -> bool:
@@ -178,7 +194,7 @@ class Backlog:
         if (cost := self.cost()) is None:
             return None
         others = [other for other, _ in self.admitted.values()]
-        widths = self.widths([*others, job])
+        widths = self.widths([*others, job], started=True)  # (their work's bound, at the rows they start with)
         own = cost.seconds(job.work, widths[id(job)])
         return sum(min(cost.seconds(other.work, widths[id(other)]), own) for other in others)
 

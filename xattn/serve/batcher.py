@@ -106,10 +106,11 @@ class Batcher:
         asyncio.wait_for: that would run this in a task of its own, two more turns of the event loop on the way in
         and out."""
         loop = asyncio.get_running_loop()
+        streamed = self.streamed(settings, mergeable, len(texts), work)
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
-                  long=work > self.long_work, source=source, width=width,
+                  long=work > self.long_work, source=source, width=width, streamed=streamed,
                   deadline=None if timeout is None else loop.time() + timeout)
-        if streamed := self.streamed(settings, mergeable, len(texts), work):
+        if streamed:
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
         elif self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)

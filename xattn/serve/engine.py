@@ -11,6 +11,7 @@ whose client gave up leaves the batch at the next step.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
 import time
@@ -41,6 +42,7 @@ class Job:
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
     source: int = 0                   # hypotheses x source tokens (api.Settings.source): what it will likely step
     width: int = 1                    # rows its decoder steps start with: hypotheses x texts (api.Settings.width)
+    streamed: bool = False            # it goes to a continuous batch (Batcher.streamed), not into a call
     deadline: float | None = None     # its timeout, on its event loop's clock (backlog.Backlog.shed)
     call: Call | None = field(default=None, repr=False)  # the call it is in, once in one (Engine.run)
     rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
@@ -293,7 +295,8 @@ class Engine:
                 continue
             pick = min(active, key=lambda work: work.used)
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
-            encodes = isinstance(pick, Call) and pick.steps is None  # (a call's first step encodes its texts)
+            before = pick.width if isinstance(pick, Call) else math.inf  # (a call's first step encodes its texts,
+            #                                  as does one of more rows than the one before: the next search's)
             if isinstance(pick, Call):
                 over, rows = pick.advance()
                 pick.own += time.thread_time() - cpu
@@ -307,7 +310,7 @@ class Engine:
             ended = time.perf_counter()
             pick.used += (ended - began) / weight
             self.busy += ended - awake
-            if rows and not encodes:
+            if rows and rows <= before:
                 self.costs[min(rows.bit_length(), WIDEST)].append((rows, ended - began))
                 self.stepping += ended - began
             if over and len(active) > 1:
