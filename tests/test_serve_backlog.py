@@ -21,19 +21,19 @@ from xattn.serve.limits import Limits  # noqa: E402
 
 
 class Progress:
-    """What the backlog reads of a serve.engine.Engine (busy seconds, of which stepping, and its latest steps' rows
+    """What the backlog reads of a serve.engine.Engine (the seconds of its decoder steps, and its latest steps' rows
     and seconds), and the time, as a test sets them."""
 
     def __init__(self):
-        self.busy, self.stepping, self.costs, self.now = 0.0, 0.0, [], 0.0
+        self.stepping, self.costs, self.now = 0.0, [], 0.0
 
     def step_costs(self) -> list[tuple[int, float]]:
         return self.costs
 
     def ran(self, busy: float, rate: float) -> None:
-        """Busy for `busy` seconds so far, all of it in steps of one row, `rate` a second (and wider ones would take
-        as long a row)."""
-        self.busy = self.stepping = busy
+        """Stepped for `busy` seconds so far, all of it in steps of one row, `rate` a second (and wider ones would
+        take as long a row)."""
+        self.stepping = busy
         self.costs = [(1, 1 / rate)]
 
     def clock(self) -> float:
@@ -153,51 +153,28 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
 
 
-def test_the_cost_of_a_step_is_that_of_each_widths_median_step_interpolated_and_scaled_by_the_time_besides():
+def test_the_cost_of_a_step_is_that_of_each_widths_median_step_interpolated():
     costs = [(1, 0.0045), (1, 0.0040), (1, 0.0099), (5, 0.0065), (7, 0.0075), (20, 0.0145), (3000, 0.9)]
-    cost = StepCost.fitted(costs, overhead=1.5)  # widths 1, 4-7 (median 6 rows), 16-31, 2048-4095
+    cost = StepCost.fitted(costs)  # widths 1, 4-7 (median 6 rows), 16-31, 2048-4095
     assert [rows for rows, _ in cost.points] == [1, 6, 20, 3000]
-    assert [seconds for _, seconds in cost.points] == pytest.approx([0.00675, 0.0105, 0.02175, 1.35])
-    assert cost.step(1) == cost.step(0.5) == pytest.approx(0.00675)  # narrower than any: the narrowest's
-    assert cost.step(13) == pytest.approx(0.0105 + (0.02175 - 0.0105) * 7 / 14)  # between two: interpolated
-    assert cost.step(6000) == pytest.approx(2.7)  # wider than any: the widest's per row
-    assert cost.seconds(100, 20) == pytest.approx(100 * 0.02175 / 20)  # 100 rows in 5 steps
-    assert cost.seconds(100, 0) == pytest.approx(100 * 0.00675)  # (a step has a row at least)
-    # the widest steps' cost a row (0.45 ms) does not make a step of one row nearly free, as one line fitted to all
-    # did (its intercept below 0, through the origin: 0.45 ms a step of one row)
+    assert [seconds for _, seconds in cost.points] == pytest.approx([0.0045, 0.007, 0.0145, 0.9])
+    assert cost.step(1) == cost.step(0.5) == pytest.approx(0.0045)  # narrower than any: the narrowest's
+    assert cost.step(13) == pytest.approx(0.007 + (0.0145 - 0.007) * 7 / 14)  # between two: interpolated
+    assert cost.step(6000) == pytest.approx(1.8)  # wider than any: the widest's per row
+    assert cost.seconds(100, 20) == pytest.approx(100 * 0.0145 / 20)  # 100 rows in 5 steps
+    assert cost.seconds(100, 0) == pytest.approx(100 * 0.0045)  # (a step has a row at least)
+    # the widest steps' cost a row (0.3 ms) does not make a step of one row nearly free, as one line fitted to all
+    # did (its intercept below 0, through the origin: 0.3 ms a step of one row)
     assert cost.seconds(1, 1) > 10 * cost.seconds(1, 3000)
 
 
-def test_the_time_besides_the_steps_is_measured_over_the_last_window(monkeypatch):
-    monkeypatch.setattr(backlog, "WINDOW_S", 10.0)
+def test_the_cost_of_steps_counts_after_half_a_second_of_them():
     engine = Progress()
+    engine.stepping, engine.costs = 0.4, [(10, 0.02)]
     b = Backlog(5.0, engine, engine.clock)
-    engine.busy, engine.stepping, engine.costs = 0.4, 0.2, [(10, 0.02)]
-    first = Request(500)
-    b.admit(first)
-    assert b.cost() is None  # under MIN_BUSY_S of busy time
-    engine.busy, engine.stepping = 2.0, 1.0  # (encoding, admitting: as long as the steps)
-    b.leave(first)
-    assert b.cost() == StepCost(((10, pytest.approx(0.04)),))
-    for second in range(3, 40):  # then nothing besides the steps: the start leaves the window
-        engine.busy, engine.stepping = float(second), second - 1.0
-        request = Request(10)
-        b.admit(request)
-        b.leave(request)
-    assert b.cost() == StepCost(((10, pytest.approx(0.02)),))
-    assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
-
-
-def test_the_checks_of_an_idle_server_keep_no_more_samples():
-    """The batcher checks every CHECK_S seconds: a sample each, kept until 10 s of busy time had passed, grew by
-    345,000 a day on an idle server (a review)."""
-    engine = Progress()
-    engine.costs = [(10, 0.01)]
-    b = Backlog(15.0, engine, engine.clock)
-    for check in range(10_000):
-        engine.busy = engine.stepping = 100.0 + check * 0.001  # a little work now and then
-        b.shed()
-    assert len(b.samples) <= 70 and b.cost() == StepCost(((10, pytest.approx(0.01)),))
+    assert b.cost() is None
+    engine.stepping = 0.5
+    assert b.cost() == StepCost(((10, 0.02),))
 
 
 def test_the_rows_of_a_step_are_its_calls_or_those_of_the_requests_it_will_be_merged_with():
@@ -223,7 +200,7 @@ def test_the_time_of_work_is_its_rows_at_the_cost_of_its_steps():
     """A step of few rows costs several times as much a row as one of many (on the benchmarks' machine about 4 ms
     and 0.18 ms a row): one sentence's work takes longer than its rows say, requests merged less."""
     engine = Progress()
-    engine.busy = engine.stepping = 2.0
+    engine.stepping = 2.0
     engine.costs = [(1, 0.0042), (81, 0.0202)]  # 4 ms and 0.2 ms a row
     b = Backlog(3.0, engine, engine.clock)
     wide, narrow = Request(4000, deadline=3.5, width=80), Request(200, deadline=3.5, width=1)
@@ -383,16 +360,23 @@ def test_the_engine_keeps_the_rows_and_seconds_of_the_steps_it_runs():
             await batcher.stop()
         return batcher.engine
     engine = asyncio.run(run())
-    assert [rows for rows, _ in engine.step_costs()] == [3] * (Slow.STEPS - 1)  # (not the first: it encodes)
+    assert [rows for rows, _ in engine.step_costs()] == [3] * Slow.STEPS
     assert min(seconds for _, seconds in engine.step_costs()) >= Slow.STEP_S
-    assert engine.busy >= Slow.STEPS * Slow.STEP_S and engine.stepping >= (Slow.STEPS - 1) * Slow.STEP_S
+    assert engine.stepping >= Slow.STEPS * Slow.STEP_S
 
 
-def test_a_step_of_more_rows_than_its_calls_last_encodes_and_is_not_kept():
-    """A search's rows a step only shrink; more rows than the step before mean a next search started in that step
-    (a call's next batch, alternatives' wider search, beam search's second step), its encoder pass in it."""
+def test_an_encoder_pass_is_a_step_of_no_rows_and_not_kept(numbers_model):
+    """The decoder steps are priced by their rows; a translate call's encoder passes (one per batch of its texts, and
+    per search: alternatives run a second) are steps of their own, of no rows, which the engine does not keep."""
+    from xattn.translator import Translator
+
+    translator = Translator.from_dir(str(numbers_model))
+    steps = translator.translate_steps(["drei", "vier und zwanzig"], dataclasses.replace(translator.decode_config,
+                                                                                          beam_size=1))
+    assert next(steps) == 0 and next(steps) == 2  # the encoder's pass, then greedy's first step: a row a sentence
+
     def searches(texts, settings):
-        for rows in (2, 2, 1, 5, 5, 3):  # a first search of two sentences, then a second, wider
+        for rows in (0, 2, 2, 1, 0, 5, 5, 3):  # two searches, the second wider
             yield rows
         return texts
 
@@ -404,7 +388,7 @@ def test_a_step_of_more_rows_than_its_calls_last_encodes_and_is_not_kept():
         finally:
             await batcher.stop()
         return batcher.engine
-    assert sorted(rows for rows, _ in asyncio.run(run()).step_costs()) == [1, 2, 3, 5]
+    assert sorted(rows for rows, _ in asyncio.run(run()).step_costs()) == [1, 2, 2, 3, 5, 5]
 
 
 LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,

@@ -36,10 +36,10 @@ deadline (their timeout), SLACK times that estimate, is refused (429) then, whic
 engine, rather than left to time out after using it for nothing; its call stops at its next step (every client of it
 gone).
 
-What it leaves out: that a step's cost grows with the positions it attends over (longer sentences, later steps); that a
-call's steps have fewer rows as its sentences end (the rows of its latest step count for all it has left); that
-requests merged will end at their longest sentence; and that one piece's sentences run longer than the average. It
-errs on either side, and answers can still time out.
+What it leaves out: the encoder's passes; that a step's cost grows with the positions it attends over (longer
+sentences, later steps); that a call's steps have fewer rows as its sentences end (the rows of its latest step count
+for all it has left); that requests merged will end at their longest sentence; and that one piece's sentences run
+longer than the average. It errs on either side, and answers can still time out.
 """
 from __future__ import annotations
 
@@ -52,11 +52,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable
 
-WINDOW_S = 10.0
-"""Seconds of the engine's busy time over which its time besides its steps is measured (StepCost)."""
-
 MIN_BUSY_S = 0.5
-"""Seconds of the engine's busy time before the cost of its steps counts."""
+"""Seconds of the engine's decoder steps before what they cost counts."""
 
 BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
@@ -93,21 +90,23 @@ class Overloaded(Exception):
 
 @dataclass(frozen=True)
 class StepCost:
-    """Seconds of the engine's busy time per decoder step, by its rows: from the median step of each width that the
+    """Seconds of a decoder step of the engine, by its rows: from the median step of each width that the
     engine ran lately (Engine.step_costs, widths by powers of two), interpolated between them; a step narrower than
     any costs as much as the narrowest, one wider than any as much a row as the widest (either way it errs on the
-    side of refusing). Scaled by the engine's busy time over its stepping time over the window, for what it spends
-    besides steps (encoding, admitting). Medians and interpolation rather than one line fitted to all: steps of very
-    many rows, or noisy ones of few, then cannot make a step of one row look nearly free."""
+    side of refusing). Medians and interpolation rather than one line fitted to all: steps of very many rows, or
+    noisy ones of few, then cannot make a step of one row look nearly free. The encoder's passes are left out: they
+    are the engine's steps of no rows, about a decoder step's time per sentence (and it would be wrong to spread
+    their time over the steps left, as a first form did: early in a burst, most of the engine's time had gone to
+    encoding, and the rest of the burst was taken to cost 2.5 times what it did)."""
     points: tuple[tuple[float, float], ...]  # (rows, seconds) of each width's median step, by rows
 
     @classmethod
-    def fitted(cls, costs: list[tuple[int, float]], overhead: float) -> StepCost:
+    def fitted(cls, costs: list[tuple[int, float]]) -> StepCost:
         widths: dict[int, list[tuple[int, float]]] = {}
         for rows, seconds in costs:
             widths.setdefault(rows.bit_length(), []).append((rows, seconds))
-        return cls(tuple(sorted((statistics.median(r for r, _ in steps), statistics.median(t for _, t in steps) *
-                                 overhead) for steps in widths.values())))
+        return cls(tuple(sorted((statistics.median(r for r, _ in steps), statistics.median(t for _, t in steps))
+                                for steps in widths.values())))
 
     def step(self, width: float) -> float:
         """Seconds of a step of `width` rows."""
@@ -131,32 +130,20 @@ class Backlog:
     the others would keep waiting more than `limit_s` seconds while the server is behind (none with no limit), and
     `shed` the work admitted that would end after its deadline. A request is a serve.engine.Job: its `work`,
     `width`, `deadline`, `call`, `settings`, `mergeable`, `texts` and `future`, which `shed` fails with Overloaded.
-    `engine`: its `busy` and `stepping` seconds so far and its latest steps' `step_costs()` (serve.engine.Engine);
+    `engine`: the seconds of its decoder steps so far (`stepping`) and its latest steps' `step_costs()`
+    (serve.engine.Engine);
     `max_batch`: the most sentences the batcher merges into one call or continuous batch; `clock()` the time."""
 
     def __init__(self, limit_s: float | None, engine: Any, clock: Callable[[], float] = time.monotonic,
                  max_batch: int = 64):
         self.limit_s, self.engine, self.clock, self.max_batch = limit_s, engine, clock, max_batch
         self.admitted: dict[int, tuple[Any, float]] = {}  # id(job) -> the job and when it was admitted (in order)
-        self.samples: deque[tuple[float, float]] = deque([(0.0, 0.0)])  # (busy, stepping): admissions, ends, checks
         self.ended: deque[tuple[float, int]] = deque(maxlen=ENDED)  # (rows, source rows) of requests answered
 
-    def _sample(self) -> None:
-        busy, stepping = self.engine.busy, self.engine.stepping
-        if len(self.samples) > 2 and busy - self.samples[-2][0] < WINDOW_S / 64:  # (an idle server's checks: one)
-            self.samples[-1] = (busy, stepping)
-        else:
-            self.samples.append((busy, stepping))
-        while len(self.samples) > 2 and self.samples[1][0] <= busy - WINDOW_S:  # the first: the window's start
-            self.samples.popleft()
-
     def cost(self) -> StepCost | None:
-        """What the engine's steps cost (None before MIN_BUSY_S of busy time over the window)."""
-        (busy0, stepping0), (busy, stepping) = self.samples[0], self.samples[-1]
+        """What the engine's steps cost (None before MIN_BUSY_S seconds of them)."""
         costs = self.engine.step_costs()
-        if busy - busy0 < MIN_BUSY_S or stepping == stepping0 or not costs:
-            return None
-        return StepCost.fitted(costs, max(1.0, (busy - busy0) / (stepping - stepping0)))
+        return StepCost.fitted(costs) if costs and self.engine.stepping >= MIN_BUSY_S else None
 
     def widths(self, jobs: list, started: bool = False) -> dict[int, float]:
         """id(job) -> the rows a step of its work runs: its call's latest step (`started`: its first, the requests'
@@ -200,7 +187,6 @@ class Backlog:
 
     def admit(self, job) -> None:
         """Count the request in, or raise Overloaded (only while the server is behind; never one of no work)."""
-        self._sample()
         if job.work and self.limit_s is not None and self.behind():
             ahead = self.ahead(job)
             if ahead is not None and ahead > self.limit_s:
@@ -210,7 +196,6 @@ class Backlog:
     def shed(self) -> int:
         """Refuse the work admitted that would end after its deadline, newest first (only while the server is
         behind): its requests' futures fail with Overloaded, and they leave. How many requests."""
-        self._sample()
         if self.limit_s is None or not self.behind() or (cost := self.cost()) is None:
             return 0
         live = [job for job, _ in self.admitted.values() if not (job.future.done() or job.ended)]  # (the others: it
@@ -221,7 +206,7 @@ class Backlog:
             pieces[key] = pieces.pop(key, []) + [job]
         per_source = self.per_source()
         left = {key: (cost.seconds(work_left(jobs, per_source), widths[id(jobs[0])]), len(jobs))
-                for key, jobs in pieces.items()}  # busy seconds left, requests
+                for key, jobs in pieces.items()}  # the engine's seconds left, requests
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
             seconds, n = left[key]
@@ -244,7 +229,6 @@ class Backlog:
     def leave(self, job) -> None:
         """The request ended (answered or not)."""
         self.admitted.pop(id(job), None)
-        self._sample()
         answered = job.future.done() and not job.future.cancelled() and job.future.exception() is None
         if not answered or not job.source:
             return

@@ -11,7 +11,6 @@ whose client gave up leaves the batch at the next step.
 from __future__ import annotations
 
 import asyncio
-import math
 import queue
 import threading
 import time
@@ -237,8 +236,7 @@ class Engine:
         #                                 arrival within its lead sits below it)
         self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
         self.long_calls = 0             # calls that have turned long so far (Call.turned)
-        self.busy = 0.0                 # seconds spent admitting and stepping work, of which
-        self.stepping = 0.0             # those of its decoder steps (not a call's first: it encodes)
+        self.stepping = 0.0             # seconds of its decoder steps so far
         self.costs = [deque(maxlen=COSTS) for _ in range(WIDEST + 1)]  # (rows, seconds) of the latest steps whose
         #                                 rows have each bit length (read from the event loop's thread: step_costs)
 
@@ -270,7 +268,6 @@ class Engine:
         while True:
             active = [*calls, *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
-            awake = time.perf_counter()
             if None in items:
                 for call in calls:
                     call.future.cancel()
@@ -295,8 +292,6 @@ class Engine:
                 continue
             pick = min(active, key=lambda work: work.used)
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
-            before = pick.width if isinstance(pick, Call) else math.inf  # (a call's first step encodes its texts,
-            #                                  as does one of more rows than the one before: the next search's)
             if isinstance(pick, Call):
                 over, rows = pick.advance()
                 pick.own += time.thread_time() - cpu
@@ -309,8 +304,7 @@ class Engine:
                 over = not len(pick)
             ended = time.perf_counter()
             pick.used += (ended - began) / weight
-            self.busy += ended - awake
-            if rows and rows <= before:
+            if rows:  # (a decoder step; a call's encoder passes are steps of no rows)
                 self.costs[min(rows.bit_length(), WIDEST)].append((rows, ended - began))
                 self.stepping += ended - began
             if over and len(active) > 1:
