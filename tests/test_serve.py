@@ -402,18 +402,6 @@ def test_the_full_attention_limit_counts_the_target_positions_the_search_allows(
     assert settings.work == 0
 
 
-def test_a_requests_rows_a_step_are_its_hypotheses_times_its_texts_two_searches_on_average():
-    """What the backlog prices a request's steps by (serve/backlog.py): 3 texts of beam 4 run 12 rows a step; with 4
-    alternatives, greedy (1 row each) and then a beam of 5 (5 each): 9 rows a step on average; empty texts none."""
-    from xattn.serve.api import parse_request, plan
-
-    def width(fields, cfg=xattn.DecodeConfig(beam_size=4)):
-        return plan(parse_request(fields), cfg, Limits(), lambda t: [len(x.split()) for x in t], 1)[1].width
-    assert width({"q": ["a b", "c", "d e f"]}) == 12
-    assert width({"q": ["a b", "c", "d e f"], "alternatives": 4}, xattn.DecodeConfig(beam_size=1)) == 9
-    assert width({"q": ["a", ""]}) == 4 and width({"q": [""]}) == 1
-
-
 def test_multipart_forms_and_a_lowercase_bearer(numbers_model):
     c = started(create_app(str(numbers_model), api_key="k"))
     try:

@@ -15,47 +15,37 @@ from fastapi.testclient import TestClient  # noqa: E402
 from xattn.cli.main import main  # noqa: E402
 from xattn.serve import backlog  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.backlog import Backlog, Overloaded, StepCost  # noqa: E402
+from xattn.serve.backlog import Backlog, Overloaded  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
 
 class Progress:
-    """What the backlog reads of a serve.engine.Engine (the seconds of its decoder steps, and its latest steps' rows
-    and seconds), and the time, as a test sets them."""
+    """An engine's (busy seconds, rows) and the time, as a test sets them."""
 
     def __init__(self):
-        self.stepping, self.costs, self.now = 0.0, [], 0.0
+        self.busy, self.rows, self.now = 0.0, 0, 0.0
 
-    def step_costs(self) -> list[tuple[int, float]]:
-        return self.costs
-
-    def ran(self, busy: float, rate: float) -> None:
-        """Stepped for `busy` seconds so far, all of it in steps of one row, `rate` a second (and wider ones would
-        take as long a row)."""
-        self.stepping = busy
-        self.costs = [(1, 1 / rate)]
+    def __call__(self) -> tuple[float, int]:
+        return self.busy, self.rows
 
     def clock(self) -> float:
         return self.now
 
 
 class Request:
-    """What the backlog reads of a serve.engine.Job (by default one that runs alone, one row a step)."""
+    """What the backlog reads of a serve.engine.Job."""
 
-    def __init__(self, work: int, deadline: float | None = None, source: int = 0, width: int = 1,
-                 settings=None, texts: int = 1):
+    def __init__(self, work: int, deadline: float | None = None, source: int = 0):
         self.work, self.deadline, self.source, self.future = work, deadline, source, Future()
-        self.width, self.settings, self.mergeable, self.texts = width, settings, settings is not None, ["x"] * texts
-        self.call, self.rows, self.ended, self.streamed = None, 0, False, False
+        self.call, self.rows, self.ended = None, 0, False
 
 
 class Call:
-    """What the backlog reads of a serve.engine.Call: its requests (each then in it), the rows it stepped and the
-    rows of its latest step."""
+    """What the backlog reads of a serve.engine.Call: its requests (each then in it) and the rows it stepped."""
 
-    def __init__(self, jobs: list[Request], rows: int, width: int = 0):
-        self.jobs, self.rows, self.width = jobs, rows, width
+    def __init__(self, jobs: list[Request], rows: int):
+        self.jobs, self.rows = jobs, rows
         for job in jobs:
             job.call = self
 
@@ -66,10 +56,10 @@ def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside
     r = {i: Request(work) for i, work in enumerate([0, 100, 1000, 100, 100_000, 200, 50, 0, 10_000]) if i}
     b.admit(r[1])
     b.admit(r[2])
-    engine.ran(10.0, 100)  # 100 rows a second
+    engine.busy, engine.rows = 10.0, 1000  # 100 rows a second
     b.admit(r[3])  # not behind: nothing admitted over a third of the limit ago
-    assert b.cost() == StepCost(((1, 0.01),)) and not b.behind()
-    assert b.ahead(Request(200)) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; not its own
+    assert b.rate() == 100.0 and not b.behind()
+    assert b.ahead(200) == pytest.approx((100 + 200 + 100) / 100)  # min(w_j, 200) each; its own work aside
     b.admit(r[4])  # alone it would run for 1,000 s: the limits on one request bound that
     engine.now = 1.01  # requests 1 to 4 are still running, admitted more than 1 s ago: behind
     with pytest.raises(Overloaded) as refused:
@@ -99,8 +89,7 @@ def test_once_behind_the_work_that_would_end_past_its_deadline_is_refused_newest
     Call(a, rows=50), Call([gone], rows=0), Call([c], rows=0)  # a call for both of `a`, 150 left; c's 300
     gone.future.set_exception(TimeoutError())  # its client gave up: left to the batcher (Backlog.leave)
     assert b.shed() == 0  # no rate, not behind
-    engine.ran(2.0, 100)
-    engine.now = 0.5  # 100 rows a second, but nobody has waited 1 s yet
+    engine.busy, engine.rows, engine.now = 2.0, 200, 0.5  # 100 rows a second, but nobody has waited 1 s yet
     assert b.shed() == 0
     engine.now = 1.5  # behind
     assert b.shed() == 2
@@ -143,80 +132,44 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     b.admit(running)
     b.admit(late)
     Call([running], rows=50)
-    engine.ran(2.0, 100)
-    engine.now = 1.5  # 100 rows a second; behind
+    engine.busy, engine.rows, engine.now = 2.0, 200, 1.5  # 100 rows a second; behind
     # late, newest: 1.2 x 100 = 120 left, and min(100, 1.2 x 50) - 50 = 10 for `running`: 1.3 s, 1.6 s with the
     # SLACK, within the 2 s left (with the work's bound, 4000 + 50: refused)
     assert b.shed() == 0
     running.ended = True  # its answer is on its way: never refused, and nothing left
-    engine.ran(4.0, 62.5)  # late ends in 1.9 s, 2.4 s with the SLACK
+    engine.busy, engine.rows = 4.0, 250  # 62.5 rows a second: late ends in 1.9 s, 2.4 s with the SLACK
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
 
 
-def test_the_cost_of_a_step_is_that_of_each_widths_median_step_interpolated():
-    costs = [(1, 0.0045), (1, 0.0040), (1, 0.0099), (5, 0.0065), (7, 0.0075), (20, 0.0145), (3000, 0.9)]
-    cost = StepCost.fitted(costs)  # widths 1, 4-7 (median 6 rows), 16-31, 2048-4095
-    assert [rows for rows, _ in cost.points] == [1, 6, 20, 3000]
-    assert [seconds for _, seconds in cost.points] == pytest.approx([0.0045, 0.007, 0.0145, 0.9])
-    assert cost.step(1) == cost.step(0.5) == pytest.approx(0.0045)  # narrower than any: the narrowest's
-    assert cost.step(13) == pytest.approx(0.007 + (0.0145 - 0.007) * 7 / 14)  # between two: interpolated
-    assert cost.step(6000) == pytest.approx(1.8)  # wider than any: the widest's per row
-    assert cost.seconds(100, 20) == pytest.approx(100 * 0.0145 / 20)  # 100 rows in 5 steps
-    assert cost.seconds(100, 0) == pytest.approx(100 * 0.0045)  # (a step has a row at least)
-    # the widest steps' cost a row (0.3 ms) does not make a step of one row nearly free, as one line fitted to all
-    # did (its intercept below 0, through the origin: 0.3 ms a step of one row)
-    assert cost.seconds(1, 1) > 10 * cost.seconds(1, 3000)
-
-
-def test_the_cost_of_steps_counts_after_half_a_second_of_them():
+def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
+    monkeypatch.setattr(backlog, "WINDOW_S", 10.0)
     engine = Progress()
-    engine.stepping, engine.costs = 0.4, [(10, 0.02)]
     b = Backlog(5.0, engine, engine.clock)
-    assert b.cost() is None
-    engine.stepping = 0.5
-    assert b.cost() == StepCost(((10, 0.02),))
-
-
-def test_the_rows_of_a_step_are_its_calls_or_those_of_the_requests_it_will_be_merged_with():
-    b = Backlog(5.0, Progress(), max_batch=8)
-    running, waiting = [Request(10, width=5, texts=1), Request(10, width=10, texts=2)], Request(10, width=5)
-    Call(running, rows=30, width=5)  # down to one sentence of beam 5, from 15 rows
-    Call([waiting], rows=0)  # no step yet: its requests'
-    # the batcher takes 8 sentences at a time, whatever their settings, and merges those of equal settings
-    queued = [Request(10, width=5 * n, settings=kind, texts=n) for n, kind in
-              [(2, "beam 5"), (3, "greedy"), (3, "beam 5"), (2, "beam 5")]]  # (the last starts the next batch)
-    alone = Request(10, width=7, texts=1)  # (unmergeable: in the next batch too, alone)
-    streamed = [Request(10, width=n, settings="greedy", texts=n) for n in (4, 3, 5)]
-    for job in streamed:
-        job.streamed = True  # one continuous batch: 12 sentences, at most 8 at a time
-    jobs = [*running, waiting, *queued, alone, *streamed]
-    widths = b.widths(jobs)
-    assert [widths[id(r)] for r in jobs] == [5, 5, 5, 25, 15, 25, 10, 7, 8, 8, 8]
-    started = b.widths(jobs, started=True)  # (a call's requests' whole bound: at the rows they start with)
-    assert [started[id(r)] for r in running] == [15, 15]
-
-
-def test_the_time_of_work_is_its_rows_at_the_cost_of_its_steps():
-    """A step of few rows costs several times as much a row as one of many (on the benchmarks' machine about 4 ms
-    and 0.18 ms a row): one sentence's work takes longer than its rows say, requests merged less."""
-    engine = Progress()
-    engine.stepping = 2.0
-    engine.costs = [(1, 0.0042), (81, 0.0202)]  # 4 ms and 0.2 ms a row
-    b = Backlog(3.0, engine, engine.clock)
-    wide, narrow = Request(4000, deadline=3.5, width=80), Request(200, deadline=3.5, width=1)
-    queued = [Request(100, deadline=2.5, width=5, settings="beam 5") for _ in range(16)]
-    for request in [wide, narrow, *queued]:
+    engine.busy, engine.rows = 0.4, 40
+    first = Request(500)
+    b.admit(first)
+    assert b.rate() is None  # under MIN_BUSY_S of busy time
+    engine.busy, engine.rows = 2.0, 500
+    b.leave(first)
+    assert b.rate() == 250.0
+    for second in range(3, 40):  # then 100 rows a second: the fast start leaves the window
+        engine.busy, engine.rows = float(second), 500 + 100 * (second - 2)
+        request = Request(10)
         b.admit(request)
-    Call([wide], rows=0)
-    engine.now = 1.5  # behind
-    assert b.shed() == 1
-    # the 16 waiting requests will share a call of 80 rows: 0.025 s each (at 5 rows a step 0.1 s: the newest would
-    # end in 2.25 s, past its 1 s left), the newest at 0.56 s. Then narrow: 200 rows, one a step, 0.84 s (at the
-    # rate of wide's steps 0.05 s), once the others have run as much (wide) or all of theirs (0.4 s): 2.6 s, past
-    # its 2 s left. Then wide, 4,000 rows at 80 a step: 1.0 s and the others' 0.4 s, 1.75 s: in time.
-    with pytest.raises(Overloaded, match=r"up to about 2\.6 s of translation left for this request, over the 2\.0 s"):
-        narrow.future.result()
-    assert not any(r.future.done() for r in [wide, *queued]) and b.shed() == 0
+        b.leave(request)
+    assert b.rate() == pytest.approx(100.0)
+    assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
+
+
+def test_the_checks_of_an_idle_server_keep_no_more_samples():
+    """The batcher checks every CHECK_S seconds: a sample each, kept until 10 s of busy time had passed, grew by
+    345,000 a day on an idle server (a review)."""
+    engine = Progress()
+    b = Backlog(15.0, engine, engine.clock)
+    for check in range(10_000):
+        engine.busy, engine.rows = 100.0 + check * 0.001, 5000 + check  # a little work now and then
+        b.shed()
+    assert len(b.samples) <= 70 and b.rate() == pytest.approx(engine.rows / engine.busy)  # (the window's start: 0)
 
 
 class Slow:
@@ -302,8 +255,7 @@ def test_a_burst_is_admitted_though_the_rate_was_measured_on_small_batches(monke
             if beside_a_long_request:  # running for over a third of max_backlog by the time the burst comes
                 long = asyncio.ensure_future(batcher.submit(["l"], "long", mergeable=False, work=500, timeout=10))
                 await asyncio.sleep(1.2)
-            assert batcher.backlog.cost() is not None  # of one-row steps only: a rate of 244 rows a second, by which
-            #                                            300 x 20 work would be 25 s
+            assert batcher.backlog.ahead(20) is not None  # a rate: 244 rows a second, 300 x 20 work is 25 s of it
             burst = await asyncio.gather(*(batcher.submit(["x"], "s", work=20, timeout=10) for _ in range(300)),
                                          return_exceptions=True)
             return burst, (await long if beside_a_long_request else ["L"])
@@ -312,45 +264,7 @@ def test_a_burst_is_admitted_though_the_rate_was_measured_on_small_batches(monke
     assert asyncio.run(run()) == ([["X"]] * 300, ["L"])
 
 
-def test_a_request_of_one_row_a_step_beside_wide_calls_is_refused_early_by_its_time_not_its_rows(monkeypatch):
-    """Its 300 rows are little beside the calls' 1,280 each, but at one row a step they take 1.2 s of the engine
-    against 0.22 s for a call: under fair turns it would end last, past its 2 s timeout. It is refused at the first
-    check once the server is behind, with over half its time left, rather than as its timeout nears, having held
-    up the others: by the rate of rows a second, it seemed to end in time until then."""
-    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
-
-    def steps(texts, settings):  # a step costs 4 ms and 0.05 ms a row
-        for _ in range(settings[1]):
-            time.sleep(0.004 + 0.00005 * len(texts))
-            yield len(texts)
-        return [t.upper() for t in texts]
-
-    async def outcome(request):
-        try:
-            await request
-            return "answered"
-        except Overloaded as e:
-            return "refused" if e.limit_s > 1.0 else "refused late"
-        except asyncio.TimeoutError:
-            return "timed out"
-
-    async def run():
-        batcher = Batcher(steps, max_batch=32, max_wait=0.0, max_backlog=1.0)
-        batcher.start()
-        try:
-            for texts in (1, 32, 1, 32):  # what steps of one row and of 32 cost
-                await batcher.submit(["x"] * texts, ("warm", 10), work=10 * texts, width=texts)
-            wide = [outcome(batcher.submit(["w"] * 32, ("wide", 40), work=32 * 40, width=32, timeout=10))
-                    for _ in range(8)]
-            narrow = outcome(batcher.submit(["n"], ("narrow", 300), mergeable=False, work=300, timeout=2))
-            return await asyncio.gather(narrow, *wide)
-        finally:
-            await batcher.stop()
-    narrow, *wide = asyncio.run(run())
-    assert (narrow, wide) == ("refused", ["answered"] * 8)
-
-
-def test_the_engine_keeps_the_rows_and_seconds_of_the_steps_it_runs():
+def test_the_engine_counts_the_rows_of_the_steps_it_runs():
     async def run():
         batcher = Batcher(Slow(), max_wait=0.0)
         batcher.start()
@@ -360,35 +274,8 @@ def test_the_engine_keeps_the_rows_and_seconds_of_the_steps_it_runs():
             await batcher.stop()
         return batcher.engine
     engine = asyncio.run(run())
-    assert [rows for rows, _ in engine.step_costs()] == [3] * Slow.STEPS
-    assert min(seconds for _, seconds in engine.step_costs()) >= Slow.STEP_S
-    assert engine.stepping >= Slow.STEPS * Slow.STEP_S
-
-
-def test_an_encoder_pass_is_a_step_of_no_rows_and_not_kept(numbers_model):
-    """The decoder steps are priced by their rows; a translate call's encoder passes (one per batch of its texts, and
-    per search: alternatives run a second) are steps of their own, of no rows, which the engine does not keep."""
-    from xattn.translator import Translator
-
-    translator = Translator.from_dir(str(numbers_model))
-    steps = translator.translate_steps(["drei", "vier und zwanzig"], dataclasses.replace(translator.decode_config,
-                                                                                          beam_size=1))
-    assert next(steps) == 0 and next(steps) == 2  # the encoder's pass, then greedy's first step: a row a sentence
-
-    def searches(texts, settings):
-        for rows in (0, 2, 2, 1, 0, 5, 5, 3):  # two searches, the second wider
-            yield rows
-        return texts
-
-    async def run():
-        batcher = Batcher(searches, max_wait=0.0)
-        batcher.start()
-        try:
-            await batcher.submit(["a", "b"], "s")
-        finally:
-            await batcher.stop()
-        return batcher.engine
-    assert sorted(rows for rows, _ in asyncio.run(run()).step_costs()) == [1, 2, 2, 3, 5, 5]
+    assert engine.rows == 3 * Slow.STEPS
+    assert engine.busy >= Slow.STEPS * Slow.STEP_S
 
 
 LARGE = {"q": ["drei hundert vier und zwanzig tausend"] * 32, "beam_size": 16, "max_len_a": 0, "max_len_b": 150,
@@ -409,7 +296,7 @@ def test_a_request_the_backlog_would_keep_past_the_limit_is_a_429_with_retry_aft
         for worker in workers:  # two large requests running: behind (one alone may be a long request)
             worker.start()
         for _ in range(1000):
-            if (len(batcher.backlog.admitted) == 2 and batcher.engine.step_costs()) or replies:
+            if (len(batcher.backlog.admitted) == 2 and batcher.engine.rows) or replies:
                 break
             time.sleep(0.01)
         reply = c.post("/translate", json=LARGE)

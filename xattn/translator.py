@@ -267,8 +267,7 @@ class Translator:
         in_search = options.cross and options.source == "search"
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
-            enc = model.encode(src, head_mask=self._head_mask)  # the search and rescoring share it
-        yield 0  # the encoder's pass, a step of no decoder rows (serve/backlog.py prices decoder steps by their rows)
+            enc = model.encode(src, head_mask=self._head_mask) if rescore else None  # the search and rescoring share it
         nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
                                         head_mask=self._head_mask, track=options.tracked, generator=generator,
                                         vocab=self._vocab(src, forced) if cfg.shortlist else None)

@@ -23,7 +23,7 @@ and cross-attention (or None): make_step."""
 R = TypeVar("R")
 Steps = Generator[int, None, R]
 """A computation run one decoder step per `next()`: it yields between two steps (the rows of the step it took:
-serve/backlog.py's cost of a step; 0 after an encoder pass) and returns its result.
+serve/backlog.py's rate) and returns its result.
 Searches are written this way (search_steps) so that a server can run several in turns on one thread and
 drop one between steps (serve/engine.py); `finish` runs one to its end."""
 

@@ -58,8 +58,8 @@ class Batcher:
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
         self.streams, self.metrics = streams, metrics or BatchMetrics()
         self.engine = Engine(streams, max_batch, self.metrics)
-        self.backlog = Backlog(max_backlog, self.engine, lambda: asyncio.get_running_loop().time(),  # (the jobs'
-                               max_batch)                                                     # deadlines' clock)
+        self.backlog = Backlog(max_backlog, lambda: (self.engine.busy, self.engine.rows),
+                               lambda: asyncio.get_running_loop().time())  # (the jobs' deadlines are on its clock)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
@@ -95,22 +95,20 @@ class Batcher:
         await asyncio.to_thread(self.engine.stop)
 
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0,
-                     source: int = 0, width: int = 1, timeout: float | None = None) -> list:
+                     source: int = 0, timeout: float | None = None) -> list:
         """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the work
         admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind; at
         once, or later once its call would end past the timeout: Backlog.shed), asyncio.TimeoutError once `timeout`
         seconds have passed (the job is then gone: dropped between two steps, as when its client leaves). `work`:
         the request's decoding work (api.check_work), which tells a long request from the others; `source`: its
-        hypotheses x source tokens, by which the backlog expects what it will run, and `width` the rows its decoder
-        steps start with, by which it expects what they cost. The deadline is a timer on the job's own future, not
-        asyncio.wait_for: that would run this in a task of its own, two more turns of the event loop on the way in
-        and out."""
+        hypotheses x source tokens, by which the backlog expects what it will run. The deadline is a timer on the
+        job's own future, not asyncio.wait_for: that would run this in a task of its own, two more turns of the
+        event loop on the way in and out."""
         loop = asyncio.get_running_loop()
-        streamed = self.streamed(settings, mergeable, len(texts), work)
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
-                  long=work > self.long_work, source=source, width=width, streamed=streamed,
+                  long=work > self.long_work, source=source,
                   deadline=None if timeout is None else loop.time() + timeout)
-        if streamed:
+        if streamed := self.streamed(settings, mergeable, len(texts), work):
             if self.engine.waiting >= self.queue_size:
                 raise QueueFull
         elif self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)

@@ -40,8 +40,6 @@ class Job:
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
     source: int = 0                   # hypotheses x source tokens (api.Settings.source): what it will likely step
-    width: int = 1                    # rows its decoder steps start with: hypotheses x texts (api.Settings.width)
-    streamed: bool = False            # it goes to a continuous batch (Batcher.streamed), not into a call
     deadline: float | None = None     # its timeout, on its event loop's clock (backlog.Backlog.shed)
     call: Call | None = field(default=None, repr=False)  # the call it is in, once in one (Engine.run)
     rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
@@ -69,7 +67,6 @@ class Call:
     own: float = 0.0                  # the engine thread's CPU seconds on its steps (see LONG_S)
     turned: int = 0                   # when it turned long, counted among long calls (0: not yet; MAX_LONG)
     rows: int = 0                     # the rows its steps ran so far (backlog.work_left)
-    width: int = 0                    # the rows of its latest step (0: none yet; backlog.Backlog.widths)
 
     @property
     def long(self) -> bool:
@@ -98,7 +95,6 @@ class Call:
                 self.steps = self.start()
             rows = next(self.steps) or 0
             self.rows += rows
-            self.width = rows or self.width
             return False, rows
         except StopIteration as end:
             for job in self.jobs:
@@ -135,14 +131,6 @@ between PyTorch operations (time.thread_time), so that the server's own load doe
 batcher's clock instead, 32 clients sending one-sentence beam-5 requests got 429 busy. Other work on the same cores
 still inflates it: 2-3x beside a busy process in a review's probe (the engine's thread also spins at the barriers of
 PyTorch's own threads while one of them waits for a core)."""
-
-COSTS = 32
-"""Decoder steps whose rows and seconds the engine keeps of each width, by powers of two (Engine.step_costs): what
-backlog.StepCost is fitted to. Kept by width, the steps of one width that the engine runs for a while do not push
-out those of the others: the cost of a step's rows is known from all the widths it has run."""
-
-WIDEST = 16
-"""Steps of 2^(WIDEST - 1) rows or more are kept together (COSTS)."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
@@ -236,9 +224,8 @@ class Engine:
         #                                 arrival within its lead sits below it)
         self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
         self.long_calls = 0             # calls that have turned long so far (Call.turned)
-        self.stepping = 0.0             # seconds of its decoder steps so far
-        self.costs = [deque(maxlen=COSTS) for _ in range(WIDEST + 1)]  # (rows, seconds) of the latest steps whose
-        #                                 rows have each bit length (read from the event loop's thread: step_costs)
+        self.busy = 0.0                 # seconds spent admitting and stepping work, and
+        self.rows = 0                   # the rows of the decoder steps taken (backlog.Backlog's rate)
 
     def start(self) -> None:
         self.thread.start()
@@ -268,6 +255,7 @@ class Engine:
         while True:
             active = [*calls, *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
+            awake = time.perf_counter()
             if None in items:
                 for call in calls:
                     call.future.cancel()
@@ -304,18 +292,12 @@ class Engine:
                 over = not len(pick)
             ended = time.perf_counter()
             pick.used += (ended - began) / weight
-            if rows:  # (a decoder step; a call's encoder passes are steps of no rows)
-                self.costs[min(rows.bit_length(), WIDEST)].append((rows, ended - began))
-                self.stepping += ended - began
+            self.busy += ended - awake
+            self.rows += rows
             if over and len(active) > 1:
                 self.went_idle(pick)
             for settings in [k for k, s in open_.items() if s.broken]:
                 del open_[settings]
-
-    def step_costs(self) -> list[tuple[int, float]]:
-        """The rows and seconds of its latest decoder steps, COSTS of each width (from any thread: a deque's
-        append, and its copy by list(), each hold the GIL throughout)."""
-        return [cost for steps in self.costs for cost in list(steps)]
 
     def _refuse_crowded(self, calls: list[Call]) -> None:
         """Beyond MAX_LONG long calls whose clients are still there, those that turned long last are refused
