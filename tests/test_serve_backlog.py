@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from xattn.cli.main import main  # noqa: E402
 from xattn.serve import backlog  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.backlog import Backlog, Overloaded  # noqa: E402
+from xattn.serve.backlog import Backlog, Overloaded, seconds_left  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
@@ -44,8 +44,8 @@ class Request:
 class Call:
     """What the backlog reads of a serve.engine.Call: its requests (each then in it) and the rows it stepped."""
 
-    def __init__(self, jobs: list[Request], rows: int):
-        self.jobs, self.rows = jobs, rows
+    def __init__(self, jobs: list[Request], rows: int, paced: tuple[int, int, float] = (0, 0, 0.0)):
+        self.jobs, self.rows, self.paced = jobs, rows, paced
         for job in jobs:
             job.call = self
 
@@ -139,6 +139,16 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     running.ended = True  # its answer is on its way: never refused, and nothing left
     engine.busy, engine.rows = 4.0, 250  # 62.5 rows a second: late ends in 1.9 s, 2.4 s with the SLACK
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
+
+
+def test_a_call_that_has_run_a_few_steps_goes_by_its_own_pace(monkeypatch):
+    monkeypatch.setattr(backlog, "PACED", 4)
+    narrow, wide, waiting = Request(300), Request(4000), Request(300)
+    Call([narrow], rows=10, paced=(9, 9, 0.036))  # one row a step, 4 ms each
+    Call([wide], rows=640, paced=(3, 480, 0.018))  # 3 steps of 160 rows: too few to go by
+    assert seconds_left([narrow], None, rate=2000.0) == pytest.approx(290 * 0.004)  # not 290 / 2000
+    assert seconds_left([wide], None, rate=2000.0) == pytest.approx(3360 / 2000)
+    assert seconds_left([waiting], None, rate=2000.0) == pytest.approx(300 / 2000)
 
 
 def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
@@ -262,6 +272,41 @@ def test_a_burst_is_admitted_though_the_rate_was_measured_on_small_batches(monke
         finally:
             await batcher.stop()
     assert asyncio.run(run()) == ([["X"]] * 300, ["L"])
+
+
+def test_a_request_of_one_row_a_step_beside_wide_calls_is_refused_early(monkeypatch):
+    """Its 300 rows are little beside the calls' 1,280 each, but at one row a step they take 1.2 s of the engine
+    against 0.22 s for a call: under fair turns it would end last, past its 2 s timeout. By the engine's rate of
+    rows a second it seemed to end in time until its last half second, and it held up the others meanwhile; by the
+    pace of its own steps it is refused once it has run a few, with over half its time left."""
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
+
+    def steps(texts, settings):  # a step costs 4 ms and 0.05 ms a row
+        for _ in range(settings[1]):
+            time.sleep(0.004 + 0.00005 * len(texts))
+            yield len(texts)
+        return [t.upper() for t in texts]
+
+    async def outcome(request):
+        try:
+            await request
+            return "answered"
+        except Overloaded as e:
+            return "refused" if e.limit_s > 0.9 else "refused late"
+        except asyncio.TimeoutError:
+            return "timed out"
+
+    async def run():
+        batcher = Batcher(steps, max_batch=32, max_wait=0.0, max_backlog=1.0)
+        batcher.start()
+        try:
+            wide = [outcome(batcher.submit(["w"] * 32, ("wide", 40), work=32 * 40, timeout=10)) for _ in range(8)]
+            narrow = outcome(batcher.submit(["n"], ("narrow", 300), mergeable=False, work=300, timeout=2))
+            return await asyncio.gather(narrow, *wide)
+        finally:
+            await batcher.stop()
+    narrow, *wide = asyncio.run(run())
+    assert (narrow, wide) == ("refused", ["answered"] * 8)
 
 
 def test_the_engine_counts_the_rows_of_the_steps_it_runs():

@@ -33,9 +33,15 @@ requests' deadline (their timeout), SLACK times that estimate, is refused (429) 
 of the engine, rather than left to time out after using it for nothing; its call stops at its next step (every
 client of it gone).
 
-What it leaves out: the engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second
-than the rate, which is the engine's over all its steps; the encoder's passes; and that one piece's sentences run
-longer than the average. It errs on either side, and answers can still time out.
+The engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second than the rate, which
+is the engine's over all its steps: so a call that has run PACED steps (after its first, which encodes) goes by the
+pace of its own steps instead (seconds_left). Pricing every piece by a model of what its steps cost, admission
+included, was tried and refused more and later (benchmarks/README.md, "Tried and taken out: pricing the backlog's
+work by what its decoder steps cost").
+
+What it leaves out: the pace of work not yet in a call, or streamed, or that has run fewer steps, which goes by the
+rate; the encoder's passes of calls not yet started (the rate holds them, on average); and that one piece's
+sentences run longer than the average. It errs on either side, and answers can still time out.
 """
 from __future__ import annotations
 
@@ -145,12 +151,12 @@ class Backlog:
                 key = id(job.call) if job.call is not None else id(job)
                 pieces[key] = pieces.pop(key, []) + [job]
         per_source = self.per_source()
-        left = {key: (work_left(jobs, per_source), len(jobs)) for key, jobs in pieces.items()}
+        left = {key: (seconds_left(jobs, per_source, rate), len(jobs)) for key, jobs in pieces.items()}
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
             work, n = left[key]
             deadline = min((job.deadline for job in pieces[key] if job.deadline is not None), default=math.inf)
-            ends = SLACK * sum(min(w, m * work / n) for w, m in left.values()) / rate  # seconds from now
+            ends = SLACK * sum(min(w, m * work / n) for w, m in left.values())  # seconds from now
             if work and now + ends > deadline:
                 for job in pieces[key]:
                     job.future.set_exception(Overloaded(ends, max(0.0, deadline - now), to_timeout=True))
@@ -176,6 +182,21 @@ class Backlog:
             self.ended.append((job.rows, job.source))
         elif source := sum(j.source for j in job.call.jobs):
             self.ended.append((job.call.rows * job.source / source, job.source))  # (its part of its call's rows)
+
+
+PACED = 4
+"""Steps (after its first, which encodes) after which a call's own pace tells how long its work left will take."""
+
+
+def seconds_left(jobs: list, per_source: float | None, rate: float) -> float:
+    """The engine's seconds that the work left of requests sharing a call (or of one request in none) will take:
+    at the pace of the call's own steps once it has run PACED of them, else at the engine's `rate` (rows a second
+    over all its work, encoding included). A step of few rows costs several times as much a row as a wide one (on
+    the benchmarks' machine, one thread: 3.5 ms for one row, 31 ms for 185), so by the rate alone a call of one
+    row a step beside wide ones seemed to end in time until its last half second, and held them up meanwhile."""
+    work, call = work_left(jobs, per_source), jobs[0].call
+    steps, rows, seconds = call.paced if call is not None else (0, 0, 0.0)
+    return work * seconds / rows if steps >= PACED and rows else work / rate
 
 
 def work_left(jobs: list, per_source: float | None) -> float:

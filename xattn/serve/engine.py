@@ -67,6 +67,7 @@ class Call:
     own: float = 0.0                  # the engine thread's CPU seconds on its steps (see LONG_S)
     turned: int = 0                   # when it turned long, counted among long calls (0: not yet; MAX_LONG)
     rows: int = 0                     # the rows its steps ran so far (backlog.work_left)
+    paced: tuple[int, int, float] = (0, 0, 0.0)  # its steps but the first (which encodes), their rows and seconds
 
     @property
     def long(self) -> bool:
@@ -281,8 +282,12 @@ class Engine:
             pick = min(active, key=lambda work: work.used)
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
             if isinstance(pick, Call):
+                first = pick.steps is None
                 over, rows = pick.advance()
                 pick.own += time.thread_time() - cpu
+                if rows and not first:  # (backlog.Backlog.shed: the pace of its own steps)
+                    steps, stepped, seconds = pick.paced
+                    pick.paced = (steps + 1, stepped + rows, seconds + time.perf_counter() - began)
                 if over:
                     calls.remove(pick)
             else:
