@@ -143,11 +143,13 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
 
 def test_a_call_that_has_run_a_few_steps_goes_by_its_own_pace(monkeypatch):
     monkeypatch.setattr(backlog, "PACED", 4)
-    narrow, wide, waiting = Request(300), Request(4000), Request(300)
+    narrow, wide, fast, waiting = Request(300), Request(4000), Request(4000), Request(300)
     Call([narrow], rows=10, paced=(9, 9, 0.036))  # one row a step, 4 ms each
-    Call([wide], rows=640, paced=(3, 480, 0.018))  # 3 steps of 160 rows: too few to go by
+    Call([wide], rows=640, paced=(3, 480, 0.024))  # 3 steps of 160 rows: too few to go by
+    Call([fast], rows=640, paced=(4, 640, 0.032))  # faster than the rate: the rate (its pace leaves out the encoder)
     assert seconds_left([narrow], None, rate=2000.0) == pytest.approx(290 * 0.004)  # not 290 / 2000
     assert seconds_left([wide], None, rate=2000.0) == pytest.approx(3360 / 2000)
+    assert seconds_left([fast], None, rate=2000.0) == pytest.approx(3360 / 2000)  # not 3360 x 0.00005
     assert seconds_left([waiting], None, rate=2000.0) == pytest.approx(300 / 2000)
 
 

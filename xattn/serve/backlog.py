@@ -27,21 +27,24 @@ piece of work admitted will end: a call (Job.call) with the requests it serves, 
 streamed). Its work left is the rows it will likely step less those it has stepped: the rows that the requests
 answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
 own source rows, within its work's bound; before KNOWN requests have been answered, the bound itself (1.5-2x what a
-search runs). The engine's turns are fair per request, so work with r left for n requests ends once every other
-piece j has run min(r_j, n_j x r / n) of its own, at the engine's rate. Newest first, work that would end after its
+search runs). The engine's turns are fair per request, so work taking s seconds of the engine for n requests ends
+once every other piece j has run min(s_j, n_j x s / n) of its own (seconds_left: its rows at the engine's rate, or
+at a running call's own pace, below). Newest first, work that would end after its
 requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more
 of the engine, rather than left to time out after using it for nothing; its call stops at its next step (every
 client of it gone).
 
 The engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second than the rate, which
-is the engine's over all its steps: so a call that has run PACED steps (after its first, which encodes) goes by the
-pace of its own steps instead (seconds_left). Pricing every piece by a model of what its steps cost, admission
-included, was tried and refused more and later (benchmarks/README.md, "Tried and taken out: pricing the backlog's
-work by what its decoder steps cost").
+is the engine's over all its steps: so a call that has run PACED steps after its first goes by the pace of its own
+steps where that is slower than the rate (seconds_left). Pricing every piece by a model of what its steps cost,
+admission included, was tried and refused more and later (benchmarks/README.md, "Tried and taken out: pricing the
+backlog's work by what its decoder steps cost").
 
 What it leaves out: the pace of work not yet in a call, or streamed, or that has run fewer steps, which goes by the
-rate; the encoder's passes of calls not yet started (the rate holds them, on average); and that one piece's
-sentences run longer than the average. It errs on either side, and answers can still time out.
+rate; the encoder's passes of calls not yet started (the rate holds them, on average); that a call's steps have
+fewer rows, each dearer, as its sentences end; that its pace is its average since it started, a slow spell of the
+machine included; and that one piece's sentences run longer than the average. It errs on either side, and answers
+can still time out.
 """
 from __future__ import annotations
 
@@ -184,19 +187,23 @@ class Backlog:
             self.ended.append((job.call.rows * job.source / source, job.source))  # (its part of its call's rows)
 
 
-PACED = 4
-"""Steps (after its first, which encodes) after which a call's own pace tells how long its work left will take."""
+PACED = 8
+"""Steps after its first (which encodes; with alternatives, or texts in several batches, later steps encode too)
+after which a call's own pace tells how long its work left will take: not fewer, so that a few steps slowed by
+something else (the event loop holding the GIL) do not set it."""
 
 
 def seconds_left(jobs: list, per_source: float | None, rate: float) -> float:
     """The engine's seconds that the work left of requests sharing a call (or of one request in none) will take:
-    at the pace of the call's own steps once it has run PACED of them, else at the engine's `rate` (rows a second
-    over all its work, encoding included). A step of few rows costs several times as much a row as a wide one (on
-    the benchmarks' machine, one thread: 3.5 ms for one row, 31 ms for 185), so by the rate alone a call of one
-    row a step beside wide ones seemed to end in time until its last half second, and held them up meanwhile."""
+    at the engine's `rate` (rows a second over all its work, encoding included), or at the pace of the call's own
+    steps once it has run PACED of them, if that is slower. A step of few rows costs several times as much a row as
+    a wide one (on the benchmarks' machine, one thread: 3.5 ms for one row, 31 ms for 185), so by the rate alone a
+    call of one row a step beside wide ones seemed to end in time until its last half second, and held them up
+    meanwhile. Never faster than the rate: a wide call's pace leaves out the encoder and its own tail of fewer,
+    dearer rows, and would make it seem to end sooner than the rate does (20-35% in a review's model)."""
     work, call = work_left(jobs, per_source), jobs[0].call
     steps, rows, seconds = call.paced if call is not None else (0, 0, 0.0)
-    return work * seconds / rows if steps >= PACED and rows else work / rate
+    return work * max(1 / rate, seconds / rows if steps >= PACED and rows else 0.0)
 
 
 def work_left(jobs: list, per_source: float | None) -> float:
