@@ -154,13 +154,14 @@ class Backlog:
                 key = id(job.call) if job.call is not None else id(job)
                 pieces[key] = pieces.pop(key, []) + [job]
         per_source = self.per_source()
+        # each piece's engine seconds left, and its requests
         left = {key: (seconds_left(jobs, per_source, rate), len(jobs)) for key, jobs in pieces.items()}
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
-            work, n = left[key]
+            seconds, n = left[key]
             deadline = min((job.deadline for job in pieces[key] if job.deadline is not None), default=math.inf)
-            ends = SLACK * sum(min(w, m * work / n) for w, m in left.values())  # seconds from now
-            if work and now + ends > deadline:
+            ends = SLACK * sum(min(s, m * seconds / n) for s, m in left.values())  # seconds from now
+            if seconds and now + ends > deadline:
                 for job in pieces[key]:
                     job.future.set_exception(Overloaded(ends, max(0.0, deadline - now), to_timeout=True))
                     del self.admitted[id(job)]

@@ -281,13 +281,10 @@ class Engine:
                 continue
             pick = min(active, key=lambda work: work.used)
             weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
+            paced = isinstance(pick, Call) and pick.steps is not None  # (a call's first step encodes its texts)
             if isinstance(pick, Call):
-                first = pick.steps is None
                 over, rows = pick.advance()
                 pick.own += time.thread_time() - cpu
-                if rows and not first:  # (backlog.Backlog.shed: the pace of its own steps)
-                    steps, stepped, seconds = pick.paced
-                    pick.paced = (steps + 1, stepped + rows, seconds + time.perf_counter() - began)
                 if over:
                     calls.remove(pick)
             else:
@@ -296,6 +293,9 @@ class Engine:
                 pick.advance()
                 over = not len(pick)
             ended = time.perf_counter()
+            if paced and rows:  # (backlog.Backlog.shed: the pace of its own steps)
+                steps, stepped, seconds = pick.paced
+                pick.paced = (steps + 1, stepped + rows, seconds + ended - began)
             pick.used += (ended - began) / weight
             self.busy += ended - awake
             self.rows += rows
