@@ -12,10 +12,12 @@ check), the latency of the answered ones (median, max), the refused ones' (max),
 second of the run (arrivals and every answer). A scenario of a high rate for a fraction of a second (16:5:1000:0.1,
 100 requests) is a burst sent at once. Scenarios joined by + run at once, each with its own figures
 (16:5:1000:0.1+1:5:4:30: the burst, while one-sentence requests keep arriving). `--flags` go to both servers
-(`--flags=--timeout=5`).
+(`--flags=--timeout=5`). Both servers stay up for every run, unless `--fresh` starts them anew for each: a server that
+has answered nothing yet expects its searches to run as long as their sources (serve/backlog.py's LIKELY).
 
 usage: python benchmarks/serve_overload.py --against 9e9c092 [--scenarios 4:5:20:30 16:5:5:30 1:1:200:15]
-                                           [--repeats 2] [--threads 1] [--flags=...] [--out serve_overload]
+                                           [--repeats 2] [--threads 1] [--flags=...] [--fresh]
+                                           [--out serve_overload]
 """
 from __future__ import annotations
 
@@ -91,6 +93,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads of each server")
     parser.add_argument("--flags", default="", help="flags for both servers, separated by spaces")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start both servers anew for every run (else once: only the first run is on servers "
+                             "that have answered nothing, whose deadline check goes by backlog.LIKELY)")
     parser.add_argument("--out", default="serve_overload", help="the result's name in benchmarks/results")
     args = parser.parse_args()
     scenarios = {key: [dict(zip(("texts", "beam", "rate", "seconds"), map(float, part.split(":"))))
@@ -104,17 +109,25 @@ def main() -> None:
         figures = await asyncio.gather(*(open_loop(port, texts, int(s["texts"]), int(s["beam"]), s["rate"],
                                                    s["seconds"], seed=seed) for s in parts))
         return figures[0] if len(figures) == 1 else figures
-    with side_by_side(model, against, args.threads, *args.flags.split()) as ports:
+    def run(ports: dict[str, int], r: int, key: str) -> None:
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            figures = asyncio.run(together(ports[name], scenarios[key], seed=r))
+            runs[key][name].append(figures)
+            print(f"repeat {r + 1} {key} {name}: {figures}", flush=True)
+            time.sleep(2)  # (every request has ended: answered, refused or timed out)
+    if args.fresh:
         for r in range(args.repeats):
-            for key, result in runs.items():
-                for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    figures = asyncio.run(together(ports[name], scenarios[key], seed=r))
-                    result[name].append(figures)
-                    print(f"repeat {r + 1} {key} {name}: {figures}", flush=True)
-                    time.sleep(2)  # (every request has ended: answered, refused or timed out)
+            for key in runs:
+                with side_by_side(model, against, args.threads, *args.flags.split()) as ports:
+                    run(ports, r, key)
+    else:
+        with side_by_side(model, against, args.threads, *args.flags.split()) as ports:
+            for r in range(args.repeats):
+                for key in runs:
+                    run(ports, r, key)
     write_result(args.out, {"against": against, "model": model_fingerprint(model) | {"overrides": MODEL},
-                            "threads": args.threads, "flags": args.flags, "scenarios": "TEXTS:BEAM:RATE:SECONDS",
-                            "runs": runs})
+                            "threads": args.threads, "flags": args.flags, "fresh": args.fresh,
+                            "scenarios": "TEXTS:BEAM:RATE:SECONDS", "runs": runs})
 
 
 if __name__ == "__main__":

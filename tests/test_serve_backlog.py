@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from xattn.cli.main import main  # noqa: E402
 from xattn.serve import backlog  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.backlog import Backlog, Overloaded, seconds_left  # noqa: E402
+from xattn.serve.backlog import Backlog, Overloaded, seconds_left, work_left  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
@@ -141,6 +141,26 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     assert b.shed() == 1 and list(b.admitted) == [id(running)]
 
 
+def test_before_requests_have_been_answered_a_translation_is_expected_as_long_as_its_source():
+    """Not the work's bound, which runs 2-3x what a search does (max_len_a 1.5, max_len_b 10: 32.5 tokens for a
+    source of 14); a request whose source rows are not known goes by its bound."""
+    running, waiting, unknown = Request(4000, source=100), Request(4000, source=300), Request(500)
+    Call([running], rows=40)
+    assert work_left([running], None) == 100 * backlog.LIKELY - 40
+    assert work_left([waiting], None) == 300 * backlog.LIKELY
+    assert work_left([unknown], None) == 500
+    assert work_left([Request(200, source=300)], None) == 200  # within its bound
+
+
+def test_a_fresh_servers_first_burst_is_refused_by_what_its_searches_will_likely_run(monkeypatch):
+    """60 requests of 0.1 s of the engine each, sent at once to a fresh server with a 2 s timeout, their bound 3x
+    what they run: by the bound the deadline check kept 5 and refused 55, about a quarter of what the engine
+    translates in that time; now 16 (3 runs each)."""
+    monkeypatch.setattr(backlog, "MIN_BUSY_S", 0.05)
+    counts = outcomes(1.0, 60, 0.0, work=3 * Slow.STEPS, source=Slow.STEPS)
+    assert counts["timed out"] == 0 and counts["answered"] >= 10, counts
+
+
 def test_a_call_that_has_run_a_few_steps_goes_by_its_own_pace(monkeypatch):
     monkeypatch.setattr(backlog, "PACED", 4)
     narrow, wide, fast, waiting = Request(300), Request(4000), Request(4000), Request(300)
@@ -196,14 +216,14 @@ class Slow:
         return [t.upper() for t in texts]
 
 
-def outcomes(max_backlog: float | None, requests: int, every: float) -> dict:
+def outcomes(max_backlog: float | None, requests: int, every: float, work: int = Slow.STEPS, source: int = 0) -> dict:
     """`requests` requests of 0.1 s of the engine each, one every `every` seconds, 2 s timeout: how many were
-    answered, refused and timed out."""
+    answered, refused and timed out. `work`: each one's bound; `source`: its source rows (0: not known)."""
     counts = {"answered": 0, "refused": 0, "timed out": 0}
 
     async def one(batcher):
         try:
-            await batcher.submit(["a"], "slow", mergeable=False, work=Slow.STEPS, timeout=2.0)
+            await batcher.submit(["a"], "slow", mergeable=False, work=work, source=source, timeout=2.0)
             counts["answered"] += 1
         except Overloaded:
             counts["refused"] += 1

@@ -26,13 +26,13 @@ nothing is answered. So every CHECK_S seconds while the server is behind (`shed`
 piece of work admitted will end: a call (Job.call) with the requests it serves, or a request in none (waiting, or
 streamed). Its work left is the rows it will likely step less those it has stepped: the rows that the requests
 answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
-own source rows, within its work's bound; before KNOWN requests have been answered, the bound itself (1.5-2x what a
-search runs). The engine's turns are fair per request, so work taking s seconds of the engine for n requests ends
-once every other piece j has run min(s_j, n_j x s / n) of its own (seconds_left: its rows at the engine's rate, or
-at a running call's own pace, below). Newest first, work that would end after its
-requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more
-of the engine, rather than left to time out after using it for nothing; its call stops at its next step (every
-client of it gone).
+own source rows, within its work's bound; before KNOWN requests have been answered, LIKELY rows per source row (as
+long as the source; the bound runs 2-3x what a search does). The engine's turns are fair per request, so work taking
+s seconds of the engine for n requests ends once every other piece j has run min(s_j, n_j x s / n) of its own
+(seconds_left: its rows at the engine's rate, or at a running call's own pace, below). Newest first, work that would
+end after its requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the
+others more of the engine, rather than left to time out after using it for nothing; its call stops at its next step
+(every client of it gone).
 
 The engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second than the rate, which
 is the engine's over all its steps: so a call that has run PACED steps after its first goes by the pace of its own
@@ -67,7 +67,17 @@ ENDED = 64
 """Requests answered whose rows, against their source rows, the deadline check goes by (Backlog.per_source)."""
 
 KNOWN = 8
-"""Requests answered before the deadline check goes by their rows per source row rather than the work's bound."""
+"""Requests answered before the deadline check goes by their rows per source row rather than LIKELY."""
+
+LIKELY = 1.0
+"""The rows per source row that the deadline check expects before KNOWN requests have been answered (a server's
+first burst): a translation as long as its source, which the SLACK leaves 25% to. Not the work's bound: that is
+over twice as much (max_len_a 1.5, max_len_b 10: 32.5 tokens for a source of 14), and on a fresh server a burst
+of 100 sixteen-sentence beam-5 requests beside one-sentence ones lost 91 of them in one check, 5 s in, by 3x its
+estimate, and its last answer came at 16 s with its timeout at 30 s (benchmarks/README.md, "A fresh server's first
+burst"). Output about as long as the source is what a translation model gives (on Multi30k de-en, the requests
+answered stepped 0.98-1.02 rows per source row); a model whose outputs run longer than SLACK x its sources is
+refused too little until KNOWN requests are answered."""
 
 SLACK = 1.25
 """The deadline check's allowance for its estimate's errors: work whose estimated end, this many times as far off,
@@ -209,9 +219,10 @@ def seconds_left(jobs: list, per_source: float | None, rate: float) -> float:
 
 def work_left(jobs: list, per_source: float | None) -> float:
     """The work left of requests that share a call (or of one request in none): the rows they will likely step,
-    per_source x their source rows within their work's bound (the bound itself with per_source None), less the rows
-    stepped so far."""
+    per_source x their source rows (LIKELY with per_source None) within their work's bound (the bound itself for a
+    request whose source rows are not known), less the rows stepped so far."""
     call = jobs[0].call
     jobs, rows = (jobs, jobs[0].rows) if call is None else (call.jobs, call.rows)
-    likely = sum(job.work if per_source is None else min(job.work, per_source * job.source) for job in jobs)
+    per_source = LIKELY if per_source is None else per_source
+    likely = sum(min(job.work, per_source * job.source) if job.source else job.work for job in jobs)
     return max(0.0, likely - rows)
