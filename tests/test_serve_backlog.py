@@ -50,6 +50,15 @@ class Call:
             job.call = self
 
 
+def admitted(*requests: Request, limit_s: float = 3.0) -> tuple[Progress, Backlog]:
+    """The engine a backlog of `limit_s` reads, and the backlog with `requests` admitted in turn."""
+    engine = Progress()
+    b = Backlog(limit_s, engine, engine.clock)
+    for request in requests:
+        b.admit(request)
+    return engine, b
+
+
 def test_behind_a_request_is_refused_when_the_work_each_admitted_one_runs_beside_it_is_over_the_limit():
     engine = Progress()
     b = Backlog(3.0, engine, engine.clock)
@@ -118,7 +127,7 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
     Call([loose, tight], rows=48)  # 1.2 rows per source row, whatever their bounds
     streamed.rows = 36  # 1.2 too
     b.leave(loose)
-    assert b.per_source() is None  # before KNOWN requests answered: the work's bound
+    assert b.per_source() is None  # before KNOWN requests answered: LIKELY
     for request in (tight, streamed):
         b.leave(request)
     assert b.per_source() == pytest.approx(1.2)
@@ -142,7 +151,7 @@ def test_the_work_left_is_what_requests_answered_lately_stepped_per_source_row_w
 
 
 def test_before_requests_have_been_answered_a_translation_is_expected_as_long_as_its_source():
-    """Not the work's bound, which runs 2-3x what a search does (max_len_a 1.5, max_len_b 10: 32.5 tokens for a
+    """Not the work's bound, which runs 2-3x what a search does (max_len_a 1.5, max_len_b 10: 32 tokens for a
     source of 14); a request whose source rows are not known goes by its bound."""
     running, waiting, unknown = Request(4000, source=100), Request(4000, source=300), Request(500)
     Call([running], rows=40)
@@ -191,6 +200,38 @@ def test_the_rate_is_the_rows_stepped_over_the_last_window(monkeypatch):
         b.leave(request)
     assert b.rate() == pytest.approx(100.0)
     assert len(b.samples) <= 2 * 10 + 2 and not b.admitted  # only the window's events are kept
+
+
+def test_a_running_call_goes_by_the_engines_latest_rate_where_it_is_the_slower(monkeypatch):
+    """The window's rate is that of the work that ran over it: once the engine runs steps of fewer rows (a burst's
+    calls down to their tails, one-sentence requests in calls of their own) it priced what was left at a fraction
+    of its cost, and the burst got 504s. Work that has not run yet goes by the window's rate still: it may be as
+    wide as the work before the tails."""
+    monkeypatch.setattr(backlog, "PACED", 4)
+    a, c, waiting = Request(400, deadline=5.0), Request(400, deadline=5.0), Request(400, deadline=5.0)
+    engine, b = admitted(a, c, waiting)
+    Call([a], rows=0, paced=(4, 40, 0.004)), Call([c], rows=0, paced=(4, 40, 0.004))  # fast steps of their own
+    engine.busy, engine.rows, engine.now = 8.0, 8000, 0.5  # 1,000 rows a second
+    assert b.shed() == 0 and b.latest() == pytest.approx(1000.0)
+    engine.busy, engine.rows, engine.now = 10.0, 8500, 1.5  # then 250 a second; behind
+    assert seconds_left([waiting], None, 850.0, 250.0) == pytest.approx(400 / 850)  # not yet in a call
+    # `waiting`, newest: 0.47 s at the window's rate, while each call runs as long: 1.4 s, 1.8 s with the SLACK,
+    # within its 3.5 s left (at 250 a second, 6 s). Then c: 1.6 s at 250 a second, as long for a, and waiting's
+    # 0.47 s: 4.6 s with the SLACK, past its 3.5 s (at the window's rate, 1.8 s); then a, c gone: 2.6 s
+    assert b.shed() == 1 and list(b.admitted) == [id(a), id(waiting)]
+    with pytest.raises(Overloaded, match=r"4\.6 s of translation left"):
+        c.future.result()
+    assert b.rate() == pytest.approx(850.0) and b.latest() == pytest.approx(250.0)
+    engine.busy, engine.rows, engine.now = 12.0, 12500, 2.0  # faster again: the window's rate, the slower
+    assert b.shed() == 0 and b.latest() == pytest.approx(2000.0)
+    b.leave(a)
+    b.leave(waiting)
+    engine.now = 60.0  # idle since: its latest 2 s of busy time span 58.5 s
+    assert b.shed() == 0 and b.latest() is None
+    engine.busy, engine.rows, engine.now = 13.0, 16500, 61.0  # then busy again, 4,000 rows a second: its latest 2 s
+    assert b.shed() == 0 and b.latest() is None  # of busy time reach back over the idle spell, to 2,000 a second
+    engine.busy, engine.rows, engine.now = 15.0, 24500, 63.0
+    assert b.shed() == 0 and b.latest() == pytest.approx(4000.0)
 
 
 def test_the_checks_of_an_idle_server_keep_no_more_samples():

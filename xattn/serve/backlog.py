@@ -11,7 +11,7 @@ request of work w (api.check_work: rows x maximum output tokens, an upper bound 
 admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
 aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
 busy time, over the last WINDOW_S seconds of it: the rows are counted at every step, so it does not jump when a
-large request ends. A search ends before its maximum length, so the work over-counts rows, by 1.5-2x on Multi30k:
+large request ends. A search ends before its maximum length, so the work over-counts rows, by 2-3x on Multi30k:
 the estimate errs on the side of refusing.
 
 That rate is the one of the batches the engine has been running: under light traffic, or beside one long request of
@@ -29,10 +29,11 @@ answered lately stepped per source row (hypotheses x source tokens, whatever bou
 own source rows, within its work's bound; before KNOWN requests have been answered, LIKELY rows per source row (as
 long as the source; the bound runs 2-3x what a search does). The engine's turns are fair per request, so work taking
 s seconds of the engine for n requests ends once every other piece j has run min(s_j, n_j x s / n) of its own
-(seconds_left: its rows at the engine's rate, or at a running call's own pace, below). Newest first, work that would
-end after its requests' deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the
-others more of the engine, rather than left to time out after using it for nothing; its call stops at its next step
-(every client of it gone).
+(seconds_left: its rows at the engine's rate; a call that has run a few steps at the slowest of that, the rate of
+the engine's latest LATEST_S and its own pace, below). Newest first, work that would end after its requests'
+deadline (their timeout), SLACK times that estimate, is refused (429) then, which leaves the others more of the
+engine, rather than left to time out after using it for nothing; its call stops at its next step (every client of
+it gone).
 
 The engine's turns share its time, not its rows, and a step of few rows runs fewer rows a second than the rate, which
 is the engine's over all its steps: so a call that has run PACED steps after its first goes by the pace of its own
@@ -57,6 +58,19 @@ from typing import Any, Callable
 WINDOW_S = 10.0
 """Seconds of the engine's busy time over which its rate is measured."""
 
+LATEST_S = 2.0
+"""Seconds of the engine's busy time of its latest rate, which the deadline check goes by for running calls where
+it is the slower (Backlog.latest, seconds_left): the rate over the window is that of the work that ran then, and
+when the work changes to steps of fewer rows, or the machine slows, it prices what is left at a fraction of its
+cost. A burst beside one-sentence requests (the one-sentence requests in calls of their own once the burst's were
+all started, the burst's calls down to their tails) read 3,000-3,400 rows a second over the window 21-23 s in,
+while the engine stepped 1,300-1,900; the work's estimate summed to 2.1 s where it ran for 8.5, and it got 504s."""
+
+BUSIEST = 0.8
+"""The least share of the wall-clock time over the latest rate's span that the engine must have been busy for the
+deadline check to go by it (Backlog.latest): the latest LATEST_S of busy time after an idle spell reach back to the
+end of the work before it, whose steps were few rows each (a burst's tails), and would price a new burst at that."""
+
 MIN_BUSY_S = 0.5
 """Seconds of the engine's busy time before its rate counts."""
 
@@ -72,7 +86,7 @@ KNOWN = 8
 LIKELY = 1.0
 """The rows per source row that the deadline check expects before KNOWN requests have been answered (a server's
 first burst): a translation as long as its source, which the SLACK leaves 25% to. Not the work's bound: that is
-over twice as much (max_len_a 1.5, max_len_b 10: 32.5 tokens for a source of 14), and on a fresh server a burst
+over twice as much (max_len_a 1.5, max_len_b 10: 32 tokens for a source of 14), and on a fresh server a burst
 of 100 sixteen-sentence beam-5 requests beside one-sentence ones lost 91 of them in one check, 5 s in, by 3x its
 estimate, and its last answer came at 16 s with its timeout at 30 s (benchmarks/README.md, "A fresh server's first
 burst"). Output about as long as the source is what a translation model gives (on Multi30k de-en, the requests
@@ -114,24 +128,35 @@ class Backlog:
                  clock: Callable[[], float] = time.monotonic):
         self.limit_s, self.progress, self.clock = limit_s, progress, clock
         self.admitted: dict[int, tuple[Any, float]] = {}  # id(job) -> the job and when it was admitted (in order)
-        self.samples: deque[tuple[float, int]] = deque([(0.0, 0)])  # (busy, rows), at each admission, end and check
+        self.samples: deque[tuple[float, int, float]] = deque([(0.0, 0, -math.inf)])  # (busy, rows, when), at each
+        #                                                  admission, end and check
         self.ended: deque[tuple[float, int]] = deque(maxlen=ENDED)  # (rows, source rows) of requests answered
 
     def _sample(self) -> None:
         busy, rows = self.progress()
         if len(self.samples) > 2 and busy - self.samples[-2][0] < WINDOW_S / 64:  # (an idle server's checks: one)
-            self.samples[-1] = (busy, rows)
+            self.samples[-1] = (busy, rows, self.clock())
         else:
-            self.samples.append((busy, rows))
+            self.samples.append((busy, rows, self.clock()))
         while len(self.samples) > 2 and self.samples[1][0] <= busy - WINDOW_S:  # the first: the window's start
             self.samples.popleft()
 
     def rate(self) -> float | None:
         """Rows per second of the engine's busy time, over the window (None before MIN_BUSY_S of it)."""
-        (busy0, rows0), (busy, rows) = self.samples[0], self.samples[-1]
+        (busy0, rows0, _), (busy, rows, _) = self.samples[0], self.samples[-1]
         if busy - busy0 < MIN_BUSY_S or rows == rows0:
             return None
         return (rows - rows0) / (busy - busy0)
+
+    def latest(self) -> float | None:
+        """Rows per second of the engine's busy time over its latest LATEST_S, if it was busy for most of that
+        span (BUSIEST): not over an idle spell, back to the end of earlier work (None then, or before that much)."""
+        busy, rows, now = self.samples[-1]
+        for busy0, rows0, when in reversed(self.samples):
+            if busy - busy0 >= LATEST_S:
+                return (rows - rows0) / (busy - busy0) if rows > rows0 and busy - busy0 >= BUSIEST * (now - when) \
+                    else None
+        return None
 
     def behind(self) -> bool:
         """Whether two requests admitted more than BEHIND x limit_s ago are still running."""
@@ -165,7 +190,8 @@ class Backlog:
                 pieces[key] = pieces.pop(key, []) + [job]
         per_source = self.per_source()
         # each piece's engine seconds left, and its requests
-        left = {key: (seconds_left(jobs, per_source, rate), len(jobs)) for key, jobs in pieces.items()}
+        latest = self.latest()
+        left = {key: (seconds_left(jobs, per_source, rate, latest), len(jobs)) for key, jobs in pieces.items()}
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
             seconds, n = left[key]
@@ -204,17 +230,23 @@ after which a call's own pace tells how long its work left will take: not fewer,
 something else (the event loop holding the GIL) do not set it."""
 
 
-def seconds_left(jobs: list, per_source: float | None, rate: float) -> float:
+def seconds_left(jobs: list, per_source: float | None, rate: float, latest: float | None = None) -> float:
     """The engine's seconds that the work left of requests sharing a call (or of one request in none) will take:
-    at the engine's `rate` (rows a second over all its work, encoding included), or at the pace of the call's own
-    steps once it has run PACED of them, if that is slower. A step of few rows costs several times as much a row as
-    a wide one (on the benchmarks' machine, one thread: 3.5 ms for one row, 31 ms for 185), so by the rate alone a
-    call of one row a step beside wide ones seemed to end in time until its last half second, and held them up
-    meanwhile. Never faster than the rate: a wide call's pace leaves out the encoder and its own tail of fewer,
-    dearer rows, and would make it seem to end sooner than the rate does (20-35% in a review's model)."""
+    at the engine's `rate` (rows a second over all its work, encoding included); once its call has run PACED steps,
+    at the slowest of that, the engine's `latest` rate (Backlog.latest) and the pace of the call's own steps.
+
+    A step of few rows costs several times as much a row as a wide one (on the benchmarks' machine, one thread:
+    3.5 ms for one row, 31 ms for 185), so by the rate alone a call of one row a step beside wide ones seemed to end
+    in time until its last half second, and held them up meanwhile. Never faster than the rate: a wide call's pace
+    leaves out the encoder and its own tail of fewer, dearer rows, and would make it seem to end sooner than the
+    rate does (20-35% in a review's model). The latest rate tells what the engine's steps cost now, once a burst's
+    calls are down to their tails; not for work that has not run yet, which may be as wide as they were (a new
+    burst arriving beside an old one's tails, priced at the tails' rate, was refused 0.25 s in: a review's probe)."""
     work, call = work_left(jobs, per_source), jobs[0].call
     steps, rows, seconds = call.paced if call is not None else (0, 0, 0.0)
-    return work * max(1 / rate, seconds / rows if steps >= PACED and rows else 0.0)
+    if steps < PACED or not rows:
+        return work / rate
+    return work * max(1 / rate, 1 / latest if latest else 0.0, seconds / rows)
 
 
 def work_left(jobs: list, per_source: float | None) -> float:
