@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from xattn.cli.main import main  # noqa: E402
 from xattn.serve import backlog  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.backlog import Backlog, Overloaded, seconds_left, work_left  # noqa: E402
+from xattn.serve.backlog import Backlog, Lengths, Overloaded, seconds_left, work_left  # noqa: E402
 from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
@@ -159,6 +159,22 @@ def test_before_requests_have_been_answered_a_translation_is_expected_as_long_as
     assert work_left([waiting], None) == 300 * backlog.LIKELY
     assert work_left([unknown], None) == 500
     assert work_left([Request(200, source=300)], None) == 200  # within its bound
+
+
+def test_a_call_past_the_mean_length_is_not_taken_to_have_ended():
+    """By the mean alone, work past it had none left, and counted for nothing beside the others, though its longest
+    sentences may run on to their maximum length: a call with 70 rows left by the mean ran 605 more, and got 504.
+    It goes by how much further the translations that ran longer than it has so far ran, by their source rows."""
+    lengths = Lengths.of([(80, 100), (100, 100), (120, 100), (140, 100), (150, 500)], mean=1.1)  # 0.8 ... 1.4
+    past, further, near, early = (Request(4000, source=100), Request(4000, source=100), Request(118, source=100),
+                                  Request(4000, source=100))
+    Call([past], rows=115), Call([further], rows=150), Call([near], rows=115), Call([early], rows=50)
+    assert work_left([past], lengths) == pytest.approx(15)  # 1.2 and 1.4 ran further: 1.3, 0.15 past its 1.15
+    assert work_left([further], lengths) == pytest.approx(20)  # past them all: they ran 0.2 past the mean
+    assert work_left([near], lengths) == pytest.approx(3)  # within its bound
+    assert work_left([early], lengths) == pytest.approx(60)  # the mean's 110 less its 50, as before
+    heavy = Lengths.of([(1000, 1000), (300, 100)], mean=1.2)  # a call of many sentences, and one sentence
+    assert heavy.beyond(0.5) == pytest.approx(1300 / 1100 - 0.5)  # by source rows: not 2.0 - 0.5
 
 
 def test_a_fresh_servers_first_burst_is_refused_by_what_its_searches_will_likely_run(monkeypatch):

@@ -26,8 +26,9 @@ nothing is answered. So every CHECK_S seconds while the server is behind (`shed`
 piece of work admitted will end: a call (Job.call) with the requests it serves, or a request in none (waiting, or
 streamed). Its work left is the rows it will likely step less those it has stepped: the rows that the requests
 answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
-own source rows, within its work's bound; before KNOWN requests have been answered, LIKELY rows per source row (as
-long as the source; the bound runs 2-3x what a search does). The engine's turns are fair per request, so work taking
+own source rows, within its work's bound, and once it has run past that, how much further those that ran longer ran
+(work_left, Lengths.beyond); before KNOWN requests have been answered, LIKELY rows per source row (as long as the
+source; the bound runs 2-3x what a search does). The engine's turns are fair per request, so work taking
 s seconds of the engine for n requests ends once every other piece j has run min(s_j, n_j x s / n) of its own
 (seconds_left: its rows at the engine's rate; a call that has run a few steps at the slowest of that, the rate of
 the engine's latest LATEST_S and its own pace, below). Newest first, work that would end after its requests'
@@ -43,17 +44,20 @@ backlog's work by what its decoder steps cost").
 
 What it leaves out: the pace of work not yet in a call, or streamed, or that has run fewer steps, which goes by the
 rate; the encoder's passes of calls not yet started (the rate holds them, on average); that a call's steps have
-fewer rows, each dearer, as its sentences end; that its pace is its average since it started, a slow spell of the
-machine included; and that one piece's sentences run longer than the average. It errs on either side, and answers
-can still time out.
+fewer rows, each dearer, as its sentences end; the requests still to arrive, which take their shares; that a call's
+spread of lengths is narrower than one request's, whose lengths Lengths.beyond goes by (weighted by source rows);
+and, before KNOWN requests have been answered, that a call past LIKELY still runs. It errs on either side, and
+answers can still time out.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 WINDOW_S = 10.0
 """Seconds of the engine's busy time over which its rate is measured."""
@@ -78,7 +82,7 @@ BEHIND = 1 / 3
 """The server is behind while two requests admitted more than this share of `limit_s` ago are still running."""
 
 ENDED = 64
-"""Requests answered whose rows, against their source rows, the deadline check goes by (Backlog.per_source)."""
+"""Requests answered whose rows, against their source rows, the deadline check goes by (Backlog.lengths)."""
 
 KNOWN = 8
 """Requests answered before the deadline check goes by their rows per source row rather than LIKELY."""
@@ -188,10 +192,10 @@ class Backlog:
             if not (job.future.done() or job.ended):  # (its client gave up, or it is answered: it leaves)
                 key = id(job.call) if job.call is not None else id(job)
                 pieces[key] = pieces.pop(key, []) + [job]
-        per_source = self.per_source()
+        lengths = self.lengths()
         # each piece's engine seconds left, and its requests
         latest = self.latest()
-        left = {key: (seconds_left(jobs, per_source, rate, latest), len(jobs)) for key, jobs in pieces.items()}
+        left = {key: (seconds_left(jobs, lengths, rate, latest), len(jobs)) for key, jobs in pieces.items()}
         now, refused = self.clock(), 0
         for key in reversed(list(pieces)):
             seconds, n = left[key]
@@ -210,6 +214,11 @@ class Backlog:
         long their translations ran against their sources; None before KNOWN of them."""
         source = sum(n for _, n in self.ended)
         return sum(rows for rows, _ in self.ended) / source if len(self.ended) >= KNOWN and source else None
+
+    def lengths(self) -> Lengths | None:
+        """How long the translations of the last ENDED requests answered ran against their sources (None before
+        KNOWN of them)."""
+        return Lengths.of(self.ended, mean) if (mean := self.per_source()) is not None else None
 
     def leave(self, job) -> None:
         """The request ended (answered or not)."""
@@ -230,7 +239,7 @@ after which a call's own pace tells how long its work left will take: not fewer,
 something else (the event loop holding the GIL) do not set it."""
 
 
-def seconds_left(jobs: list, per_source: float | None, rate: float, latest: float | None = None) -> float:
+def seconds_left(jobs: list, lengths: Lengths | None, rate: float, latest: float | None = None) -> float:
     """The engine's seconds that the work left of requests sharing a call (or of one request in none) will take:
     at the engine's `rate` (rows a second over all its work, encoding included); once its call has run PACED steps,
     at the slowest of that, the engine's `latest` rate (Backlog.latest) and the pace of the call's own steps.
@@ -242,19 +251,54 @@ def seconds_left(jobs: list, per_source: float | None, rate: float, latest: floa
     rate does (20-35% in a review's model). The latest rate tells what the engine's steps cost now, once a burst's
     calls are down to their tails; not for work that has not run yet, which may be as wide as they were (a new
     burst arriving beside an old one's tails, priced at the tails' rate, was refused 0.25 s in: a review's probe)."""
-    work, call = work_left(jobs, per_source), jobs[0].call
+    work, call = work_left(jobs, lengths), jobs[0].call
     steps, rows, seconds = call.paced if call is not None else (0, 0, 0.0)
     if steps < PACED or not rows:
         return work / rate
     return work * max(1 / rate, 1 / latest if latest else 0.0, seconds / rows)
 
 
-def work_left(jobs: list, per_source: float | None) -> float:
+def work_left(jobs: list, lengths: Lengths | None) -> float:
     """The work left of requests that share a call (or of one request in none): the rows they will likely step,
-    per_source x their source rows (LIKELY with per_source None) within their work's bound (the bound itself for a
-    request whose source rows are not known), less the rows stepped so far."""
+    lengths.mean x their source rows (LIKELY with no lengths yet) within their work's bound (the bound itself for a
+    request whose source rows are not known), less the rows stepped so far; and, within the bound, no less than
+    how much further the translations that ran longer than they have so far ran (Lengths.beyond). So a call past
+    the mean, its longest sentences still running (often to their maximum length), is not taken to have ended: one
+    with 70 rows left by the mean ran 605 more, and got 504."""
     call = jobs[0].call
     jobs, rows = (jobs, jobs[0].rows) if call is None else (call.jobs, call.rows)
-    per_source = LIKELY if per_source is None else per_source
-    likely = sum(min(job.work, per_source * job.source) if job.source else job.work for job in jobs)
-    return max(0.0, likely - rows)
+    mean = LIKELY if lengths is None else lengths.mean
+    left = sum(min(job.work, mean * job.source) if job.source else job.work for job in jobs) - rows
+    source = sum(job.source for job in jobs)
+    if lengths is not None and source and all(job.source for job in jobs):
+        left = max(left, min(source * lengths.beyond(rows / source), sum(job.work for job in jobs) - rows))
+    return max(0.0, left)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """How long the translations of the requests answered lately ran against their sources (Backlog.lengths): their
+    rows per source row on the whole (`mean`), and each one's, with its source rows (`ratios`, by ratio; `above`:
+    the weights and weighted ratios from each on)."""
+    mean: float
+    ratios: list[float]
+    above: list[tuple[float, float]]
+
+    @classmethod
+    def of(cls, ended: Iterable[tuple[float, int]], mean: float) -> Lengths:
+        """From (rows, source rows) of requests answered, and their rows per source row on the whole."""
+        pairs = sorted((rows / source, source) for rows, source in ended if source)
+        above = [(0.0, 0.0)]
+        for ratio, source in reversed(pairs):
+            above.append((above[-1][0] + source, above[-1][1] + source * ratio))
+        return cls(mean, [ratio for ratio, _ in pairs], above[::-1])
+
+    def beyond(self, ratio: float) -> float:
+        """How many rows per source row further than `ratio` a translation that has run that far will likely run:
+        the mean excess over it of those that ran further, by their source rows; past all of them, the mean excess
+        over the mean of those that ran past it."""
+        weight, weighted = self.above[bisect.bisect_right(self.ratios, ratio)]
+        if not weight:
+            ratio = self.mean
+            weight, weighted = self.above[bisect.bisect_right(self.ratios, ratio)]
+        return weighted / weight - ratio if weight else 0.0
