@@ -165,7 +165,7 @@ def test_a_call_past_the_mean_length_is_not_taken_to_have_ended():
     """By the mean alone, work past it had none left, and counted for nothing beside the others, though its longest
     sentences may run on to their maximum length: a call with 70 rows left by the mean ran 605 more, and got 504.
     It goes by how much further the translations that ran longer than it has so far ran, by their source rows."""
-    lengths = Lengths.of([(80, 100), (100, 100), (120, 100), (140, 100), (150, 500)], mean=1.1)  # 0.8 ... 1.4
+    lengths = Lengths.of([(80, 100), (100, 100), (120, 100), (140, 100)])  # 0.8 ... 1.4, 1.1 on the whole
     past, further, near, early = (Request(4000, source=100), Request(4000, source=100), Request(118, source=100),
                                   Request(4000, source=100))
     Call([past], rows=115), Call([further], rows=150), Call([near], rows=115), Call([early], rows=50)
@@ -173,7 +173,7 @@ def test_a_call_past_the_mean_length_is_not_taken_to_have_ended():
     assert work_left([further], lengths) == pytest.approx(20)  # past them all: they ran 0.2 past the mean
     assert work_left([near], lengths) == pytest.approx(3)  # within its bound
     assert work_left([early], lengths) == pytest.approx(60)  # the mean's 110 less its 50, as before
-    heavy = Lengths.of([(1000, 1000), (300, 100)], mean=1.2)  # a call of many sentences, and one sentence
+    heavy = Lengths.of([(1000, 1000), (300, 100)])  # a call of many sentences, and one sentence
     assert heavy.beyond(0.5) == pytest.approx(1300 / 1100 - 0.5)  # by source rows: not 2.0 - 0.5
 
 

@@ -212,13 +212,12 @@ class Backlog:
     def per_source(self) -> float | None:
         """The rows that the last ENDED requests answered stepped per source row (hypotheses x source tokens): how
         long their translations ran against their sources; None before KNOWN of them."""
-        source = sum(n for _, n in self.ended)
-        return sum(rows for rows, _ in self.ended) / source if len(self.ended) >= KNOWN and source else None
+        return lengths.mean if (lengths := self.lengths()) is not None else None
 
     def lengths(self) -> Lengths | None:
         """How long the translations of the last ENDED requests answered ran against their sources (None before
         KNOWN of them)."""
-        return Lengths.of(self.ended, mean) if (mean := self.per_source()) is not None else None
+        return Lengths.of(self.ended) if len(self.ended) >= KNOWN else None
 
     def leave(self, job) -> None:
         """The request ended (answered or not)."""
@@ -285,13 +284,15 @@ class Lengths:
     above: list[tuple[float, float]]
 
     @classmethod
-    def of(cls, ended: Iterable[tuple[float, int]], mean: float) -> Lengths:
-        """From (rows, source rows) of requests answered, and their rows per source row on the whole."""
+    def of(cls, ended: Iterable[tuple[float, int]]) -> Lengths | None:
+        """From (rows, source rows) of requests answered (None without source rows): their rows per source row on
+        the whole is the mean of each one's, by its source rows."""
         pairs = sorted((rows / source, source) for rows, source in ended if source)
         above = [(0.0, 0.0)]
         for ratio, source in reversed(pairs):
             above.append((above[-1][0] + source, above[-1][1] + source * ratio))
-        return cls(mean, [ratio for ratio, _ in pairs], above[::-1])
+        above.reverse()
+        return cls(above[0][1] / above[0][0], [ratio for ratio, _ in pairs], above) if pairs else None
 
     def beyond(self, ratio: float) -> float:
         """How many rows per source row further than `ratio` a translation that has run that far will likely run:
