@@ -527,3 +527,20 @@ def test_constraints_that_leave_a_token_relax_nothing():
     for options in (dict(beam_size=1), dict(beam_size=3), dict(sampling=True, seed=2)):
         for hyps in search(model, src, DecodeConfig(no_repeat_ngram_size=2, min_len=3, **options)):
             assert not any(h.relaxed for h in hyps)
+
+
+@pytest.mark.parametrize("rows,columns", [(1, 80), (4, 64), (4, 65), (5, 127), (7, 128), (40, 8000), (9, 8001)])
+def test_first_argmax_is_torchs_argmax_with_ties_infinities_and_nan(rows, columns):
+    from xattn.decoding.step import first_argmax
+    g = torch.Generator().manual_seed(rows * columns)
+    ties = torch.randint(-2, 2, (rows, columns), generator=g).float()  # many equal maxima: the first one counts
+    late = torch.randn(rows, columns, generator=g)
+    late[:, -1] = 1e9  # the maximum in the last, short block
+    late[0, 3] = 1e9  # ... and also early in one row
+    masked = torch.randn(rows, columns, generator=g)
+    masked[:, ::2] = float("-inf")
+    masked[0] = float("-inf")  # a row with nothing left
+    masked[-1, columns // 2] = float("nan")  # NaN is torch's maximum
+    for x in (ties, late, masked):
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1))
+        assert torch.equal(first_argmax(x.t().contiguous().t()), x.argmax(dim=-1))  # a strided view

@@ -226,3 +226,56 @@ def test_cross_layers_returns_those_layers_weights_alone_and_the_same_output(tin
     torch.testing.assert_close(one.cross_attn[1], full.cross_attn[1])
     torch.testing.assert_close(one.logits, full.logits, atol=1e-5, rtol=1e-5)
     assert tiny_model(src, tgt).cross_attn is None
+
+
+@pytest.mark.parametrize("overrides", [dict(), HARD_CODED[1]], ids=["learned", "gaussian"])
+def test_removing_ended_rows_decodes_like_selecting_the_rest(overrides):
+    """DecoderCache.remove moves the last rows into the places of the ended ones (greedy search's rows leaving):
+    the rows it keeps, in the order it returns, decode exactly as a cache that selected those rows."""
+    model = _model(**overrides)
+    src = torch.randint(3, 40, (7, 6))
+    src[:, -1], src[2, 3:], src[5, 2:] = 2, 0, 0
+    steps = torch.randint(3, 50, (7, 5))
+    with torch.no_grad():
+        enc = model.encode(src)
+        moved, selected = model.new_cache(enc), model.new_cache(enc)
+        rows = torch.arange(7)
+        for t, ended in enumerate([None, torch.tensor([1, 5]), torch.tensor([0, 4]), torch.tensor([2])]):
+            if ended is not None:
+                order = moved.remove(ended)
+                assert sorted(order.tolist()) == [r for r in range(len(rows)) if r not in ended.tolist()]
+                selected.select(order)
+                rows = rows[order]
+            tokens = steps[rows, t:t + 1]
+            a = model.decode(tokens, None, cache=moved, need_weights=True)
+            b = model.decode(tokens, None, cache=selected, need_weights=True)
+            torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+            torch.testing.assert_close(a.cross_attn[1], b.cross_attn[1], rtol=0, atol=0)
+        assert moved.src_mask.shape[0] == 2 and torch.equal(moved.src_mask, src.ne(0)[rows])
+    assert torch.equal(enc.mask, src.ne(0))  # the caller's encoding is left as it was
+
+
+def test_encoding_in_parts_of_near_equal_length_gives_each_source_its_states(monkeypatch):
+    """encode_in_parts: each source's states are its own part's, which are its states in the whole batch up to
+    float rounding; a batch of one length is one pass."""
+    from xattn.decoding import step
+
+    model = _model()
+    lengths = [2, 9, 3, 3, 7, 9, 1, 5, 2, 8]
+    src = torch.zeros(len(lengths), 10, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, :n - 1], src[i, n - 1] = torch.randint(3, 40, (n - 1,)), 2
+    monkeypatch.setattr(step, "PART_POSITIONS", 6)
+    calls = []
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda s, **k: calls.append(s.shape) or encode(s, **k))
+    with torch.no_grad():
+        whole = encode(src)
+        parts = step.encode_in_parts(model, src)
+        assert len(calls) > 2 and all(n <= 9 for _, n in calls) and sum(b for b, _ in calls) == len(lengths)
+        assert torch.equal(parts.mask, whole.mask)
+        torch.testing.assert_close(parts.states[whole.mask], whole.states[whole.mask], rtol=1e-5, atol=1e-5)
+        assert parts.states.isfinite().all()
+        calls.clear()
+        step.encode_in_parts(model, src[[1, 5]])
+        assert calls == [torch.Size([2, 10])]

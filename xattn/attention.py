@@ -307,6 +307,18 @@ class LayerCache:
             self.buffer_k = _reordered(self.buffer_k, self.storage_k, self.length, index)
             self.buffer_v = _reordered(self.buffer_v, self.storage_v, self.length, index)
 
+    def move(self, to: Tensor, rows: Tensor, n: int) -> None:
+        """Copy rows `rows` of every K/V over rows `to`, then keep the first `n` rows (views: nothing else copied)."""
+        for name in ("cross_k", "cross_v"):
+            x = getattr(self, name)
+            x[to] = x[rows]
+            setattr(self, name, x[:n])
+        if self.buffer_k is not None:
+            for name in ("buffer_k", "buffer_v"):
+                x = getattr(self, name)
+                x[: self.length, to] = x[: self.length, rows]
+                setattr(self, name, x[:, :n])
+
     @property
     def self_k(self) -> Tensor | None:
         return self.buffer_k[: self.length].permute(1, 2, 0, 3) if self.buffer_k is not None else None  # (B, H, t, Dh)
@@ -364,6 +376,24 @@ class DecoderCache:
                 layer.cross_k = layer.cross_k.index_select(0, sources)
                 layer.cross_v = layer.cross_v.index_select(0, sources)
             layer.select(index)
+
+    def remove(self, ended: Tensor) -> Tensor:
+        """Drop rows `ended` (N_e,) of an ungrouped cache, moving the last of the other rows into their places: only
+        those rows are copied, where `select` copies every row kept. Returns the new order, each kept row's old
+        index (N - N_e,), for the caller's own per-row tensors."""
+        assert self.group == 1, "remove drops rows of an ungrouped cache (select reorders beams)"
+        N = self.src_mask.shape[0]
+        n = N - ended.numel()
+        gone = torch.zeros(N, dtype=torch.bool, device=ended.device)
+        gone[ended] = True
+        to = ended[ended < n]  # the places of ended rows among the first n
+        rows = (~gone[n:]).nonzero().squeeze(1) + n  # the kept rows beyond the first n, as many
+        order = torch.arange(n, device=ended.device)
+        order[to] = rows
+        self.src_mask = self.src_mask[order]  # a new tensor: the mask may be the caller's EncoderOutput's
+        for layer in self.layers:
+            layer.move(to, rows, n)
+        return order
 
     positions = None
     """Per-row positions: None, since the rows of this cache all stand at `length` (decoding/stream.py's do not)."""

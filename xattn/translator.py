@@ -15,7 +15,7 @@ from torch import Tensor
 from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
-from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, finish, search_steps, seeded
+from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, encode_in_parts, finish, search_steps, seeded
 from xattn.decoding.stream import Stream, streamable
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -267,7 +267,7 @@ class Translator:
         in_search = options.cross and options.source == "search"
         rescore = (options.cross and not in_search) or options.self_
         with torch.inference_mode():
-            enc = model.encode(src, head_mask=self._head_mask) if rescore else None  # the search and rescoring share it
+            enc = encode_in_parts(model, src, self._head_mask) if rescore else None  # the search and rescoring share it
         nbest = yield from search_steps(model, src, cfg, forced, need_attention=in_search, enc=enc,
                                         head_mask=self._head_mask, track=options.tracked, generator=generator,
                                         vocab=self._vocab(src, forced) if cfg.shortlist else None)

@@ -22,14 +22,14 @@ from xattn.config import DecodeConfig
 from xattn.errors import ParameterError
 from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
-from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, finish, gnmt_penalty, hypothesis, make_step,
-                                 max_lengths, prepare_cache)
+from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, encode_in_parts, finish, gnmt_penalty,
+                                 hypothesis, make_step, max_lengths, prepare_cache)
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Vocab, constraints, warpers
 
-__all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "finish",
-           "gnmt_penalty", "greedy", "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler", "search",
-           "search_steps", "seeded", "Vocab"]
+__all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "encode_in_parts",
+           "finish", "gnmt_penalty", "greedy", "hypothesis", "make_step", "max_lengths", "prepare_cache", "sampler",
+           "search", "search_steps", "seeded", "Vocab"]
 
 
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,

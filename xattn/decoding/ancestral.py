@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from xattn.config import DecodeConfig
-from xattn.decoding.step import Hypothesis, Steps, Tracked, finish, hypothesis, make_step, prepare_cache
+from xattn.decoding.step import (Hypothesis, Steps, Tracked, finish, first_argmax, hypothesis, make_step,
+                                 prepare_cache)
 from xattn.model import EncoderOutput, HeadMask, Transformer
 from xattn.decoding.processors import Columns, Constraints, Processor, StepState, Vocab, apply_all, constraints
 
@@ -17,7 +18,7 @@ Pick = Callable[[Tensor, StepState], Tensor]
 
 
 def argmax(lp: Tensor, state: StepState) -> Tensor:
-    return lp.argmax(dim=-1)
+    return first_argmax(lp)
 
 
 def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
@@ -68,11 +69,11 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
         if attn is not None:
             attention = attention if attention is not None else attn.new_zeros(R, T, *attn.shape[1:])
             attention[alive, t] = attn  # (R, T, L, H, S)
-        keep = token.ne(cfg.eos_id).nonzero().squeeze(1)  # (N',)
-        if keep.numel() == 0:
+        ended = token.eq(cfg.eos_id).nonzero().squeeze(1)  # (N_e,)
+        if ended.numel() == alive.numel():
             break
-        if keep.numel() < alive.numel():
-            cache.select(keep)
+        if ended.numel():
+            keep = cache.remove(ended)  # (N',) the rows kept, in their new order
             alive, token = alive[keep], token[keep]
             sentences = alive // copies if vocab is not None else None
         last = token.unsqueeze(1)

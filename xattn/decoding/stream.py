@@ -19,7 +19,7 @@ from torch import Tensor
 
 from xattn.config import DecodeConfig
 from xattn.decoding.processors import StepState, constraints
-from xattn.decoding.step import Hypothesis, hypothesis, make_step, max_lengths
+from xattn.decoding.step import Hypothesis, first_argmax, hypothesis, make_step, max_lengths
 from xattn.model import HeadMask, Transformer
 
 
@@ -240,7 +240,7 @@ class Stream:
         lp, exhausted = self.rules(raw, state)
         if exhausted is not None:
             self.relaxed[:n] |= exhausted
-        token = lp.argmax(dim=-1)  # (n,)
+        token = first_argmax(lp)  # (n,)
         self.log_prob[:n] += lp.gather(1, token.unsqueeze(1)).squeeze(1)
         self.out[torch.arange(n, device=token.device), t] = token
         self.last[:n] = token
