@@ -541,6 +541,9 @@ def test_first_argmax_is_torchs_argmax_with_ties_infinities_and_nan(rows, column
     masked[:, ::2] = float("-inf")
     masked[0] = float("-inf")  # a row with nothing left
     masked[-1, columns // 2] = float("nan")  # NaN is torch's maximum
-    for x in (ties, late, masked):
+    masked[rows // 2, columns - 1] = float("nan")  # ... in a middle row too, after a finite maximum
+    for x in (ties, late, masked, ties.half(), late.bfloat16(), masked.half()):
         assert torch.equal(first_argmax(x), x.argmax(dim=-1))
         assert torch.equal(first_argmax(x.t().contiguous().t()), x.argmax(dim=-1))  # a strided view
+    assert torch.equal(first_argmax(late[0]), late[0].argmax(dim=-1))  # other shapes: torch's own
+    assert torch.equal(first_argmax(late.view(1, rows, columns)), late.argmax(dim=-1).view(1, rows))

@@ -231,27 +231,36 @@ def test_cross_layers_returns_those_layers_weights_alone_and_the_same_output(tin
 @pytest.mark.parametrize("overrides", [dict(), HARD_CODED[1]], ids=["learned", "gaussian"])
 def test_removing_ended_rows_decodes_like_selecting_the_rest(overrides):
     """DecoderCache.remove moves the last rows into the places of the ended ones (greedy search's rows leaving):
-    the rows it keeps, in the order it returns, decode exactly as a cache that selected those rows."""
+    the rows it keeps, in the order it returns, decode exactly as a cache that selected those rows, with and
+    without attention weights, over many rows and fewer, and as the buffers grow past their capacity."""
     model = _model(**overrides)
-    src = torch.randint(3, 40, (7, 6))
-    src[:, -1], src[2, 3:], src[5, 2:] = 2, 0, 0
-    steps = torch.randint(3, 50, (7, 5))
+    g = torch.Generator().manual_seed(1)
+    R, T = 40, 24
+    src = torch.randint(3, 40, (R, 6), generator=g)
+    src[:, -1] = 2
+    src[::3, 3:] = 0
+    src[::3, 2] = 2
+    steps = torch.randint(3, 50, (R, T), generator=g)
+    leaving = {2: [1, 5], 5: [30, 0, 37, 4], 9: list(range(20, 28)), 17: [3], 20: list(range(2, 14, 2))}
     with torch.no_grad():
         enc = model.encode(src)
         moved, selected = model.new_cache(enc), model.new_cache(enc)
-        rows = torch.arange(7)
-        for t, ended in enumerate([None, torch.tensor([1, 5]), torch.tensor([0, 4]), torch.tensor([2])]):
-            if ended is not None:
+        rows = torch.arange(R)
+        for t in range(T):
+            if t in leaving:
+                ended = torch.tensor(leaving[t])  # unsorted, and indices into the rows left by then
                 order = moved.remove(ended)
-                assert sorted(order.tolist()) == [r for r in range(len(rows)) if r not in ended.tolist()]
+                assert sorted(order.tolist()) == [r for r in range(len(rows)) if r not in leaving[t]]
                 selected.select(order)
                 rows = rows[order]
             tokens = steps[rows, t:t + 1]
-            a = model.decode(tokens, None, cache=moved, need_weights=True)
-            b = model.decode(tokens, None, cache=selected, need_weights=True)
+            weights = t % 2 == 0
+            a = model.decode(tokens, None, cache=moved, need_weights=weights)
+            b = model.decode(tokens, None, cache=selected, need_weights=weights)
             torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
-            torch.testing.assert_close(a.cross_attn[1], b.cross_attn[1], rtol=0, atol=0)
-        assert moved.src_mask.shape[0] == 2 and torch.equal(moved.src_mask, src.ne(0)[rows])
+            if weights:
+                torch.testing.assert_close(a.cross_attn[1], b.cross_attn[1], rtol=0, atol=0)
+        assert moved.src_mask.shape[0] == len(rows) == 19 and torch.equal(moved.src_mask, src.ne(0)[rows])
     assert torch.equal(enc.mask, src.ne(0))  # the caller's encoding is left as it was
 
 
@@ -280,3 +289,12 @@ def test_encoding_in_parts_of_near_equal_length_gives_each_source_its_states(mon
             calls.clear()
             step.encode_in_parts(model, src[rows])
             assert calls == [torch.Size([len(rows), 10])]
+        left = torch.cat([torch.zeros(1, 3, dtype=torch.long), src[6:7, :7]], 1)  # a source padded on its left
+        calls.clear()
+        torch.testing.assert_close(step.encode_in_parts(model, torch.cat([src[:, :10], left])).states[-1], encode(
+            left).states[0], rtol=1e-5, atol=1e-5)
+        assert len(calls) == 1  # encoded whole
+        mask = {"enc_self": [torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.5])]}
+        masked, parts = encode(src, head_mask=mask), step.encode_in_parts(model, src, mask)
+        torch.testing.assert_close(parts.states[whole.mask], masked.states[whole.mask], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(masked.states[whole.mask], whole.states[whole.mask])

@@ -274,12 +274,13 @@ class MultiHeadAttention(nn.Module):
 
 @dataclass
 class LayerCache:
-    """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed.
+    """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed, but for the
+    rows `move` copies when rows leave.
 
     Self-attention K/V live time-major in a buffer of `capacity` positions that doubles when full, so a step
     writes in place instead of copying everything decoded so far, and the filled part `buffer[:length]` is one
-    contiguous block. Reordering rows (`select`, once per beam step) copies only that block, into a spare buffer
-    of the same size, and the two swap.
+    block (contiguous, unless `move` narrowed the rows to a view). Reordering rows (`select`, once per beam step)
+    copies only that block, into a spare buffer of the same size, and the two swap.
     """
     cross_k: Tensor                 # (B / group, H, S, Dh)
     cross_v: Tensor
@@ -378,9 +379,10 @@ class DecoderCache:
             layer.select(index)
 
     def remove(self, ended: Tensor) -> Tensor:
-        """Drop rows `ended` (N_e,) of an ungrouped cache, moving the last of the other rows into their places: only
-        those rows are copied, where `select` copies every row kept. Returns the new order, each kept row's old
-        index (N - N_e,), for the caller's own per-row tensors."""
+        """Drop rows `ended` (N_e,) of an ungrouped cache, distinct row indices, moving the last of the other rows
+        into their places: only those rows are copied, where `select` copies every row kept (the tensors become views
+        of the first rows, so the memory of the rows dropped is freed with the cache). Returns the new order, each
+        kept row's old index (N - N_e,), for the caller's own per-row tensors."""
         assert self.group == 1, "remove drops rows of an ungrouped cache (select reorders beams)"
         N = self.src_mask.shape[0]
         n = N - ended.numel()

@@ -95,10 +95,10 @@ def first_argmax(x: Tensor, block: int = 64) -> Tensor:
     """x.argmax(dim=-1) of (N, V): the first column holding a row's maximum (NaN counting as the maximum), found
     by the maxima of blocks of `block` columns and then one block per row. PyTorch's argmax over a long last axis
     takes about 9x its amax (3.9 against 0.42 ms for (500, 8,000) float32 on 2 threads, benchmarks/README.md); for
-    a few rows its own argmax is quicker (17 against 30 us for one)."""
-    N, V = x.shape
-    if V <= block or N < 4:
+    a few rows its own argmax is quicker (17 against 30 us for one), and so it is for any other shape than (N, V)."""
+    if x.dim() != 2 or x.shape[0] < 4 or x.shape[1] <= block:
         return x.argmax(dim=-1)
+    N, V = x.shape
     x = x.contiguous()
     whole = V - V % block
     best = x[:, :whole].view(N, whole // block, block).amax(dim=-1)  # (N, V // block)
@@ -165,10 +165,16 @@ def encode_in_parts(model: Transformer, src: Tensor, head_mask: HeadMask | None 
     """model.encode(src, head_mask=head_mask) of src (B, S), on the CPU in parts of sources of near-equal length,
     each padded only to its own longest: a batch cut by a token budget (Translator) pads its shorter sources to
     its longest, 23% of the positions of Multi30k's test set in greedy's three batches, which a whole-batch pass
-    encodes too. Each source's states are those of its own part; the mask is the batch's, as are the states' shape."""
+    encodes too. Each source's states are those of its own part (zeros past its part's longest: padding, which the
+    mask hides); the mask is the batch's, as is the states' shape. Only right-padded sources (pad_batch's) are
+    encoded in parts; a batch with padding before a token is encoded whole."""
     if src.device.type != "cpu" or src.shape[0] < 2:
         return model.encode(src, head_mask=head_mask)
-    lengths = src.ne(model.cfg.pad_id).sum(dim=1).tolist()
+    mask = padding_mask(src, model.cfg.pad_id)
+    counts = mask.sum(dim=1)
+    if not torch.equal(mask, torch.arange(src.shape[1], device=src.device) < counts.unsqueeze(1)):
+        return model.encode(src, head_mask=head_mask)
+    lengths = counts.tolist()
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     parts: list[list[int]] = [[]]
     for i in order:
@@ -185,7 +191,7 @@ def encode_in_parts(model: Transformer, src: Tensor, head_mask: HeadMask | None 
         if states is None:
             states = encoded.new_zeros(src.shape[0], src.shape[1], encoded.shape[-1])
         states[rows, :n] = encoded
-    return EncoderOutput(states, padding_mask(src, model.cfg.pad_id))
+    return EncoderOutput(states, mask)
 
 
 def prepare_cache(model: Transformer, src: Tensor, copies: int = 1, enc: EncoderOutput | None = None,
