@@ -168,7 +168,7 @@ def encode_in_parts(model: Transformer, src: Tensor, head_mask: HeadMask | None 
     encodes too. Each source's states are those of its own part (zeros past its part's longest: padding, which the
     mask hides); the mask is the batch's, as is the states' shape. Only right-padded sources (pad_batch's) are
     encoded in parts; a batch with padding before a token is encoded whole."""
-    if src.device.type != "cpu" or src.shape[0] < 2:
+    if src.device.type != "cpu" or src.numel() <= PART_POSITIONS:  # (no first part could close: one pass)
         return model.encode(src, head_mask=head_mask)
     mask = padding_mask(src, model.cfg.pad_id)
     counts = mask.sum(dim=1)
