@@ -13,7 +13,8 @@ from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
 from xattn.inference import SELF_PROJECTIONS, PackedLinear, Speedups, pack_linear_layers, rewrite
-from xattn.attention import LayerCache, MultiHeadAttention, ScaledDotScore
+from xattn.attention import MultiHeadAttention, ScaledDotScore
+from xattn.cache import LayerCache
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm
 from xattn.translator import Translator
 

@@ -197,7 +197,7 @@ def test_cache_buffer_grows_past_its_capacity():
 def test_layer_cache_reorders_like_indexing_a_list_of_steps():
     """Appends, reorders that shrink, permute and repeat rows, and growth past the capacity, against
     the plain reference: every step's K/V kept as a list and indexed on each reorder."""
-    from xattn.attention import LayerCache
+    from xattn.cache import LayerCache
 
     torch.manual_seed(0)
     cache, keys, values = LayerCache(torch.zeros(1), torch.zeros(1)), [], []

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xattn.attention import AttentionContext, LayerCache
+from xattn.attention import AttentionContext
+from xattn.cache import LayerCache
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}

@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from xattn.attention import AttentionContext, DecoderCache, LayerCache, causal_mask, padding_mask
+from xattn.attention import AttentionContext, causal_mask, padding_mask
+from xattn.cache import DecoderCache, LayerCache
 from xattn.config import ModelConfig
 from xattn.errors import XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm

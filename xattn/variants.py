@@ -14,9 +14,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore, LayerCache,
+from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, DotScore, GeneralScore,
                              MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
                              sliced)
+from xattn.cache import LayerCache
 from xattn.registry import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
 
 

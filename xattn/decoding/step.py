@@ -10,7 +10,8 @@ from typing import Callable, Generator, TypeVar
 import torch
 from torch import Tensor
 
-from xattn.attention import DecoderCache, padding_mask
+from xattn.attention import padding_mask
+from xattn.cache import DecoderCache
 from xattn.config import DecodeConfig, ModelConfig
 from xattn.errors import ParameterError
 from xattn.inference import linear_rows
