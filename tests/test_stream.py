@@ -84,6 +84,7 @@ def test_a_lone_sentence_needs_no_self_attention_mask_and_gets_what_greedy_searc
     stream, results = Stream(model, cfg), {}
     stream.add(pad_batch([first], model.cfg.pad_id), ["first"])
     assert stream.cache.self_mask() is None  # a lone row sees every position held
+    assert stream.cache.at() == (0, slice(0, 1))  # and writes at its one position by slices, not an index_put
     for tag, hyp in stream.step():
         results[tag] = hyp
     stream.add(pad_batch([second], model.cfg.pad_id), ["second"])  # now two rows at different positions
@@ -91,6 +92,8 @@ def test_a_lone_sentence_needs_no_self_attention_mask_and_gets_what_greedy_searc
     while len(stream):
         for tag, hyp in stream.step():
             results[tag] = hyp
+        if len(stream) == 1:  # left alone: at its own position, T - 1 once the pools were measured again
+            assert stream.cache.at() == (int(stream.cache.lengths[0]), slice(0, 1))
     for tag, src in (("first", first), ("second", second)):
         want = alone(model, src, cfg)
         assert results[tag].tokens == want.tokens

@@ -48,9 +48,9 @@ class SlotLayer:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's K/V (n, H, 1, Dh) at each row's own position; all positions held (n, H, T, Dh)."""
         c, n = self.cache, self.cache.n
-        rows = c.rows
-        c.self_k[self.index][c.lengths[:n], rows] = k[:, :, 0]
-        c.self_v[self.index][c.lengths[:n], rows] = v[:, :, 0]
+        at = c.at()
+        c.self_k[self.index][at] = k[:, :, 0]
+        c.self_v[self.index][at] = v[:, :, 0]
         T = c.T
         return c.self_k[self.index][:T, :n].permute(1, 2, 0, 3), c.self_v[self.index][:T, :n].permute(1, 2, 0, 3)
 
@@ -91,6 +91,14 @@ class SlotCache:
         if self.n == 1:
             return None
         return (torch.arange(self.T, device=self.device).unsqueeze(0) <= self.positions.unsqueeze(1)).unsqueeze(1)
+
+    def at(self) -> tuple:
+        """Where this step's K/V go in a (T, C, ...) pool: each occupied row's at its own position (an index_put);
+        a lone row's (a lone client's every step) at T - 1, by an int and a slice: a plain copy, not an index_put
+        (benchmarks/README.md, Serving under load, session 30)."""
+        if self.n == 1:
+            return self.T - 1, slice(0, 1)
+        return self.lengths[: self.n], self.rows
 
     def advance(self, steps: int) -> None:
         self.lengths[: self.n] += steps
