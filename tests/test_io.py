@@ -65,6 +65,46 @@ def test_a_dead_writers_temporary_file_is_removed_when_the_file_is_written_again
     assert (tmp_path / "out.txt").read_text() == "whole\n"
 
 
+@pytest.mark.parametrize("where", ["in mkstemp, after it made the file", "as mkstemp returns", "in the write"])
+def test_a_signal_at_any_moment_of_a_file_write_leaves_no_temporary(tmp_path, monkeypatch, where):
+    """Ctrl+C or SIGTERM (an exception raised wherever the main thread is) while the temporary is being made: a
+    SIGTERM that came between mkstemp's making the file and the write's cleanup left it behind (found by the CLI's
+    SIGTERM test). Another live writer's temporary of the same file is left alone."""
+    import tempfile
+
+    import xattn.io as io
+
+    other = tmp_path / f".out.txt.tmp-{os.getppid()}.zz.tmp"  # a live process's: another writer's
+    other.write_text("theirs")
+    (tmp_path / "out.txt").write_text("old\n")
+    made, close = tempfile.mkstemp, os.close
+
+    def signal_in_mkstemp(**kwargs):
+        fd, name = made(**kwargs)
+        os.close(fd)
+        raise KeyboardInterrupt
+
+    def signal_on_close(fd):
+        close(fd)
+        raise KeyboardInterrupt
+
+    def signal_in_write(tmp):
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+    write = lambda tmp: tmp.write_text("new\n")  # noqa: E731
+    if where == "in mkstemp, after it made the file":
+        monkeypatch.setattr(io.tempfile, "mkstemp", signal_in_mkstemp)
+    elif where == "as mkstemp returns":
+        monkeypatch.setattr(io.os, "close", signal_on_close)
+    else:
+        write = signal_in_write
+    with pytest.raises(KeyboardInterrupt):
+        io.atomic_write(tmp_path / "out.txt", write)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "out.txt"]
+    assert (tmp_path / "out.txt").read_text() == "old\n" and other.read_text() == "theirs"
+
+
 def test_a_failed_directory_write_leaves_nothing(tmp_path):
     import pytest
 

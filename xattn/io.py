@@ -6,6 +6,7 @@ Text in: one rule for every file and stream, `read_lines`.
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import json
@@ -38,22 +39,38 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         path = Path(os.path.realpath(path)) if path.is_symlink() else path
         make_parent(path, given)
         remove_leftovers(path)
-        fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     except OSError as e:
         raise XattnError(f"{given}: cannot write ({e.strerror or e})") from None
-    os.close(fd)
-    try:
+    tmp: str | None = None
+    try:  # from the temporary's making on: a signal (Ctrl+C, SIGTERM) at any point leaves no temporary behind
+        fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+        os.close(fd)
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename not in (None, tmp, str(path)):  # another file's error (an input read on the way)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if tmp is not None and e.filename not in (None, tmp, str(path)):  # another file's error (an input read)
             raise
         raise XattnError(f"{given}: cannot write ({e.strerror or e})") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _discard(path, tmp)
         raise
+
+
+def _discard(path: Path, tmp: str | None) -> None:
+    """Remove the temporary of `path` that this process was writing when it was stopped: `tmp`, or, stopped before
+    mkstemp handed its name back (after it made the file), whatever of this process's temporaries of `path` there
+    is (named after this process: another writer's is never touched)."""
+    if tmp is not None:
+        Path(tmp).unlink(missing_ok=True)
+        return
+    try:
+        for made in path.parent.glob(f"{glob.escape(_temporary(path).name)}.*{TEMP_SUFFIX}"):
+            made.unlink(missing_ok=True)
+    except OSError:  # (on the way out already: the error that stopped it is the one to tell)
+        pass
 
 
 def make_parent(path: Path, given: Path) -> None:
