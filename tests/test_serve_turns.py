@@ -571,11 +571,13 @@ def test_a_file_is_one_request_and_a_small_one_sent_beside_it_is_answered_first(
     translated is answered before it (its parts held beam requests for seconds)."""
     model = shutil.copytree(numbers_model, tmp_path / "model")
     config = (model / "config.yaml").read_text()  # a file is translated with the model's settings: long outputs
-    (model / "config.yaml").write_text(config.replace("  min_len: 0\n", "  min_len: 40\n")
-                                       .replace("  max_len_b: 10\n", "  max_len_b: 40\n"))
+    (model / "config.yaml").write_text(config.replace("  min_len: 0\n", "  min_len: 100\n")
+                                       .replace("  max_len_b: 10\n", "  max_len_b: 100\n"))
+    small = {"q": "drei hundert", "beam_size": 4, "min_len": 0, "max_len_b": 10}  # short, as the file's are not
     with TestClient(create_app(str(model), dataclasses.replace(Limits(), batch_wait_ms=0))) as c:
         ready(c)
         batcher, finished = c.app.state.xattn.served[0].model.batcher, {}
+        assert c.post("/translate", json=small).status_code == 200  # its first call's cost paid before the file
         calls = batcher.calls
 
         def post(name, **kwargs):
@@ -585,7 +587,7 @@ def test_a_file_is_one_request_and_a_small_one_sent_beside_it_is_answered_first(
                                   kwargs={"files": {"file": ("zahlen.txt", text.encode(), "text/plain")}})
         worker.start()
         time.sleep(0.3)
-        post("translate", json={"q": "drei hundert", "beam_size": 4, "min_len": 0})
+        post("translate", json=small)
         worker.join()
         assert batcher.calls == calls + 2  # the file's and the small request's, not the file's parts
     assert finished["translate"][0].status_code == finished["translate_file"][0].status_code == 200
