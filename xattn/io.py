@@ -60,9 +60,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def _discard(path: Path, tmp: str | None) -> None:
-    """Remove the temporary of `path` that this process was writing when it was stopped: `tmp`, or, stopped before
-    mkstemp handed its name back (after it made the file), whatever of this process's temporaries of `path` there
-    is (named after this process: another writer's is never touched)."""
+    """Remove the temporary of `path` this process was writing when stopped: `tmp`, or, before mkstemp handed its
+    name back (after it made the file), this process's temporaries of `path` (named after it; no other writer's)."""
     if tmp is not None:
         Path(tmp).unlink(missing_ok=True)
         return
