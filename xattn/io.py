@@ -49,10 +49,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as e:
-        if tmp is not None:
+        if tmp is not None:  # (None: mkstemp's own error, which made nothing)
             Path(tmp).unlink(missing_ok=True)
-        if tmp is not None and e.filename not in (None, tmp, str(path)):  # another file's error (an input read)
-            raise
+            if e.filename not in (None, tmp, str(path)):  # another file's error (an input read on the way)
+                raise
         raise XattnError(f"{given}: cannot write ({e.strerror or e})") from None
     except BaseException:
         _discard(path, tmp)

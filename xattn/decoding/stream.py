@@ -98,7 +98,7 @@ class SlotCache:
         (benchmarks/README.md, Serving under load, session 30)."""
         if self.n == 1:
             return self.T - 1, slice(0, 1)
-        return self.lengths[: self.n], self.rows
+        return self.positions, self.rows
 
     def advance(self, steps: int) -> None:
         self.lengths[: self.n] += steps
