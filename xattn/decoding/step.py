@@ -94,9 +94,9 @@ def gnmt_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 def first_argmax(x: Tensor, block: int = 64) -> Tensor:
     """x.argmax(dim=-1) of (N, V): the first column holding a row's maximum (NaN counting as the maximum), found
-    by the maxima of blocks of `block` columns and then one block per row. PyTorch's argmax over a long last axis
-    takes about 9x its amax (3.9 against 0.42 ms for (500, 8,000) float32 on 2 threads, benchmarks/README.md); for
-    a few rows its own argmax is quicker (17 against 30 us for one), and so it is for any other shape than (N, V)."""
+    by the maxima of blocks of `block` columns and then one block per row: PyTorch's argmax over a long last axis
+    takes several times its amax. For fewer than 4 rows, and for any other shape than (N, V), its own argmax is the
+    quicker (the figures: benchmarks/README.md, Translation speed, session 29)."""
     if x.dim() != 2 or x.shape[0] < 4 or x.shape[1] <= block:
         return x.argmax(dim=-1)
     N, V = x.shape
@@ -165,10 +165,10 @@ batches, a fifth as wide, mostly save less, and their extra passes then cost wha
 def encode_in_parts(model: Transformer, src: Tensor, head_mask: HeadMask | None = None) -> EncoderOutput:
     """model.encode(src, head_mask=head_mask) of src (B, S), on the CPU in parts of sources of near-equal length,
     each padded only to its own longest: a batch cut by a token budget (Translator) pads its shorter sources to
-    its longest, 23% of the positions of Multi30k's test set in greedy's three batches, which a whole-batch pass
-    encodes too. Each source's states are those of its own part (zeros past its part's longest: padding, which the
-    mask hides); the mask is the batch's, as is the states' shape. Only right-padded sources (pad_batch's) are
-    encoded in parts; a batch with padding before a token is encoded whole."""
+    its longest, which a whole-batch pass encodes too (the figures: benchmarks/README.md, session 29). Each
+    source's states are those of its own part (zeros past its part's longest: padding, which the mask hides); the
+    mask is the batch's, as is the states' shape. Only right-padded sources (pad_batch's) are encoded in parts; a
+    batch with padding before a token is encoded whole."""
     if src.device.type != "cpu" or src.numel() <= PART_POSITIONS:  # (no first part could close: one pass)
         return model.encode(src, head_mask=head_mask)
     mask = padding_mask(src, model.cfg.pad_id)
