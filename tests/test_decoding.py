@@ -471,6 +471,29 @@ def test_the_greedy_path_keeps_its_place_in_the_beam():
     assert best.score == pytest.approx(greedy_.score, abs=1e-5)
 
 
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10_000), K=st.integers(1, 6), N=st.integers(1, 4))
+def test_children_take_their_parents_slots(seed, K, N):
+    """in_parents_slots: the kept candidates by slot, each parent's first child by rank in its parent's slot, the
+    other children in the slots no kept candidate descends from, by rank; the greedy continuation (first by rank,
+    a child of slot 0) in slot 0."""
+    g = torch.Generator().manual_seed(seed)
+    C = 2 * K + 1
+    parent = torch.randint(0, K, (N, C), generator=g)
+    pick = torch.stack([torch.randperm(C, generator=g)[:K] for _ in range(N)])  # ranks: first = best
+    parent[:, pick[:, 0]] = 0  # the first by rank continues slot 0, as the greedy path's continuation does
+    by_slot = beam.in_parents_slots(pick, parent)
+    for n in range(N):
+        ranked, placed = pick[n].tolist(), by_slot[n].tolist()
+        assert sorted(placed) == sorted(ranked)
+        parents = [int(parent[n, c]) for c in ranked]
+        firsts = {p: c for c, p in reversed(list(zip(ranked, parents)))}  # each parent's first child by rank
+        assert all(placed[p] == c for p, c in firsts.items())
+        others = [c for c, p in zip(ranked, parents) if firsts[p] != c]
+        assert [placed[s] for s in range(K) if s not in firsts] == others
+        assert placed[0] == ranked[0]
+
+
 def random_markov(seed: int, V: int) -> MarkovModel:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(V, V, generator=g) * 3

@@ -217,6 +217,46 @@ def test_layer_cache_reorders_like_indexing_a_list_of_steps():
     assert cache.buffer_k.shape[0] >= 40
 
 
+def test_a_selection_that_moves_few_rows_copies_only_those_within_the_buffers():
+    """DecoderCache.select of rows most of which keep their places (a beam step whose children took their parents'
+    slots; rows leaving from the end, or moved into the places of those that left: cache.filling) copies the rows
+    that move within the same storage, which then holds the kept rows as a view; a selection that moves most rows
+    makes new tensors. Both decode exactly as a cache given the same rows' steps anew, as the buffers grow past
+    their capacity after narrowing."""
+    from xattn.cache import filling, moved_rows
+    from xattn.model import EncoderOutput
+
+    model = _model()
+    g = torch.Generator().manual_seed(3)
+    R, T = 12, 40
+    src = torch.randint(3, 40, (R, 6), generator=g)
+    src[:, -1] = 2
+    steps = torch.randint(3, 50, (R, T), generator=g)
+    few = torch.arange(R)
+    few[[2, 7]] = torch.tensor([3, 3])  # two of twelve rows move
+    gone = torch.zeros(R, dtype=torch.bool)
+    gone[[1, 5, 11]] = True  # rows 9 and 10 move into places 1 and 5
+    plans = {3: few, 6: filling(gone), 9: torch.arange(8).flip(0), 20: torch.tensor([0, 1, 2, 3, 4, 6])}
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache, rows, history = model.new_cache(enc), torch.arange(R), []
+        for t in range(T):
+            if t in plans:
+                index = plans[t]
+                in_place = moved_rows(index, len(rows)) is not None
+                storage = cache.layers[0].buffer_k.untyped_storage().data_ptr()
+                cache.select(index)
+                assert (cache.layers[0].buffer_k.untyped_storage().data_ptr() == storage) == in_place
+                assert in_place == (t != 9)
+                rows, history = rows[index], [h[index] for h in history]
+            history.append(steps[rows, t])
+            fresh = model.decode(torch.stack(history, 1), EncoderOutput(enc.states[rows], enc.mask[rows]))
+            got = model.decode(history[-1].unsqueeze(1), None, cache=cache)
+            torch.testing.assert_close(got.logits[:, -1], fresh.logits[:, -1], atol=1e-5, rtol=1e-5)
+    assert cache.layers[0].buffer_k.shape[0] >= T and cache.src_mask.shape[0] == 6
+    assert torch.equal(enc.mask, src.ne(0))  # the caller's encoding is left as it was
+
+
 def test_cross_layers_returns_those_layers_weights_alone_and_the_same_output(tiny_model):
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
     tgt = torch.tensor([[1, 10, 11], [1, 12, 0]])

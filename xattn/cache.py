@@ -1,6 +1,7 @@
 """The decoder's KV cache: per layer, self-attention keys and values that grow by a step and cross-attention keys
 and values computed once (LayerCache); for a batch of hypotheses, the layers with the source mask, reordered along
-beam back-pointers (`select`) or left by ended greedy rows (`remove`) (DecoderCache).
+beam back-pointers (`select`) or left by ended greedy rows (`remove`) (DecoderCache). Rows that keep their places are
+not copied, where few others move (`moved_rows`).
 
 Shapes as in xattn/attention.py: B rows, H heads, S source length, Dh head size.
 """
@@ -15,12 +16,13 @@ from torch import Tensor
 @dataclass
 class LayerCache:
     """One decoder layer's memory: self-attention K/V grow by a step; cross-attention K/V are fixed, but for the
-    rows `move` copies when rows leave.
+    rows DecoderCache.select moves.
 
     Self-attention K/V live time-major in a buffer of `capacity` positions that doubles when full, so a step
     writes in place instead of copying everything decoded so far, and the filled part `buffer[:length]` is one
-    block (contiguous, unless `move` narrowed the rows to a view). Reordering rows (`select`, once per beam step)
-    copies only that block, into a spare buffer of the same size, and the two swap.
+    block (contiguous, unless a selection in place narrowed the rows to a view). Reordering rows (`select`, once per
+    beam step) copies only the rows that move within that block, where few do, or else the whole block into a spare
+    buffer of the same size, and the two swap.
     """
     cross_k: Tensor                 # (B / group, H, S, Dh)
     cross_v: Tensor
@@ -42,23 +44,18 @@ class LayerCache:
         self.length = end
         return self.self_k, self.self_v
 
-    def select(self, index: Tensor) -> None:
-        """Keep (and reorder) the self-attention K/V of rows `index` (N,)."""
-        if self.buffer_k is not None:
+    def select(self, index: Tensor, moved: Tensor | None = None) -> None:
+        """Keep (and reorder) the self-attention K/V of rows `index` (N,); with `moved` (moved_rows), by copying
+        only those rows within the buffers, which then keep their first N rows (views)."""
+        if self.buffer_k is None:
+            return
+        if moved is None:
             self.buffer_k = _reordered(self.buffer_k, self.storage_k, self.length, index)
             self.buffer_v = _reordered(self.buffer_v, self.storage_v, self.length, index)
-
-    def move(self, to: Tensor, rows: Tensor, n: int) -> None:
-        """Copy rows `rows` of every K/V over rows `to`, then keep the first `n` rows (views: nothing else copied)."""
-        for name in ("cross_k", "cross_v"):
-            x = getattr(self, name)
-            x[to] = x[rows]
-            setattr(self, name, x[:n])
-        if self.buffer_k is not None:
-            for name in ("buffer_k", "buffer_v"):
-                x = getattr(self, name)
-                x[: self.length, to] = x[: self.length, rows]
-                setattr(self, name, x[:, :n])
+            return
+        if moved.shape[0] and self.buffer_k.numel():  # (a layer without heads holds none)
+            _copy_rows((self.buffer_k, self.buffer_v), self.length, index, moved)
+        self.buffer_k, self.buffer_v = self.buffer_k[:, : index.shape[0]], self.buffer_v[:, : index.shape[0]]
 
     @property
     def self_k(self) -> Tensor | None:
@@ -79,6 +76,38 @@ def _grown(buffer: Tensor | None, length: int, capacity: int, new: Tensor) -> tu
     return grown, storage
 
 
+def filling(gone: Tensor) -> Tensor:
+    """gone (N,) bool: the rows (or a beam's groups of rows) that leave -> the others' indices (N',) in an order that
+    leaves those among the first N' in their places and moves the last ones into the places left there, so that a
+    selection of them (DecoderCache.select) copies only those."""
+    keep = (~gone).nonzero().squeeze(1)
+    n = keep.shape[0]
+    order = torch.arange(n, device=gone.device)
+    order[gone[:n].nonzero().squeeze(1)] = keep[keep >= n]
+    return order
+
+
+def moved_rows(index: Tensor, rows: int) -> Tensor | None:
+    """For keeping rows `index` (N,) of `rows`: those whose row changes (index[r] != r), if copying them within
+    the tensors is the cheaper way, else None. It is, where at most half of them change and none is added: an
+    index_select copies all N into a new tensor, reading and writing each once; moving M within the tensor reads
+    and writes each twice (PyTorch gathers the right-hand side first). A beam step leaves most rows in place when
+    children take their parents' slots (decoding/beam.py, in_parents_slots; benchmarks/README.md)."""
+    if index.shape[0] > rows:
+        return None
+    moved = index.ne(torch.arange(index.shape[0], device=index.device)).nonzero().squeeze(1)
+    return moved if 2 * moved.shape[0] <= index.shape[0] else None
+
+
+def _copy_rows(buffers: tuple[Tensor, ...], length: int, index: Tensor, moved: Tensor) -> None:
+    """The first `length` positions of rows `moved` of (capacity, B, H, Dh) buffers of one layout become those of
+    their rows index[moved] (all read before any is written)."""
+    to, source = _line_numbers(buffers[0], length, moved), _line_numbers(buffers[0], length, index[moved])
+    for buffer in buffers:
+        lines = _lines(buffer, length)
+        lines.index_copy_(0, to, lines.index_select(0, source))
+
+
 def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor) -> Tensor:
     """buffer[:, index] written into the spare storage, which becomes the current one (swapped in place)."""
     capacity, _, H, Dh = buffer.shape
@@ -86,9 +115,26 @@ def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor
     if storage[1].numel() < size:
         storage[1] = buffer.new_empty(size)
     out = storage[1][:size].view(capacity, index.shape[0], H, Dh)
-    torch.index_select(buffer[:length], 1, index, out=out[:length])
+    if length and buffer.numel():
+        torch.index_select(_lines(buffer, length), 0, _line_numbers(buffer, length, index),
+                           out=out[:length].view(-1, H * Dh))
     storage.reverse()
     return out
+
+
+def _lines(buffer: Tensor, length: int) -> Tensor:
+    """The first `length` positions of a (capacity, B, H, Dh) buffer (or a view of its first B rows) as its
+    storage's lines, one (position, row) pair each: copies of rows go line by line (index_select and index_copy_
+    along the rows of a buffer ran 2x slower, and 4-7x on a narrowed one, which they first copied whole; PyTorch
+    2.13)."""
+    return buffer.as_strided((length * (buffer.stride(0) // buffer.stride(1)), buffer.stride(1)), (buffer.stride(1), 1))
+
+
+def _line_numbers(buffer: Tensor, length: int, rows: Tensor) -> Tensor:
+    """(length * R,) the lines of _lines(buffer, length) holding rows `rows` (R,), position after position."""
+    per_position = buffer.stride(0) // buffer.stride(1)
+    start = torch.arange(0, length * per_position, per_position, device=rows.device)
+    return (start.unsqueeze(1) + rows).view(-1)
 
 
 @dataclass
@@ -106,35 +152,36 @@ class DecoderCache:
 
     def select(self, index: Tensor) -> None:
         """Keep (and reorder) rows `index` (N,), e.g. along beam back-pointers; with group K, every K consecutive
-        entries of `index` must come from one source group."""
+        entries of `index` must come from one source group. Where few rows change (moved_rows), only those are
+        copied, within the tensors."""
         sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index  # (N / K,)
-        same_sources = self.group > 1 and sources.shape[0] == self.src_mask.shape[0] and \
-            torch.equal(sources, torch.arange(sources.shape[0], device=sources.device))
-        if not same_sources:
+        moved = moved_rows(index, self.src_mask.shape[0] * self.group)
+        moved_sources = moved_rows(sources, self.src_mask.shape[0]) if self.group > 1 else moved
+        whole = moved_sources is not None and not moved_sources.shape[0] and sources.shape[0] == self.src_mask.shape[0]
+        if not whole:  # (a new tensor: the mask may be the caller's EncoderOutput's)
             self.src_mask = self.src_mask.index_select(0, sources)
         for layer in self.layers:
-            if not same_sources:
+            if moved_sources is None:
                 layer.cross_k = layer.cross_k.index_select(0, sources)
                 layer.cross_v = layer.cross_v.index_select(0, sources)
-            layer.select(index)
+            elif not whole:
+                for name in ("cross_k", "cross_v"):
+                    x = getattr(layer, name)
+                    if moved_sources.shape[0]:
+                        x.index_copy_(0, moved_sources, x.index_select(0, sources[moved_sources]))
+                    setattr(layer, name, x[: sources.shape[0]])
+            layer.select(index, moved)
 
     def remove(self, ended: Tensor) -> Tensor:
-        """Drop rows `ended` (N_e,) of an ungrouped cache, distinct row indices, moving the last of the other rows
-        into their places: only those rows are copied, where `select` copies every row kept (the tensors become views
-        of the first rows, so the memory of the rows dropped is freed with the cache). Returns the new order, each
-        kept row's old index (N - N_e,), for the caller's own per-row tensors."""
+        """Drop rows `ended` (N_e,) of an ungrouped cache, distinct row indices: select(filling(...)), which moves the
+        last of the other rows into their places, so that only those are copied (the tensors become views of the
+        first rows, and the memory of the rows dropped is freed with the cache). Returns the new order, each kept
+        row's old index (N - N_e,), for the caller's own per-row tensors."""
         assert self.group == 1, "remove drops rows of an ungrouped cache (select reorders beams)"
-        N = self.src_mask.shape[0]
-        n = N - ended.numel()
-        gone = torch.zeros(N, dtype=torch.bool, device=ended.device)
+        gone = torch.zeros(self.src_mask.shape[0], dtype=torch.bool, device=ended.device)
         gone[ended] = True
-        to = ended[ended < n]  # the places of ended rows among the first n
-        rows = (~gone[n:]).nonzero().squeeze(1) + n  # the kept rows beyond the first n, as many
-        order = torch.arange(n, device=ended.device)
-        order[to] = rows
-        self.src_mask = self.src_mask[order]  # a new tensor: the mask may be the caller's EncoderOutput's
-        for layer in self.layers:
-            layer.move(to, rows, n)
+        order = filling(gone)
+        self.select(order)
         return order
 
     positions = None

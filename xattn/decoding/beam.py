@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from xattn.cache import filling
 from xattn.config import DecodeConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
 from xattn.errors import ParameterError
@@ -71,6 +72,20 @@ class Beam:
         sentence = self.sentence if sentences is None else self.sentence[sentences]
         return Beam(sentence, log_prob, tokens, gather_slots(self.attention, parent, rows),
                     gather_slots(self.coverage, parent, rows), greedy)
+
+
+def in_parents_slots(pick: Tensor, parent: Tensor) -> Tensor:
+    """pick (N, K): the candidates kept, by rank; parent (N, C): every candidate's parent slot -> the same
+    candidates by slot: each parent's first child by rank takes its parent's slot, the other children the slots of
+    parents left without a child, by rank. The beam holds the same hypotheses as in rank order, but most of them
+    in their parents' rows, which the cache then need not copy (DecoderCache.select; benchmarks/README.md). The
+    greedy path's continuation, first by rank and a child of slot 0, stays in slot 0."""
+    parents = parent.gather(1, pick)  # (N, K)
+    later = parents.unsqueeze(2).eq(parents.unsqueeze(1)).tril(diagonal=-1).any(dim=2)  # (N, K) a sibling ranks above
+    childless = torch.ones_like(later).scatter_(1, parents, False)  # (N, K) slots no kept candidate descends from
+    free = (~childless).long().argsort(dim=1, stable=True)  # those slots first, in order
+    slot = torch.where(later, free.gather(1, (later.long().cumsum(dim=1) - 1).clamp(min=0)), parents)
+    return torch.empty_like(pick).scatter_(1, slot, pick)
 
 
 @dataclass
@@ -250,14 +265,15 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         C = c.score.shape[1]  # order: the greedy path's continuation, the others best first, EOS and unlisted last
         order = torch.arange(C, device=device) + (is_eos | ~c.listed).long() * C
         order = order.masked_fill(c.greedy & ~is_eos, -1)
-        pick = order.topk(K, dim=1, largest=False).indices  # (N, K)
+        pick = in_parents_slots(order.topk(K, dim=1, largest=False).indices, c.parent)  # (N, K)
         greedy = (c.greedy & ~is_eos).any(dim=1)  # (N,) the greedy path goes on, in slot 0
-        beam = stepped.extend(c.parent.gather(1, pick), c.token.gather(1, pick), c.score.gather(1, pick), t, greedy)
+        parent = c.parent.gather(1, pick)  # (N, K)
+        beam = stepped.extend(parent, c.token.gather(1, pick), c.score.gather(1, pick), t, greedy)
         done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
-        keep = (~done).nonzero().squeeze(1)  # (N',)
+        keep = filling(done)  # (N',) the sentences that go on, those that move last
         if keep.numel() == 0:
             break
-        cache.select((torch.arange(N, device=device).unsqueeze(1) * K + c.parent.gather(1, pick))[keep].view(-1))
+        cache.select((keep.unsqueeze(1) * K + parent[keep]).view(-1))
         beam = beam.keep(keep)
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
         yield N * K
