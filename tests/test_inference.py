@@ -12,7 +12,7 @@ import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
-from xattn.inference import SELF_PROJECTIONS, PackedLinear, Speedups, pack_linear_layers, rewrite
+from xattn.inference import SELF_PROJECTIONS, Int8Linear, PackedLinear, Speedups, pack_linear_layers, rewrite
 from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.cache import LayerCache
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm
@@ -201,6 +201,39 @@ def test_packed_self_attention_projects_queries_keys_and_values_in_one_product(r
     plain.train().attend_self(source)
     plain.eval().prune_heads([0, 1])
     assert plain.qkv is None and plain.attend_self(source).out.shape == source.shape
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32, 300])
+def test_int8_self_attention_projects_queries_keys_and_values_in_one_product(rows):
+    """In the int8 copy, one int8 layer for a self-attention's q, k and v, each row keeping its own layer's scale:
+    bit for bit what the three int8 layers give, in a decoder step (with a cache and without) and an encoder pass,
+    although the three weights' ranges differ; cross-attention keeps its own projections."""
+    torch.manual_seed(0)
+    attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
+    decoder = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    encoder = EncoderLayer(attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    with torch.no_grad():
+        for attn in (decoder.self_attn, encoder.self_attn):
+            attn.k_proj.weight.mul_(3.0)
+            attn.v_proj.weight.mul_(0.2)
+        rewrite(decoder, Speedups(quantize="int8"))
+        rewrite(encoder, Speedups(quantize="int8"))
+    assert type(decoder.self_attn.qkv) is Int8Linear and decoder.cross_attn.qkv is None
+    scales = decoder.self_attn.qkv.weight().q_per_channel_scales()
+    assert len({float(scales[0]), float(scales[256]), float(scales[512])}) == 3
+    x, before, source = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64), torch.randn(rows, 7, 256)
+    mask = (torch.arange(7) < torch.randint(1, 8, (rows, 1))).unsqueeze(1)  # (rows, 1, 7)
+
+    def outputs():
+        cache = LayerCache(before, before)
+        cache.append(before, before)
+        return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
+                encoder(source, mask)[0])
+    with torch.no_grad():
+        fused = outputs()
+        decoder.self_attn.qkv = encoder.self_attn.qkv = None
+        for a, b in zip(fused, outputs()):
+            assert torch.equal(a, b)
 
 
 def test_compiled_decoder_step_gives_the_same_translations():

@@ -11,7 +11,7 @@ import copy
 import warnings
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
             warnings.simplefilter("ignore")
             torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear, LinearReLU}, dtype=torch.qint8,
                                                    inplace=True)
+            fuse_int8_self_projections(module)
     elif speedups.pack and not speedups.compile:
         pack_linear_layers(module)
     return module
@@ -211,18 +212,43 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
 SELF_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
+def self_attentions(model: torch.nn.Module) -> Iterator[tuple[MultiHeadAttention, tuple[torch.nn.Module, ...]]]:
+    """The learned self-attentions of `model`'s encoder and decoder layers that have heads, each with its query, key
+    and value projections."""
+    for layer in model.modules():
+        attn = getattr(layer, "self_attn", None)
+        if isinstance(layer, (EncoderLayer, DecoderLayer)) and isinstance(attn, MultiHeadAttention) and attn.n_heads:
+            yield attn, tuple(getattr(attn, name) for name in SELF_PROJECTIONS)
+
+
+Int8Linear = torch.ao.nn.quantized.dynamic.Linear
+PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+
+
+def fuse_int8_self_projections(model: torch.nn.Module) -> None:
+    """fuse_self_projections for dynamic int8 layers: one int8 layer holding the three's int8 weights, each row with
+    its own layer's scale (per-channel), so the product is bit for bit the three's (a test) in one call, with one
+    quantization of the input instead of three (the figures: benchmarks/README.md, Translation speed). In place, on
+    the quantized copy."""
+    for attn, parts in self_attentions(model):
+        weights = [p.weight() for p in parts if type(p) is Int8Linear]
+        if len(weights) < 3 or any(w.qscheme() not in PER_TENSOR or w.q_zero_point() != 0 for w in weights):
+            continue
+        scales = torch.cat([torch.full((w.shape[0],), w.q_scale(), dtype=torch.double) for w in weights])
+        weight = torch._make_per_channel_quantized_tensor(torch.cat([w.int_repr() for w in weights]), scales,
+                                                          torch.zeros(scales.shape, dtype=torch.long), 0)
+        attn.qkv = Int8Linear(weight.shape[1], weight.shape[0], dtype=torch.qint8)
+        attn.qkv.set_weight_bias(weight, torch.cat([p.bias() for p in parts]))
+
+
 def fuse_self_projections(model: torch.nn.Module) -> None:
     """Give every learned self-attention of `model` (encoder and decoder) one float32 layer for its query, key and
     value projections (MultiHeadAttention.qkv): one matrix product instead of three, bit for bit the same
     results for the decoder's shapes (a test), and fewer operations a step (the figures: benchmarks/README.md,
     Translation speed). The three layers stay (plain, sharing the model's weights) for any other call. In place:
     use it on a copy (`prepare`)."""
-    for layer in model.modules():
-        attn = getattr(layer, "self_attn", None)
-        if not isinstance(layer, (EncoderLayer, DecoderLayer)) or not isinstance(attn, MultiHeadAttention):
-            continue
-        parts = tuple(getattr(attn, name) for name in SELF_PROJECTIONS)
-        if attn.n_heads and all(type(p) is torch.nn.Linear and p.weight.dtype == torch.float32 for p in parts):
+    for attn, parts in self_attentions(model):
+        if all(type(p) is torch.nn.Linear and p.weight.dtype == torch.float32 for p in parts):
             attn.qkv = torch.nn.Linear(parts[0].in_features, sum(p.out_features for p in parts),
                                        device=parts[0].weight.device)
             with torch.no_grad():
