@@ -124,9 +124,9 @@ def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor
 
 def _lines(buffer: Tensor, length: int) -> Tensor:
     """The first `length` positions of a (capacity, B, H, Dh) buffer (or a view of its first B rows) as its
-    storage's lines, one (position, row) pair each: copies of rows go line by line (index_select and index_copy_
-    along the rows of a buffer ran 2x slower, and 4-7x on a narrowed one, which they first copied whole; PyTorch
-    2.13)."""
+    storage's lines, one (position, row) pair each: copies of rows go line by line, since index_select along the
+    rows of a buffer is slower, and on a narrowed one first copies it whole (PyTorch 2.13; the figures:
+    benchmarks/README.md, Translation speed, session 31)."""
     return buffer.as_strided((length * (buffer.stride(0) // buffer.stride(1)), buffer.stride(1)), (buffer.stride(1), 1))
 
 
