@@ -9,10 +9,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import xattn
-from tests.conftest import tiny_model_dir
-from tests.test_decoding import eos_model
+from tests.conftest import tiny_config, tiny_model_dir
+from tests.test_decoding import eos_model, random_src
 from tests.test_translator import TEXTS, WordTokenizer, texts_and_scores
-from xattn.inference import SELF_PROJECTIONS, Int8Linear, PackedLinear, Speedups, pack_linear_layers, rewrite
+from xattn.inference import SELF_PROJECTIONS, Int8Linear, PackedLinear, Speedups, pack_linear_layers, prepare, rewrite
 from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.cache import LayerCache
 from xattn.layers import DecoderLayer, EncoderLayer, FeedForward, PostNorm
@@ -234,6 +234,22 @@ def test_int8_self_attention_projects_queries_keys_and_values_in_one_product(row
         decoder.self_attn.qkv = encoder.self_attn.qkv = None
         for a, b in zip(fused, outputs()):
             assert torch.equal(a, b)
+
+
+def test_int8_keeps_the_layers_of_a_pruned_away_attention_float():
+    """A dynamic int8 layer with no inputs returns uninitialised memory, not its bias: in the int8 copy, a
+    self-attention pruned to no heads keeps its layers float, and the same batch encodes alike every time, near the
+    float model."""
+    torch.manual_seed(0)
+    model = xattn.Transformer(tiny_config(src_vocab_size=30, tgt_vocab_size=30, heads={"enc_self": [2, 0]})).eval()
+    fast = prepare(model, Speedups(quantize="int8"))
+    pruned, kept = fast.encoder.layers[1].self_attn, fast.encoder.layers[0].self_attn
+    assert type(pruned.out_proj) is torch.nn.Linear and type(kept.out_proj) is Int8Linear
+    src = random_src(1, batch=4, vocab=30, max_len=6)
+    with torch.no_grad():
+        states = [fast.encode(src).states for _ in range(5)]
+        assert all(torch.equal(states[0], s) for s in states)
+        torch.testing.assert_close(states[0], model.encode(src).states, atol=0.1, rtol=0)
 
 
 def test_compiled_decoder_step_gives_the_same_translations():

@@ -217,16 +217,19 @@ def test_layer_cache_reorders_like_indexing_a_list_of_steps():
     assert cache.buffer_k.shape[0] >= 40
 
 
-def test_a_selection_that_moves_few_rows_copies_only_those_within_the_buffers():
+@pytest.mark.parametrize("overrides", [dict(), HARD_CODED[0], HARD_CODED[3], dict(heads={"dec_self": [2, 0]})],
+                         ids=["learned", "gaussian-self", "pruned", "no-self-heads"])
+def test_a_selection_that_moves_few_rows_copies_only_those_within_the_buffers(overrides):
     """DecoderCache.select of rows most of which keep their places (a beam step whose children took their parents'
-    slots; rows leaving from the end, or moved into the places of those that left: cache.filling) copies the rows
-    that move within the same storage, which then holds the kept rows as a view; a selection that moves most rows
-    makes new tensors. Both decode exactly as a cache given the same rows' steps anew, as the buffers grow past
-    their capacity after narrowing."""
+    slots; rows leaving from the end, or moved into the places of those that left: cache.filling, as `remove`)
+    copies the rows that move within the same storage, which then holds the kept rows as a view; a selection that
+    moves most rows makes new tensors. Both decode as a cache given the same rows' steps anew, as the buffers grow
+    past their capacity after narrowing; hard-coded self-attention (which caches values but no keys), pruned heads
+    and a layer without self-attention heads too."""
     from xattn.cache import filling, moved_rows
     from xattn.model import EncoderOutput
 
-    model = _model()
+    model = _model(**overrides)
     g = torch.Generator().manual_seed(3)
     R, T = 12, 40
     src = torch.randint(3, 40, (R, 6), generator=g)
@@ -244,16 +247,16 @@ def test_a_selection_that_moves_few_rows_copies_only_those_within_the_buffers():
             if t in plans:
                 index = plans[t]
                 in_place = moved_rows(index, len(rows)) is not None
-                storage = cache.layers[0].buffer_k.untyped_storage().data_ptr()
+                storage = cache.layers[0].buffer_v.untyped_storage().data_ptr()  # (a gaussian layer caches no keys)
                 cache.select(index)
-                assert (cache.layers[0].buffer_k.untyped_storage().data_ptr() == storage) == in_place
+                assert (cache.layers[0].buffer_v.untyped_storage().data_ptr() == storage) == in_place
                 assert in_place == (t != 9)
                 rows, history = rows[index], [h[index] for h in history]
             history.append(steps[rows, t])
             fresh = model.decode(torch.stack(history, 1), EncoderOutput(enc.states[rows], enc.mask[rows]))
             got = model.decode(history[-1].unsqueeze(1), None, cache=cache)
             torch.testing.assert_close(got.logits[:, -1], fresh.logits[:, -1], atol=1e-5, rtol=1e-5)
-    assert cache.layers[0].buffer_k.shape[0] >= T and cache.src_mask.shape[0] == 6
+    assert cache.layers[0].buffer_v.shape[0] >= T and cache.src_mask.shape[0] == 6
     assert torch.equal(enc.mask, src.ne(0))  # the caller's encoding is left as it was
 
 

@@ -53,8 +53,9 @@ class LayerCache:
             self.buffer_k = _reordered(self.buffer_k, self.storage_k, self.length, index)
             self.buffer_v = _reordered(self.buffer_v, self.storage_v, self.length, index)
             return
-        if moved.shape[0] and self.buffer_k.numel():  # (a layer without heads holds none)
-            _copy_rows((self.buffer_k, self.buffer_v), self.length, index, moved)
+        for buffer in (self.buffer_k, self.buffer_v):
+            if moved.shape[0] and buffer.numel():  # (a layer without heads holds none; hard-coded attention no keys)
+                _copy_rows(buffer, self.length, index, moved)
         self.buffer_k, self.buffer_v = self.buffer_k[:, : index.shape[0]], self.buffer_v[:, : index.shape[0]]
 
     @property
@@ -99,13 +100,17 @@ def moved_rows(index: Tensor, rows: int) -> Tensor | None:
     return moved if 2 * moved.shape[0] <= index.shape[0] else None
 
 
-def _copy_rows(buffers: tuple[Tensor, ...], length: int, index: Tensor, moved: Tensor) -> None:
-    """The first `length` positions of rows `moved` of (capacity, B, H, Dh) buffers of one layout become those of
-    their rows index[moved] (all read before any is written)."""
-    to, source = _line_numbers(buffers[0], length, moved), _line_numbers(buffers[0], length, index[moved])
-    for buffer in buffers:
-        lines = _lines(buffer, length)
-        lines.index_copy_(0, to, lines.index_select(0, source))
+def _rows_held(x: Tensor) -> int:
+    """The rows of x's storage, x being a view of its first rows (or all of them)."""
+    return x.untyped_storage().nbytes() // max(1, x.stride(0) * x.element_size())
+
+
+def _copy_rows(buffer: Tensor, length: int, index: Tensor, moved: Tensor) -> None:
+    """The first `length` positions of rows `moved` of a (capacity, B, H, Dh) buffer become those of its rows
+    index[moved] (all read before any is written)."""
+    lines = _lines(buffer, length)
+    source = lines.index_select(0, _line_numbers(buffer, length, index[moved]))
+    lines.index_copy_(0, _line_numbers(buffer, length, moved), source)
 
 
 def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor) -> Tensor:
@@ -160,8 +165,8 @@ class DecoderCache:
         whole = moved_sources is not None and not moved_sources.shape[0] and sources.shape[0] == self.src_mask.shape[0]
         if not whole:  # (a new tensor: the mask may be the caller's EncoderOutput's)
             self.src_mask = self.src_mask.index_select(0, sources)
-        for layer in self.layers:
-            if moved_sources is None:
+        for layer in self.layers:  # new tensors where many rows move, or few are kept (freeing the others)
+            if moved_sources is None or 2 * sources.shape[0] < _rows_held(layer.cross_k):
                 layer.cross_k = layer.cross_k.index_select(0, sources)
                 layer.cross_v = layer.cross_v.index_select(0, sources)
             elif not whole:
