@@ -260,6 +260,26 @@ def test_a_selection_that_moves_few_rows_copies_only_those_within_the_buffers(ov
     assert torch.equal(enc.mask, src.ne(0))  # the caller's encoding is left as it was
 
 
+def test_a_beam_cache_frees_the_cross_attention_of_sentences_done():
+    """A grouped cache narrows its cross-attention K/V in place while most sentences go on, and makes new tensors
+    once fewer than half the rows its storage holds are kept, so the memory of sentences done is freed."""
+    from xattn.cache import _rows_held, filling
+
+    model, K = _model(), 2
+    src = torch.randint(3, 40, (8, 6), generator=torch.Generator().manual_seed(2))
+    src[:, -1] = 2
+    with torch.no_grad():
+        cache = model.new_cache(model.encode(src))
+        cache.expand(K, grouped=True)
+        model.decode(torch.ones(8 * K, 1, dtype=torch.long), None, cache=cache)
+        for done, held in [([5], 8), ([0, 6], 8), ([1, 2, 4], 2)]:  # 7, then 5 sentences in place; then 2 of 5
+            gone = torch.zeros(cache.src_mask.shape[0], dtype=torch.bool)
+            gone[done] = True
+            sentences = filling(gone)
+            cache.select((sentences.unsqueeze(1) * K + torch.arange(K)).view(-1))
+            assert cache.layers[0].cross_k.shape[0] == len(sentences) and _rows_held(cache.layers[0].cross_k) == held
+
+
 def test_cross_layers_returns_those_layers_weights_alone_and_the_same_output(tiny_model):
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
     tgt = torch.tensor([[1, 10, 11], [1, 12, 0]])
