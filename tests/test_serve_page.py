@@ -151,6 +151,13 @@ def test_a_new_answer_or_an_error_leaves_nothing_of_the_last(open_page, server):
     page.unroute("**/translate")
 
 
+def arrived(page, held: list) -> None:
+    """Wait until the page's request has reached the route that holds it (`held`): the page shows that it is
+    translating as it sends, and on a busy machine the request reaches the route later."""
+    while not held:
+        page.wait_for_timeout(10)
+
+
 def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_page):
     page = open_page()
     translate(page, "drei")
@@ -161,7 +168,9 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
     page.wait_for_selector("#busy:not([hidden])")
     assert page.is_disabled("#go") and page.get_attribute("#target-pane", "aria-busy") == "true"
     assert page.evaluate("getComputedStyle(document.getElementById('translation')).opacity") == "0.45"
+    arrived(page, held)
     page.keyboard.press("Control+Enter")  # no second request while one runs
+    page.wait_for_timeout(100)
     assert len(held) == 1
     held[0].continue_()
     page.wait_for_selector("#busy", state="hidden")
@@ -204,6 +213,7 @@ def test_copy_puts_the_translation_on_the_clipboard(open_page):
     page.click("#go")
     page.wait_for_selector("#busy:not([hidden])")
     assert page.locator("#copy").is_disabled()  # greyed while the next translation is coming
+    arrived(page, held)
     page.unroute("**/translate")
     held[0].continue_()
     page.wait_for_selector("#busy", state="hidden")
@@ -543,6 +553,7 @@ def test_another_pair_clears_the_answer_and_keeps_the_text(open_page, pairs):
     page.wait_for_selector("#busy:not([hidden])")
     page.select_option("#pair", label="German → English")
     assert page.is_enabled("#go") and page.locator("#busy").is_hidden()
+    arrived(page, held)
     with page.expect_response("**/translate"):
         held[0].continue_()
     page.unroute("**/translate")
