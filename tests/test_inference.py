@@ -167,28 +167,40 @@ def test_packed_feed_forward_fuses_its_activation(activation):
         torch.testing.assert_close(ffn(x[:1, :1]), one_row, atol=1e-5, rtol=1e-5)  # one row: the unpacked weight
 
 
+def attention_layers() -> tuple[DecoderLayer, EncoderLayer]:
+    """A decoder and an encoder layer of the benchmark model's sizes (seeded), in eval mode."""
+    torch.manual_seed(0)
+    attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
+    return (DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval(),
+            EncoderLayer(attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval())
+
+
+def self_attention_outputs(decoder: DecoderLayer, encoder: EncoderLayer, rows: int):
+    """A function giving, for fixed random inputs of `rows` rows, the decoder layer's self-attention of one step
+    without and with a cache, and the encoder layer's output over padded sources."""
+    x, before, source = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64), torch.randn(rows, 7, 256)
+    mask = (torch.arange(7) < torch.randint(1, 8, (rows, 1))).unsqueeze(1)  # (rows, 1, 7)
+
+    def outputs():
+        cache = LayerCache(before, before)
+        cache.append(before, before)
+        return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
+                encoder(source, mask)[0])
+    return outputs
+
+
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 5, 32, 300])
 def test_packed_self_attention_projects_queries_keys_and_values_in_one_product(rows):
     """One (256 -> 768) product for a self-attention's q, k and v, bit for bit what three packed layers give, in a
     decoder step (with a cache and without) and an encoder pass (padded sources); cross-attention keeps its own
     projections, and training or pruning never uses the product."""
-    torch.manual_seed(0)
-    attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
-    decoder = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
-    encoder = EncoderLayer(attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
-    x, before, source = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64), torch.randn(rows, 7, 256)
-    mask = (torch.arange(7) < torch.randint(1, 8, (rows, 1))).unsqueeze(1)  # (rows, 1, 7)
+    decoder, encoder = attention_layers()
     with torch.no_grad():
         pack_linear_layers(decoder)
         pack_linear_layers(encoder)
         assert isinstance(decoder.self_attn.qkv, PackedLinear) and decoder.cross_attn.qkv is None
-
-        def outputs():
-            cache = LayerCache(before, before)
-            cache.append(before, before)
-            return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
-                    encoder(source, mask)[0])
+        outputs = self_attention_outputs(decoder, encoder, rows)
         fused = outputs()
         for attn in (decoder.self_attn, encoder.self_attn):  # the same weights packed, a product each
             for name in SELF_PROJECTIONS:
@@ -196,7 +208,7 @@ def test_packed_self_attention_projects_queries_keys_and_values_in_one_product(r
             attn.qkv = None
         for a, b in zip(fused, outputs()):
             assert torch.equal(a, b)
-    plain = attention()
+    plain, source = MultiHeadAttention(256, 4, ScaledDotScore(64)), torch.randn(rows, 7, 256)
     plain.qkv = torch.nn.Linear(256, 5)  # a wrong product: in training, or once pruned, never used
     plain.train().attend_self(source)
     plain.eval().prune_heads([0, 1])
@@ -208,10 +220,7 @@ def test_int8_self_attention_projects_queries_keys_and_values_in_one_product(row
     """In the int8 copy, one int8 layer for a self-attention's q, k and v, each row keeping its own layer's scale:
     bit for bit what the three int8 layers give, in a decoder step (with a cache and without) and an encoder pass,
     although the three weights' ranges differ; cross-attention keeps its own projections."""
-    torch.manual_seed(0)
-    attention = lambda: MultiHeadAttention(256, 4, ScaledDotScore(64))  # noqa: E731
-    decoder = DecoderLayer(attention(), attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
-    encoder = EncoderLayer(attention(), FeedForward(256, 1024), PostNorm, 256, 0.0).eval()
+    decoder, encoder = attention_layers()
     with torch.no_grad():
         for attn in (decoder.self_attn, encoder.self_attn):
             attn.k_proj.weight.mul_(3.0)
@@ -221,14 +230,7 @@ def test_int8_self_attention_projects_queries_keys_and_values_in_one_product(row
     assert type(decoder.self_attn.qkv) is Int8Linear and decoder.cross_attn.qkv is None
     scales = decoder.self_attn.qkv.weight().q_per_channel_scales()
     assert len({float(scales[0]), float(scales[256]), float(scales[512])}) == 3
-    x, before, source = torch.randn(rows, 1, 256), torch.randn(rows, 4, 3, 64), torch.randn(rows, 7, 256)
-    mask = (torch.arange(7) < torch.randint(1, 8, (rows, 1))).unsqueeze(1)  # (rows, 1, 7)
-
-    def outputs():
-        cache = LayerCache(before, before)
-        cache.append(before, before)
-        return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
-                encoder(source, mask)[0])
+    outputs = self_attention_outputs(decoder, encoder, rows)
     with torch.no_grad():
         fused = outputs()
         decoder.self_attn.qkv = encoder.self_attn.qkv = None

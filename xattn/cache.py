@@ -53,9 +53,9 @@ class LayerCache:
             self.buffer_k = _reordered(self.buffer_k, self.storage_k, self.length, index)
             self.buffer_v = _reordered(self.buffer_v, self.storage_v, self.length, index)
             return
-        for buffer in (self.buffer_k, self.buffer_v):
-            if moved.shape[0] and buffer.numel():  # (a layer without heads holds none; hard-coded attention no keys)
-                _copy_rows(buffer, self.length, index, moved)
+        held = [b for b in (self.buffer_k, self.buffer_v) if b.numel()]  # (none without heads; no keys hard-coded)
+        if moved.shape[0] and held:
+            _copy_rows(held, self.length, index, moved)
         self.buffer_k, self.buffer_v = self.buffer_k[:, : index.shape[0]], self.buffer_v[:, : index.shape[0]]
 
     @property
@@ -105,12 +105,13 @@ def _rows_held(x: Tensor) -> int:
     return x.untyped_storage().nbytes() // max(1, x.stride(0) * x.element_size())
 
 
-def _copy_rows(buffer: Tensor, length: int, index: Tensor, moved: Tensor) -> None:
-    """The first `length` positions of rows `moved` of a (capacity, B, H, Dh) buffer become those of its rows
-    index[moved] (all read before any is written)."""
-    lines = _lines(buffer, length)
-    source = lines.index_select(0, _line_numbers(buffer, length, index[moved]))
-    lines.index_copy_(0, _line_numbers(buffer, length, moved), source)
+def _copy_rows(buffers: list[Tensor], length: int, index: Tensor, moved: Tensor) -> None:
+    """The first `length` positions of rows `moved` of one layer's (capacity, B, H, Dh) buffers, made together (the
+    same rows per position), become those of their rows index[moved] (all read before any is written)."""
+    to, source = _line_numbers(buffers[0], length, moved), _line_numbers(buffers[0], length, index[moved])
+    for buffer in buffers:
+        lines = _lines(buffer, length)
+        lines.index_copy_(0, to, lines.index_select(0, source))
 
 
 def _reordered(buffer: Tensor, storage: list[Tensor], length: int, index: Tensor) -> Tensor:
