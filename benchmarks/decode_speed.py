@@ -9,6 +9,11 @@ translator exists only during its own turns (loaded and warmed up untimed), beca
 threads slowed the PyTorch systems. `--compile` adds
 xattn with a torch.compile'd decoder step and writes results/decode_speed_compile.json instead.
 
+`xattn_workers` and `xattn_int8_workers` split each call into one part per thread, decoded at once on a thread
+each (`Translator.workers`); `ct2_inter` and `ct2_int8_inter` are CTranslate2 the same way (`inter_threads` =
+threads, `intra_threads=1`): every core on a batch of its own, against the systems above, which share all threads
+on one batch at a time.
+
 `xattn_early_stopping` is xattn with `stopping="early"` (a sentence ends once 5 hypotheses have finished, the
 rule of fairseq and CTranslate2), beam 5 only: what the default exact rule costs and gains.
 
@@ -50,8 +55,8 @@ BEAM_ONLY = {"xattn_early_stopping"}
 
 
 def xattn_system(model_dir: Path, quantize: str | None, compile: bool = False, stopping: str = "exact",
-                 shortlist: bool = False):
-    translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize, compile=compile)
+                 shortlist: bool = False, workers: int = 1):
+    translator = Translator.from_dir(model_dir, device="cpu", quantize=quantize, compile=compile, workers=workers)
 
     def run(texts: list[str], beam: int) -> list[str]:
         cfg = DecodeConfig(beam_size=beam, n_best=1, shortlist=shortlist,
@@ -86,18 +91,18 @@ class CT2System:
     """CTranslate2, loaded only for its own turns: while a ctranslate2.Translator exists, its idle
     worker threads slowed PyTorch's decoding by about 20% on the 2-core machine (benchmarks/README.md)."""
 
-    def __init__(self, ct2_dir: Path, threads: int, vmap: bool = False):
+    def __init__(self, ct2_dir: Path, threads: int, vmap: bool = False, inter: int = 1):
         import sentencepiece as spm
 
-        self.dir, self.threads, self.vmap, self.translator = ct2_dir, threads, vmap, None
+        self.dir, self.threads, self.vmap, self.inter, self.translator = ct2_dir, threads, vmap, inter, None
         self.source = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.spm"))
         self.target = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
 
     def load(self, warm_up: list[str], beam: int) -> None:
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(str(self.dir), device="cpu", intra_threads=self.threads,
-                                                 inter_threads=1)
+        self.translator = ctranslate2.Translator(str(self.dir), device="cpu", inter_threads=self.inter,
+                                                 intra_threads=max(1, self.threads // self.inter))
         self(warm_up, beam)
 
     def unload(self) -> None:
@@ -145,7 +150,11 @@ def main() -> None:
                    "xattn_int8_shortlist": xattn_system(model, "int8", shortlist=True),
                    "hf_generate": hf_system(hf_dir), "ct2": CT2System(ct2_dir, threads),
                    "ct2_int8": CT2System(ct2_int8_dir, threads), "ct2_vmap": CT2System(ct2_dir, threads, vmap=True),
-                   "ct2_int8_vmap": CT2System(ct2_int8_dir, threads, vmap=True)}
+                   "ct2_int8_vmap": CT2System(ct2_int8_dir, threads, vmap=True),
+                   "xattn_workers": xattn_system(model, None, workers=threads),
+                   "xattn_int8_workers": xattn_system(model, "int8", workers=threads),
+                   "ct2_inter": CT2System(ct2_dir, threads, inter=threads),
+                   "ct2_int8_inter": CT2System(ct2_int8_dir, threads, inter=threads)}
         if args.compile:
             systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
         figures, outputs = {}, {}
@@ -190,6 +199,18 @@ def main() -> None:
                          "shortlist_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_shortlist"]["bleu"], 2),
                          "shortlist_same_outputs": round(sum(a == b for a, b in zip(
                              outputs[("xattn", mode)], outputs[("xattn_shortlist", mode)])) / len(texts), 4)}
+        row["ratios"] |= {  # every core a part of its own: xattn's workers, CTranslate2's inter_threads
+            "xattn_workers_over_ct2_inter": round(row["xattn_workers"]["sentences_per_s"]
+                                                  / row["ct2_inter"]["sentences_per_s"], 2),
+            "xattn_int8_workers_over_ct2_int8_inter": round(row["xattn_int8_workers"]["sentences_per_s"]
+                                                            / row["ct2_int8_inter"]["sentences_per_s"], 2),
+            "xattn_workers_over_xattn": round(row["xattn_workers"]["sentences_per_s"] / x, 3),
+            "xattn_int8_workers_over_xattn_int8": round(row["xattn_int8_workers"]["sentences_per_s"] / x8, 3),
+            "ct2_inter_over_ct2": round(row["ct2_inter"]["sentences_per_s"] / row["ct2"]["sentences_per_s"], 3),
+            "ct2_int8_inter_over_ct2_int8": round(row["ct2_int8_inter"]["sentences_per_s"]
+                                                  / row["ct2_int8"]["sentences_per_s"], 3),
+            "workers_same_outputs": round(sum(a == b for a, b in zip(
+                outputs[("xattn", mode)], outputs[("xattn_workers", mode)])) / len(texts), 4)}
         if "xattn_early_stopping" in row:  # what the exact stopping rule costs against fairseq's and CT2's
             early = row["xattn_early_stopping"]
             row["ratios"]["exact_over_early_stopping"] = round(x / early["sentences_per_s"], 3)

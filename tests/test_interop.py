@@ -26,7 +26,8 @@ from xattn.interop import require
 from xattn.interop.marian import check_exportable, check_importable, name_map
 from xattn.model import Transformer
 from xattn.tokenizer import Tokenizer, load_tokenizers, train_sentencepiece, train_tokenizers, vocab_file
-from xattn.translator import Translator, pad_batch
+from xattn.batching import pad_batch
+from xattn.translator import Translator
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")  # MarianTokenizer's advice
 

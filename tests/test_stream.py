@@ -6,7 +6,7 @@ import torch
 import xattn
 from xattn.decoding import search
 from xattn.decoding.stream import Stream, streamable
-from xattn.translator import pad_batch
+from xattn.batching import pad_batch
 
 from conftest import tiny_config
 

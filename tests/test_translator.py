@@ -9,7 +9,8 @@ import xattn
 from tests.conftest import tiny_model_dir
 from tests.test_decoding import eos_model
 from xattn.errors import ParameterError
-from xattn.translator import Translation, Translator, load, token_batches
+from xattn.batching import token_batches
+from xattn.translator import Translation, Translator, load
 
 WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 30)]
 

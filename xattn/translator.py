@@ -21,6 +21,8 @@ from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
+from xattn.workers import run_parts
+from xattn.batching import pad_batch, shares, token_batches
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -59,29 +61,6 @@ def text_list(name: str, value: object, one_string: str) -> list[str]:
     return list(value)
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
-    """N id lists -> (N, max length) int64, right-padded with pad_id."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out.to(device)
-
-
-def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
-    """Indices grouped by length so that beam_size * batch * longest source <= max_tokens.
-
-    Sorting by length keeps padding low; a sentence over the budget on its own gets its own batch.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and beam_size * (len(batches[-1]) + 1) * lengths[i] <= max_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
 @dataclass
 class ForcedAttention:
     """The attention of a teacher-forced pass (Translator.forced_attention), one unpadded array per target r:
@@ -110,7 +89,23 @@ class Translator:
         self.config = config
         self.inference = InferenceModel(self.model, speedups, self.device)
         self._head_mask: HeadMask | None = None
+        self._workers = 1
         self.shortlist: Shortlist | None = None  # what decode.shortlist uses (from_dir: the model directory's)
+
+    @property
+    def workers(self) -> int:
+        """How many parts `translate` splits a call's sentences into, each decoded on a thread of its own at once,
+        with PyTorch's threads shared out among them (xattn.workers); 1 (the default) decodes them as one. On a CPU,
+        without a compiled step. Float32 searches find what one part does, up to the rounding of other batch sizes;
+        int8 ones can differ a little (a batch's activations are quantized together); each part samples from a
+        generator of its own."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ParameterError("workers", f"a whole number >= 1, got {n!r}")
+        self._workers = n
 
     @property
     def head_mask(self) -> HeadMask | None:
@@ -135,11 +130,12 @@ class Translator:
 
     @classmethod
     def from_dir(cls, path: str | Path, device: str | torch.device | None = None, quantize: str | None = None,
-                 compile: bool = False) -> Translator:
+                 compile: bool = False, workers: int = 1) -> Translator:
         """Load a model directory (config.yaml, model.safetensors, tokenizer files).
 
         Decoding runs on a copy with packed float32 linear layers (CPU); `quantize="int8"`: dynamic int8
         linear layers instead (CPU only); `compile`: torch.compile the decoder step. `model` stays plain.
+        `workers`: Translator.workers.
         """
         if not isinstance(path, (str, Path)):
             raise ParameterError("path", f"a model directory (a str or Path), got {type(path).__name__}")
@@ -149,6 +145,7 @@ class Translator:
         device = resolve_device(str(device) if device is not None else "auto", "device")
         loaded = load_model_dir(path, device)
         translator = cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
+        translator.workers = workers
         if (Path(path) / SHORTLIST).is_file():
             cfg = loaded.config.model
             translator.shortlist = Shortlist.load(path, cfg.src_vocab_size, cfg.tgt_vocab_size)
@@ -172,10 +169,14 @@ class Translator:
         (1, 1, T, S) cross_attention; tracked along the search, it costs one layer's weights and a row per
         step (the links of a guided head, xattn.guidance). Sampling draws from `generator` when given (one
         torch.Generator passed to several calls, as the CLI does over a file's chunks, so that they do not draw
-        alike), else from one seeded with cfg.seed for this call (decoding.seeded).
+        alike), else from one seeded with cfg.seed for this call (decoding.seeded). With `workers` above 1 a
+        search runs in that many parts at once.
         """
-        return finish(self.translate_steps(texts, cfg, return_attention, attention_from, return_self_attention,
-                                           prefixes, attention_heads, generator))
+        ids, forced, cfg, options = self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
+                                                   prefixes, attention_heads)
+        if self._workers > 1 and len(ids) > 1 and self.device.type == "cpu" and not self.inference.speedups.compile:
+            return self._in_parts(ids, forced, cfg, options, generator)
+        return finish(self._steps(ids, forced, cfg, options, generator))
 
     def translate_steps(self, texts: list[str], cfg: DecodeConfig | None = None, return_attention: bool = False,
                         attention_from: str = "search", return_self_attention: bool = False,
@@ -184,6 +185,12 @@ class Translator:
                         generator: torch.Generator | None = None) -> Steps[list[Translation]]:
         """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
         (the server); the arguments are checked and the texts tokenized at the call."""
+        return self._steps(*self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
+                                           prefixes, attention_heads), generator)
+
+    def _prepared(self, texts, cfg, return_attention, attention_from, return_self_attention, prefixes,
+                  attention_heads) -> tuple[list[list[int]], list[list[int]] | None, DecodeConfig, Options]:
+        """translate's arguments checked, and its texts (and prefixes) as ids."""
         texts = text_list("texts", texts, "translate() takes a list of sentences, got one string; pass [text]")
         cfg = self.decode_config if cfg is None else cfg
         if not isinstance(cfg, DecodeConfig):
@@ -208,8 +215,27 @@ class Translator:
                                             or len(attention_heads) != 2):
             raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")
         tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
-        options = Options(return_attention, attention_from, return_self_attention, tracked)
-        return self._steps(ids, forced, cfg, options, generator)
+        return ids, forced, cfg, Options(return_attention, attention_from, return_self_attention, tracked)
+
+    def _in_parts(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
+                  generator: torch.Generator | None) -> list[Translation]:
+        """`_steps` over `workers` shares of the sentences at once (xattn.workers), results in input order. Sampling:
+        each share draws from a generator of its own, seeded from the call's."""
+        self.inference.current()  # the decoding copy made here, not by two workers at once
+        parts = shares([len(s) for s in ids], self._workers)
+        if cfg.sampling:
+            generator = generator or seeded(cfg, self.device)
+            seeds = torch.randint(2 ** 62, (len(parts),), generator=generator, device=generator.device).tolist()
+        generators = [torch.Generator(self.device).manual_seed(seeds[k]) if cfg.sampling else None
+                      for k in range(len(parts))]
+        done = run_parts([lambda part=part, gen=gen: self._steps([ids[i] for i in part], None if forced is None else
+                                                                 [forced[i] for i in part], cfg, options, gen)
+                          for part, gen in zip(parts, generators)], max(1, torch.get_num_threads() // len(parts)))
+        results: list[Translation | None] = [None] * len(ids)
+        for part, translations in zip(parts, done):
+            for i, translation in zip(part, translations):
+                results[i] = translation
+        return results  # type: ignore[return-value]
 
     def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
                generator: torch.Generator | None) -> Steps[list[Translation]]:
@@ -368,6 +394,6 @@ class Options:
 
 
 def load(path: str | Path, device: str | torch.device | None = None, quantize: str | None = None,
-         compile: bool = False) -> Translator:
+         compile: bool = False, workers: int = 1) -> Translator:
     """A Translator for the model directory at `path` (exported as `xattn.load`): Translator.from_dir."""
-    return Translator.from_dir(path, device, quantize, compile)
+    return Translator.from_dir(path, device, quantize, compile, workers)
