@@ -27,6 +27,7 @@ number of CPU threads. Batching: xattn its token budget (8000 source positions x
 length-sorted batches of 64 sentences; CTranslate2 its token budget (8000 / beam), sorted internally.
 
 usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 5] [--compile] [--out NAME]
+(threads: PyTorch's default, all cores; OMP_NUM_THREADS=1 compares the engines on one core)
 """
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ class CT2System:
     def unload(self) -> None:
         self.translator = None
         gc.collect()
+        torch.set_num_threads(self.threads)  # its constructor set this thread's OpenMP threads to intra_threads
 
     def __call__(self, texts: list[str], beam: int) -> list[str]:
         pieces = [p + ["</s>"] for p in self.source.encode(texts, out_type=str)]
@@ -150,11 +152,12 @@ def main() -> None:
                    "xattn_int8_shortlist": xattn_system(model, "int8", shortlist=True),
                    "hf_generate": hf_system(hf_dir), "ct2": CT2System(ct2_dir, threads),
                    "ct2_int8": CT2System(ct2_int8_dir, threads), "ct2_vmap": CT2System(ct2_dir, threads, vmap=True),
-                   "ct2_int8_vmap": CT2System(ct2_int8_dir, threads, vmap=True),
-                   "xattn_workers": xattn_system(model, None, workers=threads),
-                   "xattn_int8_workers": xattn_system(model, "int8", workers=threads),
-                   "ct2_inter": CT2System(ct2_dir, threads, inter=threads),
-                   "ct2_int8_inter": CT2System(ct2_int8_dir, threads, inter=threads)}
+                   "ct2_int8_vmap": CT2System(ct2_int8_dir, threads, vmap=True)}
+        if threads > 1:  # (on one thread these are the systems above)
+            systems |= {"xattn_workers": xattn_system(model, None, workers=threads),
+                        "xattn_int8_workers": xattn_system(model, "int8", workers=threads),
+                        "ct2_inter": CT2System(ct2_dir, threads, inter=threads),
+                        "ct2_int8_inter": CT2System(ct2_int8_dir, threads, inter=threads)}
         if args.compile:
             systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
         figures, outputs = {}, {}
@@ -169,6 +172,8 @@ def main() -> None:
                 for name, run in timed.items():
                     if isinstance(run, CT2System):
                         run.load(texts[:50], beam)  # untimed, with a warm-up
+                    else:  # a CT2System with intra_threads=1 before must not leave PyTorch on one thread
+                        assert torch.get_num_threads() == threads, (name, torch.get_num_threads())
                     start = time.perf_counter()
                     outputs[(name, mode)] = run(texts, beam)
                     times[name].append(time.perf_counter() - start)
@@ -199,7 +204,7 @@ def main() -> None:
                          "shortlist_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_shortlist"]["bleu"], 2),
                          "shortlist_same_outputs": round(sum(a == b for a, b in zip(
                              outputs[("xattn", mode)], outputs[("xattn_shortlist", mode)])) / len(texts), 4)}
-        row["ratios"] |= {  # every core a part of its own: xattn's workers, CTranslate2's inter_threads
+        row["ratios"] |= {} if threads == 1 else {  # every core a part of its own: workers, inter_threads
             "xattn_workers_over_ct2_inter": round(row["xattn_workers"]["sentences_per_s"]
                                                   / row["ct2_inter"]["sentences_per_s"], 2),
             "xattn_int8_workers_over_ct2_int8_inter": round(row["xattn_int8_workers"]["sentences_per_s"]
