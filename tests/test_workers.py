@@ -81,6 +81,13 @@ def test_each_part_gives_exactly_what_its_sentences_give_alone(model_dir, thread
         assert [(parted[i].text, parted[i].score) for i in part] == [(r.text, r.score) for r in alone]
 
 
+def test_a_translator_built_in_memory_decodes_in_parts_too(tmp_path, threads):
+    model, pair = tiny_model_dir(tmp_path / "model")
+    one, many = Translator(model, pair, device="cpu"), Translator(model, pair, device="cpu")
+    many.workers = 2
+    assert [r.text for r in many.translate(TEXTS)] == [r.text for r in one.translate(TEXTS)]
+
+
 def test_prefixes_follow_their_sentences_into_the_parts(model_dir, threads):
     cfg = xattn.DecodeConfig(beam_size=2)
     prefixes = [TEXTS[(i + 3) % len(TEXTS)].split(" ")[0] for i in range(len(TEXTS))]
@@ -162,4 +169,8 @@ def test_the_cli_flag_gives_the_same_file_and_names_a_bad_value(model_dir, tmp_p
     capsys.readouterr()
     assert main(["translate", str(model_dir), "-i", str(src), "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["xattn translate: error: --workers: must be >= 1, got 0"]
+    assert err == ["xattn translate: error: --workers: a whole number >= 1, got 0"]
+    assert main(["translate", str(model_dir), "-i", str(src), "--workers", "2", "--compile"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "xattn translate: error: --workers: parts run on a CPU without a compiled step; this Translator decodes "
+        "with one"]

@@ -96,15 +96,19 @@ class Translator:
     def workers(self) -> int:
         """How many parts `translate` splits a call's sentences into, each decoded on a thread of its own at once,
         with PyTorch's threads shared out among them (xattn.workers); 1 (the default) decodes them as one. On a CPU,
-        without a compiled step. Float32 searches find what one part does, up to the rounding of other batch sizes;
-        int8 ones can differ a little (a batch's activations are quantized together); each part samples from a
-        generator of its own."""
+        without a compiled step (others are refused). Float32 searches find what one part does, up to the rounding
+        of other batch sizes; int8 ones can differ a little (a batch's activations are quantized together); each
+        part samples from a generator of its own."""
         return self._workers
 
     @workers.setter
     def workers(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ParameterError("workers", f"a whole number >= 1, got {n!r}")
+        compiled = self.inference.speedups is not None and self.inference.speedups.compile
+        if n > 1 and (self.device.type != "cpu" or compiled):
+            raise ParameterError("workers", "parts run on a CPU without a compiled step; this Translator decodes "
+                                 + ("with one" if self.device.type == "cpu" else f"on {self.device}"))
         self._workers = n
 
     @property
@@ -174,7 +178,7 @@ class Translator:
         """
         ids, forced, cfg, options = self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
                                                    prefixes, attention_heads)
-        if self._workers > 1 and len(ids) > 1 and self.device.type == "cpu" and not self.inference.speedups.compile:
+        if self._workers > 1 and len(ids) > 1:
             return self._in_parts(ids, forced, cfg, options, generator)
         return finish(self._steps(ids, forced, cfg, options, generator))
 

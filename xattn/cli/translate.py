@@ -119,10 +119,8 @@ def load_translator(args):
     from xattn.translator import Translator
 
     device = device_of(args)
-    if args.workers is not None and args.workers < 1:
-        raise XattnError(f"--workers: must be >= 1, got {args.workers}")
     translator = Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile,
-                                     workers=args.workers or 1)
+                                     workers=1 if args.workers is None else args.workers)
     if getattr(args, "head_mask", None):
         from xattn.analysis.pruning import read_head_mask
 
