@@ -50,6 +50,7 @@ def test_shares_deal_every_index_once_by_length():
     assert all([lengths[i] for i in part] == sorted(lengths[i] for i in part) for part in parts)
     assert sum(lengths[i] for i in parts[0]) <= sum(lengths[i] for i in parts[1]) + max(lengths)  # alike, not all
     assert shares([4, 2], 3) == [[1], [0]]  # no empty part
+    assert shares([4, 2], 10 ** 20) == [[1], [0]]  # at once: parts are counted by the sentences there are
 
 
 @pytest.mark.parametrize("settings", [dict(beam_size=1), dict(beam_size=3, n_best=2), dict(beam_size=4, max_tokens=60)])
@@ -124,6 +125,55 @@ def test_parts_run_at_once_each_with_its_share_of_threads(threads):
     assert counts() == (threads, threads)
 
 
+def test_calls_that_run_parts_at_once_give_the_thread_count_back_when_the_last_ends(threads):
+    """The second call starts while the first one's parts hold PyTorch at one thread each: it must neither save
+    that count as its own nor leave it behind."""
+    barrier, after = threading.Barrier(4, timeout=10), {}
+
+    def job():
+        barrier.wait()  # all four parts of the two calls run at once
+        yield 0
+
+    def call(name, delay):
+        threading.Event().wait(delay)
+        run_parts([job, job], threads_each=1)
+        after[name] = torch.get_num_threads()
+
+    callers = [threading.Thread(target=call, args=("first", 0)), threading.Thread(target=call, args=("second", 0.2))]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert after == {"first": threads, "second": threads} and counts() == (threads, threads)
+
+
+def test_int8_rewrites_take_turns(monkeypatch):
+    """A shortlist's int8 output layer is rewritten per batch, by two parts at once; the rewrite sets the process's
+    warning filters aside (warnings.catch_warnings), which two at once would leave wrong."""
+    import warnings
+
+    from xattn.inference import Speedups, rewrite
+
+    quantize, running, most = torch.ao.quantization.quantize_dynamic, [], []
+
+    def slow_quantize(*args, **kwargs):
+        running.append(1)
+        most.append(len(running))
+        threading.Event().wait(0.05)
+        running.pop()
+        return quantize(*args, **kwargs)
+
+    monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", slow_quantize)
+    before = list(warnings.filters)
+    layers = [torch.nn.Sequential(torch.nn.Linear(8, 8)) for _ in range(2)]
+    rewriters = [threading.Thread(target=rewrite, args=(layer, Speedups(quantize="int8"))) for layer in layers]
+    for rewriter in rewriters:
+        rewriter.start()
+    for rewriter in rewriters:
+        rewriter.join()
+    assert max(most) == 1 and warnings.filters == before
+
+
 def test_a_failing_part_stops_the_others_and_its_error_is_raised(threads):
     steps_taken = []
 
@@ -148,6 +198,32 @@ def test_an_error_inside_the_parts_reaches_the_caller_as_it_would_from_one(model
     with pytest.raises(ParameterError, match="no shortlist"):
         many.translate(TEXTS, xattn.DecodeConfig(shortlist=True))
     assert counts() == (threads, threads)
+
+
+def test_an_interrupt_of_the_caller_stops_the_parts(threads):
+    """Ctrl+C while the parts run: the calling thread's KeyboardInterrupt stops them at their next step."""
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    steps_taken = []
+
+    def interrupting():
+        yield 0
+        os.kill(os.getpid(), signal.SIGINT)
+        for i in range(10_000):
+            steps_taken.append(i)
+            yield 0
+            threading.Event().wait(0.001)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_parts([interrupting, interrupting], threads_each=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(steps_taken) < 10_000 and counts() == (threads, threads)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])

@@ -35,4 +35,4 @@ def shares(lengths: Sequence[int], workers: int) -> list[list[int]]:
     """The indices of `lengths`, dealt in turn by length to `workers` parts (none empty): every part holds the same
     mix of short and long sentences, so the parts take about as long. Each part keeps the order of its lengths."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [part for w in range(workers) if (part := order[w::workers])]
+    return [order[w::workers] for w in range(min(workers, len(order)))]

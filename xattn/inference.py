@@ -8,6 +8,7 @@ model's weights have changed since.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -57,12 +58,17 @@ def prepare(model: Transformer, speedups: Speedups) -> Transformer:
     return fast
 
 
+QUANTIZING = threading.Lock()
+"""Held by an int8 rewrite (a shortlist's output layer is rewritten per batch, so by two Translator.workers parts
+at once): warnings.catch_warnings saves and restores the process's filters, and two at once leave them wrong."""
+
+
 def rewrite(module: torch.nn.Module, speedups: Speedups) -> torch.nn.Module:
     """`module` with its linear layers quantized or packed as `speedups` says, in place; an FFN's activation is
     fused into its first layer where the rewrite has a fused form (ReLU in int8; ReLU, GELU and swish packed)."""
     if speedups.quantize == "int8":
         fuse_activations(module, INT8_FUSED)
-        with warnings.catch_warnings():
+        with QUANTIZING, warnings.catch_warnings():  # the filters are process-wide: one rewrite at a time
             warnings.simplefilter("ignore")
             torch.ao.quantization.quantize_dynamic(module, int8_layers(module), dtype=torch.qint8, inplace=True)
             fuse_int8_self_projections(module)

@@ -82,14 +82,15 @@ class SinusoidalPositions(nn.Module):
         return torch.cat([angles.sin(), angles.cos()[:, : self.d_model // 2]], dim=1).float()  # (n, D)
 
     def forward(self, offset: int, length: int) -> Tensor:
-        if offset + length > self.table.shape[0]:
-            self.table = self._table(2 * (offset + length)).to(self.table.device)
-        return self.table[offset: offset + length]  # (T, D)
+        table = self.table  # read once: a call on another thread (Translator.workers) may replace it meanwhile
+        if offset + length > table.shape[0]:
+            table = self._table(2 * (offset + length)).to(table.device)
+            self.table = table
+        return table[offset: offset + length]  # (T, D)
 
     def at(self, positions: Tensor) -> Tensor:
         """The encodings of any positions (..., ) -> (..., D)."""
-        self.forward(0, int(positions.max()) + 1)  # grows the table when needed
-        return self.table[positions]
+        return self.forward(0, int(positions.max()) + 1)[positions]  # grows the table when needed
 
 
 class LearnedPositions(nn.Embedding):

@@ -21,7 +21,7 @@ from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
-from xattn.workers import run_parts
+from xattn.workers import THREADS, part_generators, run_parts
 from xattn.batching import pad_batch, shares, token_batches
 
 if TYPE_CHECKING:
@@ -227,19 +227,13 @@ class Translator:
         each share draws from a generator of its own, seeded from the call's."""
         self.inference.current()  # the decoding copy made here, not by two workers at once
         parts = shares([len(s) for s in ids], self._workers)
-        if cfg.sampling:
-            generator = generator or seeded(cfg, self.device)
-            seeds = torch.randint(2 ** 62, (len(parts),), generator=generator, device=generator.device).tolist()
-        generators = [torch.Generator(self.device).manual_seed(seeds[k]) if cfg.sampling else None
-                      for k in range(len(parts))]
+        gens = [None] * len(parts) if not cfg.sampling else part_generators(generator or seeded(cfg, self.device),
+                                                                            len(parts))
         done = run_parts([lambda part=part, gen=gen: self._steps([ids[i] for i in part], None if forced is None else
                                                                  [forced[i] for i in part], cfg, options, gen)
-                          for part, gen in zip(parts, generators)], max(1, torch.get_num_threads() // len(parts)))
-        results: list[Translation | None] = [None] * len(ids)
-        for part, translations in zip(parts, done):
-            for i, translation in zip(part, translations):
-                results[i] = translation
-        return results  # type: ignore[return-value]
+                          for part, gen in zip(parts, gens)], max(1, THREADS.count() // len(parts)))
+        by_index = {i: t for part, translations in zip(parts, done) for i, t in zip(part, translations)}
+        return [by_index[i] for i in range(len(ids))]
 
     def _steps(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
                generator: torch.Generator | None) -> Steps[list[Translation]]:
