@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xattn.batching import pad_batch, shares, token_batches
 from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
@@ -22,7 +23,6 @@ from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
 from xattn.workers import THREADS, part_generators, run_parts
-from xattn.batching import pad_batch, shares, token_batches
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
@@ -192,8 +192,10 @@ class Translator:
         return self._steps(*self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
                                            prefixes, attention_heads), generator)
 
-    def _prepared(self, texts, cfg, return_attention, attention_from, return_self_attention, prefixes,
-                  attention_heads) -> tuple[list[list[int]], list[list[int]] | None, DecodeConfig, Options]:
+    def _prepared(self, texts: list[str], cfg: DecodeConfig | None, return_attention: bool, attention_from: str,
+                  return_self_attention: bool, prefixes: list[str] | None,
+                  attention_heads: tuple[int, tuple[int, ...] | None] | None
+                  ) -> tuple[list[list[int]], list[list[int]] | None, DecodeConfig, Options]:
         """translate's arguments checked, and its texts (and prefixes) as ids."""
         texts = text_list("texts", texts, "translate() takes a list of sentences, got one string; pass [text]")
         cfg = self.decode_config if cfg is None else cfg
