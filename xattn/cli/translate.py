@@ -67,7 +67,7 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="decode the input in N parts at once, each on a thread of its own with its share of PyTorch's "
-                        "threads (CPU searches; default 1): faster on several cores")
+                        "threads (on a CPU; default 1): faster on several cores")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decoder step (slower than the default on CPU: see the README)")
     p.add_argument("--head-mask", type=path_arg, metavar="FILE",
