@@ -1,6 +1,7 @@
 """Workers (xattn/workers.py, Translator.workers, --workers): a call's sentences decoded in parts on threads at once
 give what one part gives, in input order, with PyTorch's thread count restored, errors and all."""
 import threading
+import time
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ def test_calls_that_run_parts_at_once_give_the_thread_count_back_when_the_last_e
         yield 0
 
     def call(name, delay):
-        threading.Event().wait(delay)
+        time.sleep(delay)
         run_parts([job, job], threads_each=1)
         after[name] = torch.get_num_threads()
 
@@ -159,7 +160,7 @@ def test_int8_rewrites_take_turns(monkeypatch):
     def slow_quantize(*args, **kwargs):
         running.append(1)
         most.append(len(running))
-        threading.Event().wait(0.05)
+        time.sleep(0.05)
         running.pop()
         return quantize(*args, **kwargs)
 
@@ -185,7 +186,7 @@ def test_a_failing_part_stops_the_others_and_its_error_is_raised(threads):
         for i in range(10_000):
             steps_taken.append(i)
             yield 0
-            threading.Event().wait(0.001)
+            time.sleep(0.001)
         return "done"
 
     with pytest.raises(ValueError, match="part 0 failed"):
@@ -215,7 +216,7 @@ def test_an_interrupt_of_the_caller_stops_the_parts(threads):
         for i in range(10_000):
             steps_taken.append(i)
             yield 0
-            threading.Event().wait(0.001)
+            time.sleep(0.001)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

@@ -21,9 +21,8 @@ def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -
 
     Sorting by length keeps padding low; a sentence over the budget on its own gets its own batch.
     """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
-    for i in order:
+    for i in by_length(lengths):
         if batches and beam_size * (len(batches[-1]) + 1) * lengths[i] <= max_tokens:
             batches[-1].append(i)
         else:
@@ -34,5 +33,10 @@ def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -
 def shares(lengths: Sequence[int], workers: int) -> list[list[int]]:
     """The indices of `lengths`, dealt in turn by length to `workers` parts (none empty): every part holds the same
     mix of short and long sentences, so the parts take about as long. Each part keeps the order of its lengths."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    order = by_length(lengths)
     return [order[w::workers] for w in range(min(workers, len(order)))]
+
+
+def by_length(lengths: Sequence[int]) -> list[int]:
+    """The indices of `lengths`, shortest first (ties in input order)."""
+    return sorted(range(len(lengths)), key=lambda i: lengths[i])
