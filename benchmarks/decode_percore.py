@@ -106,14 +106,15 @@ def perf_shares(args, ct2_dirs: dict, name: str, setting: str, tmp: Path) -> dic
         raise SystemExit(f"perf record of {name} {setting} failed:\n{out.stderr[-2000:]}")
     seconds = float(out.stdout.split()[-1])
     report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,sym",
-                             "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
+                             "--percent-limit", "0", "--field-separator", "|"],
+                            capture_output=True, text=True, check=True).stdout
     shares: dict[str, float] = {"products": 0.0, "python": 0.0, "other": 0.0}
     top = []
-    for line in report.splitlines():
-        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(.*?)\s*$", line)
-        if not m:
+    for line in report.splitlines():  # overhead|dso|[.] symbol (a JIT kernel's dso is "[JIT] tid N")
+        fields = line.split("|")
+        if line.startswith("#") or len(fields) < 3 or not fields[0].strip().endswith("%"):
             continue
-        share, dso, symbol = float(m[1]) / 100, m[2], m[3]
+        share, dso, symbol = float(fields[0].strip()[:-1]) / 100, fields[1].strip(), fields[2].strip()[4:]
         kind = "products" if PRODUCT.search(symbol) else "python" if "libpython" in dso else "other"
         shares[kind] += share
         if len(top) < 12:
