@@ -75,10 +75,11 @@ def timed_turns(model: Path, ct2_dirs: dict, texts: list[str], turns: int) -> di
 
 
 def perf_child(args, texts: list[str]) -> None:
-    """Under perf record, started with its events off: warm up, then switch them on for one timed translation."""
+    """Under perf record, started with its events off: warm up on the whole set (so that the memory the run takes
+    is already the process's, as in a later turn), then switch them on for one timed translation."""
     torch.set_num_threads(1)
     ct2_dir = Path(args.ct2_dir)
-    run, beam = engine(args.child, Path(args.model), {None: ct2_dir, "int8": ct2_dir}, args.setting, texts[:50])
+    run, beam = engine(args.child, Path(args.model), {None: ct2_dir, "int8": ct2_dir}, args.setting, texts)
     with open(args.ctl, "w") as ctl, open(args.ack) as ack:
         ctl.write("enable\n")
         ctl.flush()
