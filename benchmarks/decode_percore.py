@@ -34,9 +34,10 @@ from xattn.datasets import multi30k
 from xattn.interop.ct2 import export_ct2
 
 SETTINGS = {"greedy": (None, 1), "beam5": (None, 5), "int8_greedy": ("int8", 1), "int8_beam5": ("int8", 5)}
-PRODUCT = re.compile(r"gemm|brg|inner_product|mkl_blas|fbgemm|sgemm|igemm|PackA|PackB|pack_b|matmul|_ip_|jit.*conv",
+PRODUCT = re.compile(r"gemm|gemv|brg|inner_product|mkl_blas|fbgemm|PackA|PackB|pack_b|matmul|_ip_|jit.*conv",
                      re.IGNORECASE)
-"""Symbols of matrix-product kernels and their packing (oneDNN JIT kernels, MKL, fbgemm, CTranslate2's wrappers)."""
+"""Symbols of matrix-product kernels (matrix by matrix, and by vector: attention's one query a row) and their packing
+(oneDNN JIT kernels, MKL, fbgemm, CTranslate2's wrappers)."""
 
 
 def engine(name: str, model: Path, ct2_dirs: dict, setting: str, warm_up: list[str]):
