@@ -243,13 +243,13 @@ def seconds_left(jobs: list, lengths: Lengths | None, rate: float, latest: float
     at the engine's `rate` (rows a second over all its work, encoding included); once its call has run PACED steps,
     at the slowest of that, the engine's `latest` rate (Backlog.latest) and the pace of the call's own steps.
 
-    A step of few rows costs several times as much a row as a wide one (on the benchmarks' machine, one thread:
-    3.5 ms for one row, 31 ms for 185), so by the rate alone a call of one row a step beside wide ones seemed to end
-    in time until its last half second, and held them up meanwhile. Never faster than the rate: a wide call's pace
-    leaves out the encoder and its own tail of fewer, dearer rows, and would make it seem to end sooner than the
-    rate does (20-35% in a review's model). The latest rate tells what the engine's steps cost now, once a burst's
-    calls are down to their tails; not for work that has not run yet, which may be as wide as they were (a new
-    burst arriving beside an old one's tails, priced at the tails' rate, was refused 0.25 s in: a review's probe)."""
+    A step of few rows costs several times as much a row as a wide one (benchmarks/README.md: pricing the
+    backlog's work by what its decoder steps cost), so by the rate alone a call of one row a step beside wide ones
+    seemed to end in time until its last half second, and held them up meanwhile. Never faster than the rate: a
+    wide call's pace leaves out the encoder and its own tail of fewer, dearer rows, and would make it seem to end
+    sooner than the rate does. The latest rate tells what the engine's steps cost now, once a burst's calls are
+    down to their tails; not for work that has not run yet, which may be as wide as they were (a new burst
+    arriving beside an old one's tails, priced at the tails' rate, was refused at once: a review's probe)."""
     work, call = work_left(jobs, lengths), jobs[0].call
     steps, rows, seconds = call.paced if call is not None else (0, 0, 0.0)
     if steps < PACED or not rows:
