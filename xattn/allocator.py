@@ -44,7 +44,7 @@ def _set_thresholds() -> bool:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc only: another allocator's mallopt (if any) means other things
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # (TypeError: Windows' ctypes takes no None)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in
