@@ -30,6 +30,7 @@ import torch
 from common import data_dir, model_fingerprint, write_result
 from decode_speed import CT2System, xattn_system
 
+from xattn.allocator import keep_freed_memory
 from xattn.datasets import multi30k
 from xattn.interop.ct2 import export_ct2
 
@@ -138,6 +139,7 @@ def main() -> None:
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    keep_freed_memory()  # as `xattn translate` runs (xattn.allocator); the setting is the process's, both engines'
     texts = [s for s, _ in multi30k("de", "en", "test_2016_flickr", data_dir())]
     if args.child:
         return perf_child(args, texts)

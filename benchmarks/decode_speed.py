@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from common import data_dir, model_fingerprint, write_result
 
+from xattn.allocator import keep_freed_memory
 from xattn.config import DecodeConfig
 from xattn.datasets import multi30k
 from xattn.evaluation import evaluate
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time xattn with torch.compile")
     parser.add_argument("--out", help="result name (default decode_speed, or decode_speed_compile with --compile)")
     args = parser.parse_args()
+    keep_freed_memory()  # as `xattn translate` runs (xattn.allocator); the setting is the process's, every engine's
     threads = torch.get_num_threads()
     pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
     texts, refs = [s for s, _ in pairs], [t for _, t in pairs]

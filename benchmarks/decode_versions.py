@@ -2,7 +2,8 @@
 
 Two versions of the xattn package cannot live in one process, so the revision is checked out into a
 temporary git worktree (removed at the end) and every timing runs in a fresh worker process whose
-PYTHONPATH is one version's source root. A worker loads `Translator.from_dir(model, device="cpu")`
+PYTHONPATH is one version's source root. A worker sets the C allocator as `xattn translate` does (where the
+version has xattn.allocator), loads `Translator.from_dir(model, device="cpu")`
 (with `quantize="int8"` for the int8 modes), translates the first 50 sentences untimed, then times
 the translation of all of them (in one call, or one call per sentence in the `_single` modes) and prints the seconds, a hash of the output texts and their BLEU
 against the references (sacreBLEU 13a, cased). Within each of
@@ -45,6 +46,12 @@ def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
     from xattn.evaluation import evaluate
     from xattn.translator import Translator
 
+    try:  # as `xattn translate` runs, where the version has it (xattn.allocator)
+        from xattn.allocator import keep_freed_memory
+    except ImportError:
+        pass
+    else:
+        keep_freed_memory()
     beam, quantize = MODES[mode]
     texts = Path(texts_file).read_text(encoding="utf-8").splitlines()
     translator = Translator.from_dir(model, device="cpu", quantize=quantize)

@@ -100,8 +100,10 @@ def client_worker(url: str, texts_file: str, beam: int, concurrency: int, shortl
 def offline_worker(model: str, texts_file: str, beam: int, single: bool, shortlist: bool) -> None:
     """One translate call over all the sentences (or, `single`, one call per sentence); print JSON figures."""
     import xattn
+    import xattn.allocator
 
     texts = json.loads(Path(texts_file).read_text())
+    xattn.allocator.keep_freed_memory()  # as the server (and `xattn translate`) sets the process's allocator
     translator = xattn.load(model)
     cfg = dataclasses.replace(translator.decode_config, beam_size=beam, shortlist=shortlist)
     translator.translate(texts[:50], cfg)  # warm up
@@ -128,9 +130,11 @@ def paired_worker(model: str, url: str, texts_file: str, beam: int, shortlist: b
     never both at once; so the two latencies of a sentence are taken a few milliseconds apart, and the machine's
     drifts in speed (tens of percent here within a minute) fall on both. Print JSON figures."""
     import xattn
+    import xattn.allocator
 
     texts = json.loads(Path(texts_file).read_text())
     host, port = url.removeprefix("http://").split(":")
+    xattn.allocator.keep_freed_memory()  # as the server (and `xattn translate`) sets the process's allocator
     translator = xattn.load(model)
     cfg = dataclasses.replace(translator.decode_config, beam_size=beam, shortlist=shortlist)
     translator.translate(texts[:50], cfg)  # warm up

@@ -101,8 +101,10 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import xattn
+    import xattn.allocator
 
     model = cached_model("multi30k-de-en", [])
+    xattn.allocator.keep_freed_memory()  # as the server (and `xattn translate`) sets the process's allocator
     translator = xattn.load(model)
     cfg = dataclasses.replace(translator.decode_config, beam_size=1)
     texts = sentences(1000)

@@ -1,5 +1,6 @@
-"""xattn.allocator: glibc keeps what decoding frees once a Translator is made on the CPU, unless XATTN_KEEP_MEMORY=0;
-each case in a fresh process, since the setting is the whole process's."""
+"""xattn.allocator: glibc keeps what decoding frees once the CLI decodes (the library alone never sets it), unless
+the environment turns it off or sets glibc's malloc itself; each live case in a fresh process, since the setting is
+the whole process's."""
 import os
 import platform
 import subprocess
@@ -7,8 +8,10 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="glibc's malloc only")
+from xattn import allocator
+
+glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                           reason="glibc's malloc only")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,34 +29,78 @@ for _ in range(5):
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
-TRANSLATOR = """
-import sys, xattn, xattn.allocator
-print(xattn.allocator._state)
+CLI = """
+import io, sys, xattn, xattn.allocator
+from xattn.cli.main import main
 xattn.load(sys.argv[1], device="cpu")
-print(xattn.allocator._state)
+print(xattn.allocator._state)  # the library alone: not set
+sys.stdin = io.TextIOWrapper(io.BytesIO(b"drei vier\\n"))
+sys.stdout, out = io.TextIOWrapper(io.BytesIO()), sys.stdout
+assert main(["translate", sys.argv[1], "--device", "cpu"]) == 0
+print(xattn.allocator._state, file=out)
 """
 
 
-def run(code: str, *args: str, keep: str | None = None) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    env.pop("XATTN_KEEP_MEMORY", None)
-    if keep is not None:
-        env["XATTN_KEEP_MEMORY"] = keep
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+def run(code: str, *args: str, **env: str) -> list[str]:
+    """stdout's words of `code` in a fresh process, with none of the environment's malloc settings but `env`."""
+    clean = {k: v for k, v in os.environ.items() if k not in (*allocator.USER_SETTINGS, "XATTN_KEEP_MEMORY",
+                                                                  "GLIBC_TUNABLES", "LD_PRELOAD")}
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          env={**clean, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **env})
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
 
 
+@glibc
 def test_freed_tensors_are_not_faulted_in_again_once_kept():
     applied, kept = run(CHURN)
-    off, returned = run(CHURN, keep="0")
+    off, returned = run(CHURN, XATTN_KEEP_MEMORY="0")
     assert (applied, off) == ("True", "False")
     # by glibc's own thresholds, much of the 128 MiB goes back after every round and is faulted in again (33,000 to
-    # 65,500 pages over the five rounds, by the process's history); kept, a few hundred
+    # 164,000 pages over the five rounds, by the process's history); kept, a few hundred to a thousand
     assert int(returned) > 8192
     assert int(kept) < int(returned) / 10
 
 
-def test_a_translator_on_the_cpu_sets_it_and_the_variable_turns_it_off(numbers_model):
-    assert run(TRANSLATOR, str(numbers_model)) == ["None", "True"]
-    assert run(TRANSLATOR, str(numbers_model), keep="0") == ["None", "False"]
+@glibc
+@pytest.mark.parametrize("env, state", [({}, "True"), ({"XATTN_KEEP_MEMORY": "off"}, "False"),
+                                        ({"MALLOC_ARENA_MAX": "2"}, "False"),
+                                        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}, "False")])
+def test_the_cli_sets_it_and_the_library_alone_does_not(numbers_model, env, state):
+    assert run(CLI, str(numbers_model), **env) == ["None", state]
+
+
+class Lib:
+    """A C library as ctypes shows it, with a mallopt that answers `ok` and records its calls."""
+
+    def __init__(self, ok: int = 1):
+        self.calls, self.ok = [], ok
+        self.gnu_get_libc_version = object()
+
+    @property
+    def mallopt(self):
+        def call(param, value):
+            self.calls.append((param, value))
+            return self.ok
+        return call
+
+
+@pytest.mark.parametrize("failure", [OSError("no libc.so.6"), AttributeError("gnu_get_libc_version")])
+def test_a_c_library_that_is_not_glibc_is_left_alone(monkeypatch, failure):
+    def cdll(name):
+        raise failure
+    monkeypatch.setattr(allocator, "_state", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", cdll)
+    assert allocator.keep_freed_memory() is False
+
+
+@pytest.mark.parametrize("ok, preloaded, state", [(1, False, True), (0, False, False), (1, True, False)])
+def test_a_refused_setting_or_another_allocator_preloaded_gives_false(monkeypatch, ok, preloaded, state):
+    libc, process = Lib(ok), Lib(ok)
+    monkeypatch.setattr(allocator, "_state", None)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: process if name is None else libc)
+    monkeypatch.setattr(allocator.ctypes, "cast", lambda f, t: type("P", (), {"value": id(f)})())
+    monkeypatch.setattr(Lib, "malloc", property(lambda lib: "jemalloc" if preloaded and lib is process else "glibc"),
+                        raising=False)
+    assert allocator.keep_freed_memory() is state
+    assert libc.calls[:1] == ([] if preloaded else [(allocator.M_MMAP_THRESHOLD, allocator.MMAP_BYTES)])

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.ao.nn.intrinsic import LinearReLU
 
-from xattn.allocator import keep_freed_memory
 from xattn.errors import ParameterError, XattnError
 from xattn.attention import MultiHeadAttention
 from xattn.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward
@@ -152,8 +151,6 @@ class InferenceModel:
 
     def __init__(self, source: Transformer, speedups: Speedups | None, device: torch.device):
         self.source, self.speedups = source, speedups
-        if device.type == "cpu":  # whatever the speedups: the process's C allocator keeps what decoding frees
-            keep_freed_memory()
         self.rewrites = speedups is not None and speedups.need_copy(device)
         self._copy: Transformer | None = None
         self._stamp: Stamp = []

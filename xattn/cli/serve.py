@@ -114,6 +114,7 @@ def run(args) -> int:
             from None
     import torch
 
+    from xattn.allocator import keep_freed_memory
     from xattn.devices import resolve_device
     from xattn.serve.connections import guarded
     from xattn.serve.limits import Limits
@@ -122,6 +123,7 @@ def run(args) -> int:
     read_timeout, write_timeout = connections.pop("read_timeout"), connections.pop("write_timeout")
     limit = connection_limit(connections.pop("max_connections"))
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    keep_freed_memory()  # (xattn.allocator: the server's process is its own)
     device = str(resolve_device(args.device, "--device"))
     servers: list = []  # the uvicorn server, stopped if a model fails to load
     app = create_app(args.models, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,

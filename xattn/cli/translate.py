@@ -115,9 +115,12 @@ def refuse_search_flags(args, reason: str) -> None:
 
 
 def load_translator(args):
-    """The model directory of `args.model` on `--device`, with `--quantize`, `--compile` and `--head-mask`."""
+    """The model directory of `args.model` on `--device`, with `--quantize`, `--compile` and `--head-mask`; the
+    process's C allocator set to keep what decoding frees (xattn.allocator)."""
+    from xattn.allocator import keep_freed_memory
     from xattn.translator import Translator
 
+    keep_freed_memory()
     device = device_of(args)
     translator = Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile,
                                      workers=1 if args.workers is None else args.workers)
