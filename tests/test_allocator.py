@@ -5,6 +5,7 @@ import os
 import platform
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,10 +72,11 @@ def test_the_cli_sets_it_and_the_library_alone_does_not(numbers_model, env, stat
 
 
 class Lib:
-    """A C library as ctypes shows it, with a mallopt that answers `ok` and records its calls."""
+    """A C library as ctypes shows it: its `malloc` (a name for the address), and a mallopt that answers `ok` and
+    records its calls."""
 
-    def __init__(self, ok: int = 1):
-        self.calls, self.ok = [], ok
+    def __init__(self, ok: int = 1, malloc: str = "glibc"):
+        self.calls, self.ok, self.malloc = [], ok, malloc
         self.gnu_get_libc_version = object()
 
     @property
@@ -96,11 +98,9 @@ def test_a_c_library_that_is_not_glibc_is_left_alone(monkeypatch, failure):
 
 @pytest.mark.parametrize("ok, preloaded, state", [(1, False, True), (0, False, False), (1, True, False)])
 def test_a_refused_setting_or_another_allocator_preloaded_gives_false(monkeypatch, ok, preloaded, state):
-    libc, process = Lib(ok), Lib(ok)
+    libc, process = Lib(ok), Lib(ok, "jemalloc" if preloaded else "glibc")
     monkeypatch.setattr(allocator, "_state", None)
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: process if name is None else libc)
-    monkeypatch.setattr(allocator.ctypes, "cast", lambda f, t: type("P", (), {"value": id(f)})())
-    monkeypatch.setattr(Lib, "malloc", property(lambda lib: "jemalloc" if preloaded and lib is process else "glibc"),
-                        raising=False)
+    monkeypatch.setattr(allocator.ctypes, "cast", lambda pointer, kind: SimpleNamespace(value=pointer))
     assert allocator.keep_freed_memory() is state
     assert libc.calls[:1] == ([] if preloaded else [(allocator.M_MMAP_THRESHOLD, allocator.MMAP_BYTES)])

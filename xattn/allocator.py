@@ -30,7 +30,7 @@ MMAP_BYTES = 32 << 20
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's malloc.h
 USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_",
                  "MALLOC_ARENA_MAX")
-"""glibc's environment variables for the same thresholds: a process started with one is left as its user set it."""
+"""glibc's environment variables for its malloc: a process started with one is left as its user set it."""
 
 _lock = threading.Lock()
 _state: bool | None = None  # whether it was made, once tried
