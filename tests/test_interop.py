@@ -23,7 +23,7 @@ from xattn.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, load_
 from xattn.decoding import Vocab, search
 from xattn.errors import XattnError
 from xattn.interop import require
-from xattn.interop.marian import check_exportable, check_importable, name_map
+from xattn.interop.marian import activation_of, check_exportable, check_importable, name_map
 from xattn.model import Transformer
 from xattn.tokenizer import Tokenizer, load_tokenizers, train_sentencepiece, train_tokenizers, vocab_file
 from xattn.batching import pad_batch
@@ -245,6 +245,9 @@ def test_import_refuses_unsupported_configs():
                        ("decoder_ffn_dim", 32), ("model_type", "bart"), ("static_position_embeddings", False)):
         with pytest.raises(XattnError, match=key):
             check_importable(base | {key: value}, "config.json")
+    for name, ours in (("relu", "relu"), ("gelu", "gelu"), ("swish", "swish"), ("silu", "swish"), ("tanh", None),
+                       (["relu"], None)):
+        assert activation_of(name) == ours  # every activation xattn has (registry.ACTIVATIONS), by HF's names too
 
 
 def test_missing_optional_package_is_one_line(tmp_path, monkeypatch, capsys):

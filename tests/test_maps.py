@@ -293,3 +293,13 @@ def test_a_layer_chosen_for_the_user_is_the_nearest_with_heads():
     assert HeadChoice.nearest([2, 0], 1) == HeadChoice(0)
     with pytest.raises(XattnError, match="no cross-attention heads left"):
         HeadChoice.nearest([0, 0], 1, "cross-attention")
+
+
+@pytest.mark.parametrize("setting, value", [("method", "bogus"), ("eos", "hide"), ("punct", "strict")])
+def test_an_alignment_setting_out_of_its_choices_names_the_parameter_not_a_flag(setting, value):
+    from xattn.errors import ParameterError
+
+    with pytest.raises(ParameterError) as e:
+        AlignSettings(HeadChoice(0), **{setting: value})
+    assert e.value.name == setting and str(e.value).startswith(f"{setting}: expected one of ")
+    assert "--" not in str(e.value)

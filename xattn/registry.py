@@ -36,3 +36,10 @@ POSITIONS = ("sinusoidal", "learned")
 """Position encodings (xattn.model.POSITIONS builds them)."""
 IMPORTANCE_METHODS = ("gradient", "confidence")
 """How `xattn heads importance` scores heads (xattn.analysis.importance)."""
+ATTENTION_KINDS = ("cross", "decoder-self", "encoder-self")
+"""The attention maps a teacher-forced pass reads (Translator.forced_attention, xattn.analysis.maps)."""
+
+
+def kind_problem(name: object) -> str | None:
+    """What is wrong with `name` as an attention kind (None: nothing). Every check of a kind says it so."""
+    return None if name in ATTENTION_KINDS else f"{name!r} is not one of {', '.join(ATTENTION_KINDS)}"

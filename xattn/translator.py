@@ -21,6 +21,7 @@ from xattn.decoding.stream import Stream, streamable
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
+from xattn.registry import kind_problem
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
 from xattn.workers import THREADS, part_generators, run_parts
 
@@ -69,9 +70,6 @@ class ForcedAttention:
     cross: list[np.ndarray]
     decoder_self: list[np.ndarray] | None = None
     encoder_self: list[np.ndarray] | None = None
-
-
-KINDS = ("cross", "decoder-self", "encoder-self")
 
 
 class Translator:
@@ -262,8 +260,8 @@ class Translator:
         of "cross" (always computed), "decoder-self", "encoder-self". `enc`: src's encoding when the caller
         has it (a search's), made here otherwise. Every verb that reads the attention of a given or found
         translation (rescoring, attention, align, diagnose, the server) goes through this pass."""
-        if unknown := [k for k in kinds if k not in KINDS]:
-            raise ParameterError("kinds", f"{unknown[0]!r} is not one of {', '.join(KINDS)}")
+        if problem := next(filter(None, map(kind_problem, kinds)), None):
+            raise ParameterError("kinds", problem)
         model, cfg = self.inference.current(), self.model.cfg
         rows = list(range(len(targets))) if rows is None else list(rows)
         with torch.inference_mode():

@@ -120,7 +120,7 @@ class AlignSettings:
         for name, value, valid in (("method", self.method, METHODS), ("eos", self.eos, EOS_RULES),
                                    ("punct", self.punct, PUNCT_RULES)):
             if value not in valid:
-                raise XattnError(f"--{name}: expected one of {', '.join(valid)}, got {value!r}")
+                raise ParameterError(name, f"expected one of {', '.join(valid)}, got {value!r}")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ParameterError("threshold", f"must be in (0, 1], got {self.threshold:g}")
 

@@ -17,10 +17,10 @@ from typing import ClassVar, Sequence
 import torch
 
 from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha256_hex, validate
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.io import read_lines
 from xattn.model import Transformer
-from xattn.registry import IMPORTANCE_METHODS, PLACES
+from xattn.registry import IMPORTANCE_METHODS, PLACES, place_problem
 
 IMPORTANCE_FILE = "head_importance.tsv"
 """Where `xattn heads importance` saves its table in the model directory, and `xattn prune` looks for it."""
@@ -38,7 +38,7 @@ def batches(translator, sources: Sequence[str], targets: Sequence[str], max_toke
 def head_importance(model: Transformer, data, method: str = "gradient") -> list[dict]:
     """Rows {place, layer, head, score} for every head of `model` over `data` (Batches), in model order."""
     if method not in IMPORTANCE_METHODS:
-        raise ValueError(f"method must be one of {IMPORTANCE_METHODS}, got {method!r}")
+        raise ParameterError("method", one_of(*IMPORTANCE_METHODS)(method))
     scores = gradient_scores(model, data) if method == "gradient" else confidence_scores(model, data)
     return [{"place": place, "layer": i, "head": h, "score": float(s)}
             for place in PLACES for i, layer in enumerate(scores[place]) for h, s in enumerate(layer.tolist())]
@@ -76,7 +76,7 @@ def confidence_scores(model: Transformer, data) -> dict[str, list[torch.Tensor]]
     """Per place, per layer: (H_l,) mean largest attention weight over the real (unpadded) query positions."""
     cfg = model.cfg
     sums = {place: [torch.zeros(cfg.heads_of(place, i)) for i in range(cfg.layers_of(place))] for place in PLACES}
-    counts = {"enc_self": 0, "dec_self": 0, "cross": 0}
+    counts = dict.fromkeys(PLACES, 0)
     was_training = model.training
     model.eval()
     try:
@@ -106,7 +106,7 @@ class Row:
     head: int
     score: float
 
-    CHECKS: ClassVar[dict[str, Check]] = dict(layer=NON_NEGATIVE, place=one_of(*PLACES), head=NON_NEGATIVE,
+    CHECKS: ClassVar[dict[str, Check]] = dict(layer=NON_NEGATIVE, place=place_problem, head=NON_NEGATIVE,
                                               score=finite)
 
     def __post_init__(self) -> None:

@@ -13,13 +13,11 @@ import numpy as np
 
 from xattn.analysis.pieces import BOS, UNK_SURFACE, by_words, piece_words, word_memberships
 from xattn.errors import ItemError, ParameterError, XattnError
+from xattn.registry import kind_problem
 from xattn.words import split_words
 
 if TYPE_CHECKING:
     from xattn.translator import Translation, Translator
-
-KINDS = ("cross", "decoder-self", "encoder-self")
-
 
 # ---------------------------------------------------------------------------------------- layers and heads
 # A pruned layer has fewer heads than others, maybe none. Every layer's weights are stacked with NaN in the
@@ -120,7 +118,7 @@ class AttentionMaps:
     weights: np.ndarray                 # (L, H, R, C) float32
     rows: list[str]                     # R labels: target tokens (cross, decoder-self) or source tokens (encoder-self)
     cols: list[str]                     # C labels: source tokens (cross, encoder-self) or target tokens (decoder-self)
-    kind: str = "cross"                 # one of KINDS
+    kind: str = "cross"                 # one of registry.ATTENTION_KINDS
     masked: np.ndarray | None = None    # (R, C) bool, True = the query may not look there (the decoder's future)
     links: list[tuple[int, int]] = field(default_factory=list)  # (col, row) cells that are alignment links
     words: bool = False                 # rows and columns are words (pieces merged) rather than pieces
@@ -132,8 +130,8 @@ class AttentionMaps:
         L, H, R, C = self.weights.shape
         if (R, C) != (len(self.rows), len(self.cols)):
             raise ValueError(f"weights {self.weights.shape} do not match {len(self.rows)} rows x {len(self.cols)} columns")
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if problem := kind_problem(self.kind):
+            raise ValueError(f"kind: {problem}")
 
     def view(self, choice: HeadChoice) -> np.ndarray:
         """(R, C): the chosen heads of the chosen layer, averaged."""
@@ -323,14 +321,10 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
 
 
 def encoder_attention(translator: Translator, text: str) -> np.ndarray:
-    """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>), under the translator's head mask."""
+    """(L, H, S, S): the encoder self-attention of one sentence (pieces + </s>), under the translator's head mask:
+    the teacher-forced pass (Translator.forced_attention) over no target tokens, which reads the source alone."""
     import torch
 
-    from xattn.model import stack_layers
-
-    cfg = translator.model.cfg
-    ids = translator.tokenizers.src.encode_batch([text])[0] + [cfg.eos_id]
-    with torch.inference_mode():
-        enc = translator.inference.current().encode(torch.tensor([ids], device=translator.device), need_weights=True,
-                                                    head_mask=translator.head_mask)
-    return stack_layers(enc.self_attn)[0].float().cpu().numpy()
+    ids = translator.tokenizers.src.encode_batch([text])[0] + [translator.model.cfg.eos_id]
+    src = torch.tensor([ids], device=translator.device)
+    return translator.forced_attention(src, [[]], kinds=("encoder-self",)).encoder_self[0]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xattn.analysis.maps import KINDS
+from xattn.registry import ATTENTION_KINDS
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg
 from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.errors import XattnError
@@ -23,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("sentence", help="the source sentence")
     p.add_argument("--reference", help="a translation to read teacher-forced instead of the model's own")
     p.add_argument("--output", "-o", type=output_arg, required=True, help="FILE.png, .svg, .pdf or .html")
-    p.add_argument("--kind", choices=KINDS, default="cross",
+    p.add_argument("--kind", choices=ATTENTION_KINDS, default="cross",
                    help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")
     add_head_flags(p, "draw, of the --kind's stack (default: the last; the HTML page has a picker)")
     p.add_argument("--grid", action="store_true", help="every layer x head in one figure (static files)")

@@ -27,6 +27,7 @@ from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.checkpoint import load_model_dir, save_model_dir
 from xattn.config import DataConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
+from xattn.registry import ACTIVATIONS
 from xattn.interop import require
 from xattn.io import atomic_dir, json_text, read_json
 from xattn.model import Transformer
@@ -109,9 +110,18 @@ UNSUPPORTED = (  # (key, value when absent, predicate for "fine", why)
     ("add_final_layer_norm", False, lambda v: not v, "a final LayerNorm"),
     ("scale_embedding", False, lambda v: bool(v), "xattn scales embeddings by sqrt(d_model)"),
     ("static_position_embeddings", True, lambda v: bool(v), "learned positions"),
-    ("activation_function", "gelu", lambda v: v in ("relu", "gelu", "swish", "silu"),
-     "model.activation is relu, gelu or swish"),
+    ("activation_function", "gelu", lambda v: activation_of(v) is not None,
+     f"model.activation is one of {', '.join(ACTIVATIONS)}"),
 )
+
+HF_ACTIVATIONS = {"silu": "swish"}
+"""Hugging Face's names of activations that xattn names otherwise."""
+
+
+def activation_of(name: object) -> str | None:
+    """xattn's name of a Hugging Face activation_function (None: one xattn lacks)."""
+    name = HF_ACTIVATIONS.get(name, name) if isinstance(name, str) else None
+    return name if name in ACTIVATIONS else None
 
 
 def check_importable(hf: dict[str, Any], where: str) -> None:
@@ -136,7 +146,8 @@ def model_config(hf: dict[str, Any], state: dict[str, Tensor]) -> ModelConfig:
         n_heads=hf["encoder_attention_heads"], n_encoder_layers=hf["encoder_layers"],
         n_decoder_layers=hf["decoder_layers"], d_ff=hf["encoder_ffn_dim"], dropout=hf.get("dropout", 0.1),
         attention_dropout=hf.get("attention_dropout", 0.0), activation_dropout=hf.get("activation_dropout", 0.0),
-        activation={"silu": "swish"}.get(hf["activation_function"], hf["activation_function"]), norm="post", positions="sinusoidal", score="scaled_dot",
+        activation=activation_of(hf.get("activation_function", "gelu")), norm="post", positions="sinusoidal",
+        score="scaled_dot",
         max_positions=hf.get("max_position_embeddings", 1024),
         share_embeddings=share, tie_output=tie, pad_id=hf["pad_token_id"], bos_id=hf["decoder_start_token_id"],
         eos_id=hf["eos_token_id"],
