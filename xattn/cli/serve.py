@@ -100,7 +100,7 @@ FILES_SPARE = 64
 SWITCH_INTERVAL = 0.0001
 """Seconds a Python thread may hold the GIL while another waits (Python's default: 0.005). The translating thread
 gives the GIL up at every PyTorch operation and waits for it after each while the event loop holds it: with the
-default, up to 5 ms each time; at 0.5 ms, 32 greedy clients still got less than at 0.1 ms (benchmarks/README.md,
+default, up to 5 ms each time; many greedy clients got less at 0.5 ms than at this (the figures: benchmarks/README.md,
 Serving under load: the switch interval)."""
 
 

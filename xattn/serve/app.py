@@ -58,7 +58,7 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async def load() -> None:
-            await asyncio.to_thread(identifier.load)  # the language identifier first: half a second
+            await asyncio.to_thread(identifier.load)  # the language identifier first: the quicker
             await models.load(device, limits, metrics, on_load_error)
         loader = asyncio.get_running_loop().create_task(load())
         yield
@@ -191,7 +191,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         record["model"] = route.served.pair
         body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
         encode = partial(json_text, body, ensure_ascii=False, separators=(",", ":"))  # plain JSON types already
-        # an answer with attention runs to megabytes (a second of encoding): off the event loop, as its making
+        # an answer with attention runs to megabytes, long to encode: off the event loop, as its making
         return Response(await asyncio.to_thread(encode) if heavy(req) else encode(), media_type="application/json")
 
     @app.post("/detect", openapi_extra=openapi_body(DetectRequest))

@@ -3,16 +3,16 @@ would keep it waiting more than `limit_s` seconds, rather than admitted to time 
 
 Counting requests (the batcher's queue_size) cannot tell that: a request may hold 1 sentence or 32, greedy or beam
 16. Without this, requests arriving faster than the engine translates them were all admitted, took turns, and most
-of them reached the timeout (504) having used the engine's time for nothing: in benchmarks/serve_overload.py, at
-about twice the engine's rate, 114 and 125 of 150 sixteen-sentence beam-5 requests got 504 after 30 s.
+of them reached the timeout (504) having used the engine's time for nothing (benchmarks/serve_overload.py; the
+figures: benchmarks/README.md, "Admission by time").
 
 The estimate: the engine gives every request an equal share of its time (serve/engine.py's fair turns), so while a
 request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
 admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
 aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
 busy time, over the last WINDOW_S seconds of it: the rows are counted at every step, so it does not jump when a
-large request ends. A search ends before its maximum length, so the work over-counts rows, by 2-3x on Multi30k:
-the estimate errs on the side of refusing.
+large request ends. A search ends before its maximum length, so the work over-counts rows, by a few times on a
+translation model's usual outputs: the estimate errs on the side of refusing.
 
 That rate is the one of the batches the engine has been running: under light traffic, or beside one long request of
 small steps, several times below what it reaches with full batches. So nothing is refused unless the server is
@@ -28,7 +28,7 @@ streamed). Its work left is the rows it will likely step less those it has stepp
 answered lately stepped per source row (hypotheses x source tokens, whatever bound their settings gave), times its
 own source rows, within its work's bound, and once it has run past that, how much further those that ran longer ran
 (work_left, Lengths.beyond); before KNOWN requests have been answered, LIKELY rows per source row (as long as the
-source; the bound runs 2-3x what a search does). The engine's turns are fair per request, so work taking
+source; the bound runs several times what a search does). The engine's turns are fair per request, so work taking
 s seconds of the engine for n requests ends once every other piece j has run min(s_j, n_j x s / n) of its own
 (seconds_left: its rows at the engine's rate; a call that has run a few steps at the slowest of that, the rate of
 the engine's latest LATEST_S and its own pace, below). Newest first, work that would end after its requests'
@@ -66,9 +66,8 @@ LATEST_S = 2.0
 """Seconds of the engine's busy time of its latest rate, which the deadline check goes by for running calls where
 it is the slower (Backlog.latest, seconds_left): the rate over the window is that of the work that ran then, and
 when the work changes to steps of fewer rows, or the machine slows, it prices what is left at a fraction of its
-cost. A burst beside one-sentence requests (the one-sentence requests in calls of their own once the burst's were
-all started, the burst's calls down to their tails) read 3,000-3,400 rows a second over the window 21-23 s in,
-while the engine stepped 1,300-1,900; the work's estimate summed to 2.1 s where it ran for 8.5, and it got 504s."""
+cost: a burst beside one-sentence requests, once its calls were down to their tails, got 504s by the window's rate
+(the figures: benchmarks/README.md, "Running calls go by the thread's latest rate")."""
 
 BUSIEST = 0.8
 """The least share of the wall-clock time over the latest rate's span that the engine must have been busy for the
@@ -90,12 +89,10 @@ KNOWN = 8
 LIKELY = 1.0
 """The rows per source row that the deadline check expects before KNOWN requests have been answered (a server's
 first burst): a translation as long as its source, which the SLACK leaves 25% to. Not the work's bound: that is
-over twice as much (max_len_a 1.5, max_len_b 10: 32 tokens for a source of 14), and on a fresh server a burst
-of 100 sixteen-sentence beam-5 requests beside one-sentence ones lost 91 of them in one check, 5 s in, by 3x its
-estimate, and its last answer came at 16 s with its timeout at 30 s (benchmarks/README.md, "A fresh server's first
-burst"). Output about as long as the source is what a translation model gives (on Multi30k de-en, the requests
-answered stepped 0.98-1.02 rows per source row); a model whose outputs run longer than SLACK x its sources is
-refused too little until KNOWN requests are answered."""
+over twice as much (max_len_a 1.5, max_len_b 10: 32 tokens for a source of 14), by which a fresh server refused
+most of a burst that it would have answered in time (the figures: benchmarks/README.md, "A fresh server's first
+burst"). Output about as long as the source is what a translation model gives; a model whose outputs run longer
+than SLACK x its sources is refused too little until KNOWN requests are answered."""
 
 SLACK = 1.25
 """The deadline check's allowance for its estimate's errors: work whose estimated end, this many times as far off,

@@ -40,7 +40,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 LOG = logging.getLogger("xattn.serve")
 READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
 MAX_PIECES = 10_000
-"""Pieces (chunks, or reads) a request body may arrive in: 100,000 one-byte chunks took the event loop about 1 s."""
+"""Pieces (chunks, or reads) a request body may arrive in: a body in one-byte chunks holds the event loop for as many
+reads (the figure: benchmarks/README.md, Serving under load, "Pieces of a body")."""
 QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
 

@@ -51,7 +51,7 @@ def _among(candidates: frozenset[str]) -> LanguageIdentifier:
 
 
 def load() -> None:
-    """Load the model now (half a second) rather than at the first call."""
+    """Load the model now rather than at the first call, which would wait for it."""
     _everything()
 
 

@@ -125,13 +125,12 @@ refused for this."""
 LONG_S = 1.0
 """CPU seconds of the engine's thread on a call's own steps, per request it serves, after which the call is long
 whatever its work (which counts rows and steps, not their cost: 8 samples of 512 tokens run for seconds). Ordinary
-requests take less: on the benchmarks' 2-core machine (one thread), a one-sentence beam-5 request 0.09 s at the
-median and 0.55 s for the longest test sentences, beam 16 up to 0.72 s; less per request in a call for many. The
-time a call waits for its turns does not count, nor the time its steps wait for the GIL, which the event loop holds
-between PyTorch operations (time.thread_time), so that the server's own load does not make a call long: with the
-batcher's clock instead, 32 clients sending one-sentence beam-5 requests got 429 busy. Other work on the same cores
-still inflates it: 2-3x beside a busy process in a review's probe (the engine's thread also spins at the barriers of
-PyTorch's own threads while one of them waits for a core)."""
+requests take well under it, and less per request in a call for many. The time a call waits for its turns does not
+count, nor the time its steps wait for the GIL, which the event loop holds between PyTorch operations
+(time.thread_time), so that the server's own load does not make a call long: by the batcher's clock, many clients
+sending one-sentence beam-5 requests got 429 busy. Other work on the same cores still inflates it (the engine's
+thread also spins at the barriers of PyTorch's own threads while one of them waits for a core). The figures:
+benchmarks/README.md, Serving under load, session 24 ("The defect")."""
 
 CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
