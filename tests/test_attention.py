@@ -39,7 +39,7 @@ def test_equals_torch_multihead_attention(cross, need_weights):
     want, want_w = ref(query, memory, memory, key_padding_mask=~keep, attn_mask=attn_mask,
                        average_attn_weights=False)
     mask = keep.unsqueeze(1) if cross else keep.unsqueeze(1) & causal_mask(5, 5).unsqueeze(0)
-    got = mha(query, mha.project_kv(memory), mask, AttentionContext(need_weights))
+    got = mha(query, mha.project_kv(memory), mask=mask, ctx=AttentionContext(need_weights))
     torch.testing.assert_close(got.out, want, atol=1e-5, rtol=1e-5)
     if need_weights:
         torch.testing.assert_close(got.weights, want_w, atol=1e-6, rtol=1e-5)

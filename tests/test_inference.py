@@ -185,7 +185,7 @@ def self_attention_outputs(decoder: DecoderLayer, encoder: EncoderLayer, rows: i
         cache = LayerCache(before, before)
         cache.append(before, before)
         return (decoder.self_attn.attend_self(x).out, decoder.self_attn.attend_self(x, cache=cache).out,
-                encoder(source, mask)[0])
+                encoder(source, mask=mask)[0])
     return outputs
 
 

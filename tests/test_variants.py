@@ -52,7 +52,7 @@ def test_gaussian_rows_sum_to_one_and_respect_the_masks(place):
         mask = torch.ones(T, 6, dtype=torch.bool).tril().unsqueeze(0)  # (1, T, S) look-ahead
     else:
         mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3]).unsqueeze(1)  # (B, 1, S) padding
-    out = attn(query, attn.project_kv(memory), mask, AttentionContext(need_weights=True))
+    out = attn(query, attn.project_kv(memory), mask=mask, ctx=AttentionContext(need_weights=True))
     w = out.weights  # (B, H, T, S)
     assert w.shape == (2, 4, T, 6) and out.out.shape == (2, T, 16)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, T))
@@ -76,8 +76,8 @@ def test_gaussian_weights_ignore_the_input_and_values_stay_learned():
     assert {n for n, _ in attn.named_parameters()} == {"v_proj.weight", "v_proj.bias", "out_proj.weight",
                                                         "out_proj.bias"}
     ctx, mask = AttentionContext(need_weights=True), torch.ones(1, 1, 5, dtype=torch.bool)
-    a = attn(torch.randn(1, 5, 16), attn.project_kv(torch.randn(1, 5, 16)), mask, ctx).weights
-    b = attn(torch.randn(1, 5, 16), attn.project_kv(torch.randn(1, 5, 16)), mask, ctx).weights
+    a = attn(torch.randn(1, 5, 16), attn.project_kv(torch.randn(1, 5, 16)), mask=mask, ctx=ctx).weights
+    b = attn(torch.randn(1, 5, 16), attn.project_kv(torch.randn(1, 5, 16)), mask=mask, ctx=ctx).weights
     assert torch.equal(a, b)
 
 

@@ -242,7 +242,7 @@ class MultiHeadAttention(nn.Module):
         """(B, S, D) memory -> keys and values, each (B, H, S, Dh)."""
         return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
 
-    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
+    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], *, mask: Tensor | None = None,
                 ctx: AttentionContext = AttentionContext()) -> AttentionOutput:
         """query (B, T, D); kv from `project_kv`; mask (B, T or 1, S) bool -> AttentionOutput."""
         return self._attend(self._split(self.q_proj(query)), kv, mask, ctx)

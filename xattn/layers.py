@@ -90,7 +90,8 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = norm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor, ctx: AttentionContext = AttentionContext()) -> tuple[Tensor, LayerWeights]:
+    def forward(self, x: Tensor, *, mask: Tensor, ctx: AttentionContext = AttentionContext()
+                ) -> tuple[Tensor, LayerWeights]:
         """x (B, S, D), mask (B, 1, S) -> (B, S, D)."""
         a = self.self_attn.attend_self(self.self_attn_norm.before(x), mask=mask, ctx=ctx)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
@@ -118,7 +119,7 @@ class DecoderLayer(nn.Module):
                                        cache=inputs.cache)
         x = self.self_attn_norm.after(x, self.dropout(a.out))
         h = self.cross_attn_norm.before(x)
-        c = self.cross_attn(fold(h, inputs.group), inputs.cross_kv, inputs.cross_mask, inputs.cross_ctx)
+        c = self.cross_attn(fold(h, inputs.group), inputs.cross_kv, mask=inputs.cross_mask, ctx=inputs.cross_ctx)
         x = self.cross_attn_norm.after(x, self.dropout(c.out.view_as(x)))
         x = self.ffn_norm.after(x, self.dropout(self.ffn(self.ffn_norm.before(x))))
         return x, LayerWeights(self_attn=a.weights, cross_attn=unfold_weights(c.weights, inputs.group))

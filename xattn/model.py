@@ -203,7 +203,7 @@ class Transformer(nn.Module):
         weights, positions = [], torch.arange(src.shape[1], device=src.device)
         for i, layer in enumerate(self.encoder.layers):
             ctx = context("enc_self", i, need_weights, positions, head_mask)
-            x, w = layer(x, mask.unsqueeze(1), ctx)  # mask (B, 1, S)
+            x, w = layer(x, mask=mask.unsqueeze(1), ctx=ctx)  # mask (B, 1, S)
             weights.append(w.self_attn)
         return EncoderOutput(self.encoder.norm(x), mask, tuple(weights) if need_weights else None)
 

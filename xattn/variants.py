@@ -92,9 +92,9 @@ class GaussianAttention(nn.Module):
                     cache: LayerCache | None = None) -> AttentionOutput:
         """Self-attention of x (B, T, D), as MultiHeadAttention.attend_self."""
         kv = self.project_kv(x)
-        return self(x, cache.append(*kv) if cache is not None else kv, mask, ctx)
+        return self(x, cache.append(*kv) if cache is not None else kv, mask=mask, ctx=ctx)
 
-    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None,
+    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], *, mask: Tensor | None = None,
                 ctx: AttentionContext = AttentionContext()) -> AttentionOutput:
         """query (B, T, D) (only its shape matters); kv from `project_kv`; mask (B, T or 1, S) bool."""
         B, T, _ = query.shape

@@ -32,7 +32,7 @@ __all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "bea
            "search", "search_steps", "seeded", "Vocab"]
 
 
-def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
+def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None, *,
            need_attention: bool = False, enc: EncoderOutput | None = None,
            head_mask: HeadMask | None = None, vocab: Vocab | None = None,
            track: Tracked | None = None) -> list[list[Hypothesis]]:
@@ -42,7 +42,8 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
             model.check_head_mask(head_mask)
         except ValueError as e:
             raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
-    return finish(search_steps(model, src, cfg, prefix, need_attention, enc, head_mask, vocab, track))
+    return finish(search_steps(model, src, cfg, prefix, need_attention=need_attention, enc=enc, head_mask=head_mask,
+                               vocab=vocab, track=track))
 
 
 def seeded(cfg: DecodeConfig, device: torch.device | str) -> torch.Generator:
@@ -51,7 +52,7 @@ def seeded(cfg: DecodeConfig, device: torch.device | str) -> torch.Generator:
     return generator.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2 ** 62, (1,))))
 
 
-def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None,
+def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None, *,
                  need_attention: bool = False, enc: EncoderOutput | None = None,
                  head_mask: HeadMask | None = None, vocab: Vocab | None = None,
                  track: Tracked | None = None, generator: torch.Generator | None = None) -> Steps[list[list[Hypothesis]]]:
@@ -74,11 +75,9 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
         return done([])
     max_len = max_lengths(src, cfg, model.cfg, prefix)
     rules = constraints(cfg, model.cfg)
-    if cfg.sampling:
-        pick = sampler(warpers(cfg), generator or seeded(cfg, src.device))
-        return ancestral(model, src, max_len, rules, pick, cfg.num_samples, prefix, cfg.length_penalty,
-                         need_attention, enc, head_mask, vocab, track)
-    if cfg.beam_size == 1:
-        return ancestral(model, src, max_len, rules, argmax, 1, prefix, cfg.length_penalty, need_attention, enc,
-                         head_mask, vocab, track)
-    return beam_search(model, src, cfg, max_len, rules, prefix, need_attention, enc, head_mask, vocab, track)
+    options = dict(prefix=prefix, need_attention=need_attention, enc=enc, head_mask=head_mask, vocab=vocab, track=track)
+    if cfg.beam_size > 1 and not cfg.sampling:
+        return beam_search(model, src, cfg, max_len, rules, **options)
+    pick = sampler(warpers(cfg), generator or seeded(cfg, src.device)) if cfg.sampling else argmax
+    return ancestral(model, src, max_len, rules, pick, copies=cfg.num_samples if cfg.sampling else 1,
+                     alpha=cfg.length_penalty, **options)

@@ -30,7 +30,7 @@ def sampler(warps: list[Processor], generator: torch.Generator) -> Pick:
 
 
 @torch.inference_mode()
-def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick,
+def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constraints, pick: Pick, *,
               copies: int = 1, prefix: Tensor | None = None, alpha: float = 1.0,
               need_attention: bool = False, enc: EncoderOutput | None = None,
               head_mask: HeadMask | None = None, vocab: Vocab | None = None,
@@ -42,7 +42,7 @@ def ancestral(model: Transformer, src: Tensor, max_len: Tensor, rules: Constrain
     `track`: as in `search`.
     """
     cfg, device = model.cfg, src.device
-    step = make_step(model, need_attention, head_mask, vocab, track)
+    step = make_step(model, need_weights=need_attention, head_mask=head_mask, vocab=vocab, track=track)
     R = src.shape[0] * copies
     max_len = max_len.to(device).repeat_interleave(copies)  # (R,)
     prefix = prefix.repeat_interleave(copies, dim=0) if prefix is not None else None  # (R, P)

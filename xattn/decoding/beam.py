@@ -169,7 +169,7 @@ def coverage_layer(cfg) -> int:
     return layer
 
 
-def start(model: Transformer, src: Tensor, K: int, T: int, track: bool, cover: bool,
+def start(model: Transformer, src: Tensor, K: int, T: int, *, track: bool, cover: bool,
           tracked: Tracked | None = None) -> tuple[Beam, Finished]:
     B, device, pad = src.shape[0], src.device, model.cfg.pad_id
     first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
@@ -214,7 +214,7 @@ def candidates(lp: Tensor, beam: Beam, K: int, state: StepState) -> Candidates:
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints,
+def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Tensor, rules: Constraints, *,
                 prefix: Tensor | None = None, need_attention: bool = False, enc: EncoderOutput | None = None,
                 head_mask: HeadMask | None = None, vocab: Vocab | None = None,
                 track: Tracked | None = None) -> Steps[list[list[Hypothesis]]]:
@@ -231,10 +231,11 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     K, alpha, beta, eos = cfg.beam_size, cfg.length_penalty, cfg.coverage_penalty, model.cfg.eos_id
     device, max_len = src.device, max_len.to(src.device)
     T = int(max_len.max()) + 1
-    step = make_step(model, need_attention or beta > 0, head_mask, vocab, track if beta == 0 else None)
+    step = make_step(model, need_weights=need_attention or beta > 0, head_mask=head_mask, vocab=vocab,
+                     track=track if beta == 0 else None)
     cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
-    beam, finished = start(model, src, K, T, need_attention, beta > 0, track)
+    beam, finished = start(model, src, K, T, track=need_attention, cover=beta > 0, tracked=track)
     read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     columns = Columns.of(vocab.ids, model.cfg.tgt_vocab_size) if vocab is not None else None

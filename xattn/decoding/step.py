@@ -111,7 +111,7 @@ def first_argmax(x: Tensor, block: int = 64) -> Tensor:
     return columns.gather(1, x.gather(1, columns).argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
-def make_step(model: Transformer, need_weights: bool = False, head_mask: HeadMask | None = None,
+def make_step(model: Transformer, *, need_weights: bool = False, head_mask: HeadMask | None = None,
               vocab: Vocab | None = None, track: Tracked | None = None) -> Step:
     """A `Step` over the model's decoder (with `head_mask`, see Transformer.encode); with `need_weights` it
     also returns this step's cross-attention, every layer's (N, L, H, S) or, with `track`, the mean of its
