@@ -74,3 +74,21 @@ def test_an_overridden_list_entry_that_is_wrong_is_not_blamed_on_the_file(tmp_pa
     path.write_text("data:\n  corpora: [{tsv: x.tsv, upsample: 0}]\n")
     with pytest.raises(XattnError, match=r"base.yaml: data.corpora\[0\].upsample:"):
         load_config(path)
+
+
+def test_which_settings_a_search_ignores_is_the_configs_and_only_used_sets_them_back():
+    from xattn.config import DecodeConfig
+
+    greedy, beam = DecodeConfig(beam_size=1, n_best=1), DecodeConfig(beam_size=4, n_best=2)
+    sampling = DecodeConfig(sampling=True, num_samples=3)
+    assert greedy.ignored == DecodeConfig.SAMPLING_ONLY | {"coverage_penalty", "stopping"}
+    assert beam.ignored == DecodeConfig.SAMPLING_ONLY and sampling.ignored == DecodeConfig.BEAM_ONLY
+    assert (greedy.returned, beam.returned, sampling.returned) == (1, 2, 3)
+    asked = dict(coverage_penalty=0.2, stopping="early", temperature=0.5)
+    base = DecodeConfig(max_len_b=20)
+    first = DecodeConfig(beam_size=1, n_best=1, max_len_b=7, **asked).only_used(base)  # a greedy search beside a wider beam
+    assert (first.coverage_penalty, first.stopping, first.temperature, first.max_len_b) == (0.0, "exact", 1.0, 7)
+    kept = DecodeConfig(beam_size=4, max_len_b=7, **asked).only_used(base)
+    assert (kept.coverage_penalty, kept.stopping, kept.temperature) == (0.2, "early", 1.0)
+    with pytest.raises(XattnError, match="decode.stopping: applies to beam search"):
+        greedy.refuse_unused(["max_len_b", "stopping"])

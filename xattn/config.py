@@ -290,6 +290,11 @@ class DecodeConfig:
         """Rows decoded per input: samples when sampling, else the beam."""
         return self.num_samples if self.sampling else self.beam_size
 
+    @property
+    def returned(self) -> int:
+        """Translations returned per input: the samples when sampling, else the beam's n_best."""
+        return self.num_samples if self.sampling else self.n_best
+
     def max_output_tokens(self, src_len: int) -> int:
         """floor(max_len_a * src_len + max_len_b): the most tokens a search may give before its EOS, for a source
         of `src_len` tokens (its EOS counted); the one rule of the search (max_lengths) and the server's limits."""
@@ -317,13 +322,23 @@ class DecodeConfig:
         return [f.name for f in dataclasses.fields(self)
                 if getattr(self, f.name) not in (getattr(default, f.name), getattr(base, f.name))]
 
+    @property
+    def ignored(self) -> frozenset[str]:
+        """The settings this config's kind of search has no use for: the beam's when sampling, the sampler's when
+        searching, and the coverage penalty and stopping rule with a beam of 1."""
+        return self.BEAM_ONLY if self.sampling else \
+            self.SAMPLING_ONLY | (self.WIDE_BEAM_ONLY if self.beam_size == 1 else frozenset())
+
+    def only_used(self, base: DecodeConfig) -> DecodeConfig:
+        """This config with the settings its kind of search ignores (`ignored`) back at `base`'s: for a search that
+        runs beside another with more settings (a server's greedy first search beside a wider beam)."""
+        return dataclasses.replace(self, **{key: getattr(base, key) for key in self.ignored})
+
     def refuse_unused(self, given: Iterable[str]) -> None:
         """Of the settings a user gave (`given`, field names), the first that this config's kind of search
         would ignore is a ConfigError naming it: the beam's when sampling, the sampler's when searching, the
         coverage penalty and stopping rule with a beam of 1. Front ends map the names to their own."""
-        ignored = self.BEAM_ONLY if self.sampling else \
-            self.SAMPLING_ONLY | (self.WIDE_BEAM_ONLY if self.beam_size == 1 else frozenset())
-        if unused := sorted(set(given) & ignored):
+        if unused := sorted(set(given) & self.ignored):
             key = unused[0]
             raise Unused(f"decode.{key}", "applies to beam search, not to sampling (samples: decode.num_samples)"
                               if self.sampling else "applies to sampling only; set decode.sampling"

@@ -311,7 +311,7 @@ class Translator:
             src_len = src.ne(pad).sum(dim=1).tolist()
             cross = [h.cross_attention[..., : src_len[r]].numpy() for h, r in zip(flat, rows)]
         out, r = [], 0
-        many = cfg.num_samples > 1 if cfg.sampling else cfg.n_best > 1
+        many = cfg.returned > 1
         for source, hyps in zip(ids, nbest):
             src_tokens = self.tokenizers.src.pieces(source)
             options_ = [self._translation(h, src_tokens, cross[r + i], selfw[r + i]) for i, h in enumerate(hyps)]

@@ -18,7 +18,7 @@ from xattn.attention import (AdditiveScore, AttentionContext, AttentionOutput, D
                              MultiHeadAttention, ScaledDotScore, head_rows, linear, masked_softmax, merge_heads,
                              sliced)
 from xattn.cache import LayerCache
-from xattn.registry import PLACES  # noqa: F401 (where attention sits; importers of xattn.variants read it here)
+from xattn.config import ModelConfig
 
 
 SCORES: dict[str, Callable[[int, int], nn.Module]] = {
@@ -34,13 +34,13 @@ def build_score(name: str, n_heads: int, head_dim: int) -> nn.Module:
     return SCORES[name](n_heads, head_dim)
 
 
-def learned(cfg, place: str, layer: int) -> nn.Module:
+def learned(cfg: ModelConfig, place: str, layer: int) -> nn.Module:
     heads = cfg.heads_of(place, layer)
     score = build_score(cfg.score, heads, cfg.head_dim)
     return MultiHeadAttention(cfg.d_model, heads, score, cfg.attention_dropout, cfg.head_dim)
 
 
-def gaussian(cfg, place: str, layer: int) -> nn.Module:
+def gaussian(cfg: ModelConfig, place: str, layer: int) -> nn.Module:
     return GaussianAttention(cfg.d_model, cfg.heads_of(place, layer), place, cfg.head_dim, cfg.length_ratio or 1.0)
 
 
@@ -110,6 +110,6 @@ VARIANTS: dict[str, Callable[..., nn.Module]] = {"learned": learned, "gaussian":
 """Attention variant name -> builder (ModelConfig, place, layer) -> module."""
 
 
-def build_attention(cfg, place: str, layer: int) -> nn.Module:
-    """The attention module that `cfg` (a ModelConfig) gives `place` in layer `layer`."""
+def build_attention(cfg: ModelConfig, place: str, layer: int) -> nn.Module:
+    """The attention module that `cfg` gives `place` in layer `layer`."""
     return VARIANTS[cfg.variant(place, layer)](cfg, place, layer)

@@ -79,5 +79,5 @@ def search_steps(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Ten
     if cfg.beam_size > 1 and not cfg.sampling:
         return beam_search(model, src, cfg, max_len, rules, **options)
     pick = sampler(warpers(cfg), generator or seeded(cfg, src.device)) if cfg.sampling else argmax
-    return ancestral(model, src, max_len, rules, pick, copies=cfg.num_samples if cfg.sampling else 1,
+    return ancestral(model, src, max_len, rules, pick, copies=cfg.hypotheses,
                      alpha=cfg.length_penalty, **options)

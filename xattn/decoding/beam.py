@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from xattn.cache import filling
-from xattn.config import DecodeConfig
+from xattn.config import DecodeConfig, ModelConfig
 from xattn.decoding.step import Hypothesis, Steps, Tracked, gnmt_penalty, hypothesis, in_steps, make_step, prepare_cache
 from xattn.errors import ParameterError
 from xattn.model import EncoderOutput, HeadMask, Transformer, nearest_with_heads
@@ -159,9 +159,9 @@ def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
     return beta * mass.sum(dim=-1)
 
 
-def coverage_layer(cfg) -> int:
+def coverage_layer(cfg: ModelConfig) -> int:
     """The decoder layer whose cross-attention the coverage penalty reads: the last one with heads (a pruned
-    model's last layer may have none). `cfg`: the ModelConfig."""
+    model's last layer may have none)."""
     layer = nearest_with_heads(cfg.heads_per_layer("cross"), cfg.n_decoder_layers - 1)
     if layer is None:
         raise ParameterError("coverage_penalty", "every cross-attention head of this model was pruned, so there is "

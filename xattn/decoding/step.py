@@ -51,8 +51,8 @@ class Tracked:
     layer: int
     heads: tuple[int, ...] | None = None
 
-    def checked(self, cfg) -> Tracked:
-        """Itself, if the model of ModelConfig `cfg` has that layer and those heads; else a ParameterError."""
+    def checked(self, cfg: ModelConfig) -> Tracked:
+        """Itself, if the model of `cfg` has that layer and those heads; else a ParameterError."""
         heads = cfg.heads_per_layer("cross")
         whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
         if not whole(self.layer) or not (self.heads is None or isinstance(self.heads, (tuple, list))

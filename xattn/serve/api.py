@@ -259,8 +259,8 @@ def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConf
         decode = dataclasses.replace(base, **base.with_choices(given))
         wider = dataclasses.replace(decode, **widen) if widen else None
         (wider or decode).refuse_unused(asked)
-        if wider is not None and decode.beam_size == 1:  # a greedy first search: the beam's settings are the wider's
-            decode = dataclasses.replace(decode, **{k: getattr(base, k) for k in DecodeConfig.WIDE_BEAM_ONLY})
+        if wider is not None:  # the first search leaves what only the wider one uses (a greedy one, the beam's)
+            decode = decode.only_used(base)
         return decode, wider
     except XattnError as e:  # a ConfigError "decode.beam_size: must be ..." (field names are the request's)
         raise ApiError(422, str(e).replace("decode.", ""), "invalid_request") from None
