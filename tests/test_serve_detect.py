@@ -67,6 +67,19 @@ def test_source_auto_refuses_only_long_texts_the_identifier_gives_the_source_alm
     assert detect.as_source([long_english], "digits") == [("digits", 0.0)]  # a source it does not know: never refused
 
 
+@pytest.mark.parametrize("text, language", [("こんにちは世界、元気ですか", "ja"), ("Привет, как дела?", "ru"),
+                                            ("안녕하세요 세계", "ko"), ("שלום עולם", "he"), ("谢谢你", None)])
+def test_source_auto_refuses_a_short_text_in_another_script(text, language):
+    """Under MIN_LETTERS letters, but in a script the source is not written in: the identifier rules the source
+    out (at most RULED_OUT), so it is refused however short (a Japanese question went to a German model as German)."""
+    assert sum(ch.isalpha() for ch in text) < detect.MIN_LETTERS
+    (guess,) = detect.as_source([text], "de")
+    assert guess.language != "de" and guess.language == (language or guess.language)
+    for own, source in (("Hund", "de"), ("Un kayakiste", "fr"), ("NYPD", "en"), ("Taiwanec", "cs"), ("Ein Hund", "de")):
+        assert detect.as_source([own], source)[0].language == source  # short texts of the source itself: taken
+    assert detect.as_source(["Un chien"], "de")[0].language == "de"  # the same script: too short to tell, taken
+
+
 # ------------------------------------------------------------------------------------------ POST /detect
 
 def test_detect_answers_like_libretranslate(client):
@@ -113,6 +126,8 @@ def test_source_auto_translates_the_source_language_and_refuses_another_clearly_
     assert "not as this model's source language de; give the source language explicitly" in reply.json()["error"]
     assert client.post("/translate", json={"q": ENGLISH, "source": "de"}).status_code == 200  # asked for: done
     assert client.post("/translate", json={"q": "A man on a ladder."}).json()["detectedLanguage"]["language"] == "de"
+    error(client.post("/translate", json={"q": ["drei", "こんにちは世界、元気ですか"]}), 400,
+          "source: auto, and q[1] reads as ja (confidence", "unsupported_language")
 
 
 # ------------------------------------------------------------------------------------------ POST /translate_file

@@ -259,6 +259,9 @@ def test_several_models_report_the_identifier_s_own_confidence_and_short_texts_g
     assert route.served.path == "d" and [lang for lang, _ in route.detected] == ["fr"] * 3
     with pytest.raises(ApiError, match="source: the texts were detected as de, fr"):  # long texts of two languages
         models.route("auto", None, ["vingt et un mille cinq cent six", "Ein Mann steht auf einer Leiter im Garten."])
+    for texts, i in ((["こんにちは世界、元気ですか"], 0), (["vingt-deux mille", "Привет, как дела?"], 1)):
+        with pytest.raises(ApiError, match=fr"source: q\[{i}\] was detected as \w+ \((ja|ru)\), not as a source language"):
+            models.route("auto", None, texts)  # short, but in a script none of the sources is written in
 
 
 def test_short_texts_alone_choose_their_language_together():

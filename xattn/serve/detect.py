@@ -21,6 +21,11 @@ of their request (serve/models.py): on shorter ones the identifier is too often 
 SOURCE_AT_MOST = 0.005
 """... and refuses a text only when the identifier gives the model's source language at most this probability.
 Both chosen on Multi30k val (no source-language text refused); measured on test in benchmarks/README.md."""
+RULED_OUT = 1e-4
+"""... or, whatever its length, when the identifier gives the source at most this: short texts of the language
+itself, or of another written in the same script, stay above it, while a text of a few characters in another script
+(Japanese, Cyrillic, Arabic to a German model) falls far below (chosen on Multi30k train: benchmarks/README.md,
+Language identification)."""
 UNDETERMINED = "und"
 """ISO 639-2 for a text with nothing to go on (no letters), or no candidate language the identifier knows."""
 
@@ -90,14 +95,15 @@ def identify(texts: Sequence[str], candidates: Iterable[str] | None = None) -> l
 def as_source(texts: Sequence[str], source: str) -> list[Guess]:
     """The language each text is taken to be in when a client asks a model that reads `source` for
     `source: auto`: Guess(source, the identifier's probability of it), unless the text is clearly in another
-    language, that is, it has at least MIN_LETTERS letters and the identifier gives `source` at most
-    SOURCE_AT_MOST; then the most likely language and its probability. A source language the identifier does not
-    know is never refused (its probability is 0)."""
+    language, that is, the identifier gives `source` at most SOURCE_AT_MOST and the text has at least MIN_LETTERS
+    letters, or at most RULED_OUT; then the most likely language and its probability. A source language the
+    identifier does not know is never refused (its probability is 0)."""
     identifier = _everything() if source in _everything().labels else None
     out = []
     for text in texts:
         ranked = _rank(identifier, text)
         mine = next((p for lang, p in ranked if lang == source), 0.0)
-        clearly_other = bool(ranked) and mine <= SOURCE_AT_MOST and sum(ch.isalpha() for ch in text) >= MIN_LETTERS
+        clearly_other = bool(ranked) and (mine <= RULED_OUT or mine <= SOURCE_AT_MOST
+                                          and sum(ch.isalpha() for ch in text) >= MIN_LETTERS)
         out.append(Guess(*ranked[0]) if clearly_other else Guess(source, mine))
     return out
