@@ -21,8 +21,8 @@ Measured here with each Multi30k language as the source in turn: the share of so
 is refused when the identifier gives the source at most that): the lowest probability py3langid gives a language
 for its own short texts, the beginnings (1, 2 and 3 words, under the minimum of letters) of every Multi30k training
 sentence in en, de, fr and cs, and how many the rule refuses; and, for each as the source, the highest it gives
-OTHER_SCRIPTS, short texts in languages written in other scripts, and how many it refuses. Writes
-results/language_id_ruled_out.json; needs only xattn's serve extra.
+OTHER_SCRIPTS, short texts in languages written in other scripts, and how many it refuses; and the rule's table
+on test as above. Writes results/language_id_ruled_out.json; needs only xattn's serve extra.
 
 usage: python benchmarks/language_id.py [--sentences 1000] [--repeats 3] [--only NAME ...] [--ruled-out]
 Writes benchmarks/results/language_id.json. Needs every candidate installed (pip install langid py3langid
@@ -462,7 +462,8 @@ def main() -> int:
         print("\n".join(tables(json.loads((RESULTS / "language_id.json").read_text()))))
         return 0
     if args.ruled_out:
-        print(f"wrote {write_result('language_id_ruled_out', ruled_out(data_dir()))}")
+        rule = refusal_rule(multi30k_sentences(data_dir(), args.sentences))  # the table below, with RULED_OUT
+        print(f"wrote {write_result('language_id_ruled_out', {**ruled_out(data_dir()), 'refusal_rule': rule})}")
         return 0
     load_before = os.getloadavg()  # the machine is shared: how busy it was, for the absolute speeds
     texts = multi30k_sentences(data_dir(), args.sentences)
