@@ -46,6 +46,8 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
      "n_best: applies to beam search, not to sampling"),  # not "raise the beam", which sampling then refuses
     (b'{"q": "drei", "beam_size": NaN}', "application/json", 422, "NaN is not JSON"),
     (b"q=vier%FFzig", "application/x-www-form-urlencoded", 422, "q: not UTF-8 once percent-decoded"),
+    (b"q=vier&q", "application/x-www-form-urlencoded", 422, "q: given without `=` and a value (body)"),
+    (b"q=vier%2zig", "application/x-www-form-urlencoded", 422, "q: a malformed percent escape '%2z' (body)"),
     (b'{"q": "drei", "min_len": 40}', "application/json", 422, "min_len: 40 is above the 14 output tokens"),
     (json.dumps({"q": ["drei"] * 32, "beam_size": 16, "max_len_b": 500}).encode(), "application/json", 413,
      "over the limit of 100000"),
@@ -113,6 +115,11 @@ def test_fields_in_the_query_string_as_deep_translator_sends_them(client):
     assert reply.json()["translatedText"] == client.post("/translate", json={"q": "drei"}).json()["translatedText"]
     error(client.post("/translate?q=drei", json={"q": "vier"}), 422, "q: given in both the query string and the body")
     error(client.post("/translate?q=vier%FFzig"), 422, "q: not UTF-8 once percent-decoded (query string)")
+    error(client.post("/translate?q=drei&source=de&q"), 422, "q: given without `=` and a value (query string)")
+    error(client.post("/translate?q=drei%ZZ&source=de"), 422, "q: a malformed percent escape '%ZZ' (query string)")
+    reply = client.post("/translate?q=drei&&source=de&")  # empty fields: nothing
+    assert reply.status_code == 200 and reply.json()["translatedText"] == client.post(
+        "/translate", json={"q": "drei"}).json()["translatedText"]
 
 
 def test_query_string_fields_beside_a_json_body_are_read_as_text(client):
@@ -173,6 +180,11 @@ def test_the_key_may_come_in_the_query_string(keyed):
     error(post_raw(keyed, b'{"q": "drei", "api_key": "\\ud800"}'), 422, "api_key: holds a lone surrogate")
     error(keyed.post("/translate?api_key=wrong", json={"q": "drei"}), 403, "invalid API key")
     assert keyed.post("/translate?api_key=s3cret&q=drei").status_code == 200
+    for headers in ([("Authorization", "Bearer a-proxy-token"), ("Authorization", "Bearer s3cret")],
+                    [("Authorization", "Bearer s3cret"), ("Authorization", "Bearer a-proxy-token")]):
+        assert keyed.post("/translate", json={"q": "drei"}, headers=headers).status_code == 200  # any header, in any order
+    headers = [("Authorization", "Bearer x"), ("Authorization", "Basic s3cret")]  # only Bearer tokens count
+    error(keyed.post("/translate", json={"q": "drei"}, headers=headers), 403, "invalid API key")
 
 
 def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):

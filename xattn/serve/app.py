@@ -185,7 +185,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     @app.post("/translate", openapi_extra=openapi_body(TranslateRequest))
     async def translate(request: Request):
         req = parse_request(*await read_request(request, limits))
-        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         route = models.route(req.source, req.target, request_texts(req.q, limits))
         record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
@@ -197,7 +197,7 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     @app.post("/detect", openapi_extra=openapi_body(DetectRequest))
     async def detect_language(request: Request):
         req = parse_request(*await read_request(request, limits), kind=DetectRequest)
-        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         return detection(request_texts(req.q, limits))
 
 
@@ -253,7 +253,7 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
     async def translate_file(request: Request):
         fields, text = await read_request(request, limits, files=1)
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
-        check_key(api_key, req.api_key, request.headers.get("authorization", ""))
+        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         filename, content = file_text(fields.get("file"), limits)
         document = Document.parse(content)
         lines, numbers = document.texts()  # (a file of blank lines is refused as such, before any routing)

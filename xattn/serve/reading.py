@@ -10,9 +10,10 @@ import asyncio
 import hmac
 import json
 import math
+import re
 import sys
 from typing import Awaitable, TypeVar
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_plus
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
@@ -25,15 +26,17 @@ MAX_DIGITS = 30
 """Digits a JSON integer may have: more fits no field, and Python refuses to read over 4,300."""
 
 
-def check_key(expected: str | None, in_body: str | None, authorization: str) -> None:
-    """With a key set, the body's api_key or an `Authorization: Bearer KEY` header must give it."""
+def check_key(expected: str | None, in_body: str | None, authorization: list[str]) -> None:
+    """With a key set, the body's api_key or an `Authorization: Bearer KEY` header (of the `authorization` headers
+    given) must give it."""
     if expected is None:
         return
-    scheme, _, token = authorization.partition(" ")
-    given = [key for key in (in_body, token.strip() if scheme.lower() == "bearer" else "") if key]
+    tokens = [token.strip() for scheme, _, token in (header.partition(" ") for header in authorization)
+              if scheme.lower() == "bearer"]
+    given = [key for key in (in_body, *tokens) if key]
     if not given:
         raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
-    # either may hold it: a proxy in front may send a Bearer token of its own beside the body's key
+    # any may hold it: a proxy in front may send a Bearer token of its own beside the body's key, or a header
     if not any([hmac.compare_digest(key.encode(), expected.encode()) for key in given]):
         raise ApiError(403, "invalid API key", "unauthorized")
 
@@ -180,13 +183,27 @@ def checked(value, where: str):
 
 
 def query_fields(raw: bytes, where: str) -> dict[str, list[str]]:
-    """The fields of a query string or form body, each value strictly UTF-8 once percent-decoded (a `%FF` is
-    a 422 naming the field, not a replacement character)."""
+    """The fields of a query string or form body, each `name=value`, each value strictly UTF-8 once percent-decoded
+    (a `%FF` is a 422 naming the field, not a replacement character). A field without `=` (`?q=a&q`, which
+    would be one more, empty text) and a `%` not followed by two hex digits are 422s naming the field too: read
+    leniently, they change the request silently."""
     fields: dict[str, list[str]] = {}
-    for key, value in parse_qsl(bytes(raw).decode("latin-1"), keep_blank_values=True, encoding="latin-1"):
+    for pair in bytes(raw).decode("latin-1").split("&"):
+        if not pair:  # (`a=1&&b=2`, a trailing `&`: nothing)
+            continue
+        if "=" not in pair:
+            name = fix_utf8(unquote_plus(pair, encoding="latin-1"), where, "a field name")
+            raise ApiError(422, f"{name}: given without `=` and a value ({where})", "invalid_request")
+        ((key, value),) = parse_qsl(pair, keep_blank_values=True, encoding="latin-1")
         name = fix_utf8(key, where, "a field name")
+        if bad := BAD_ESCAPE.search(pair):
+            raise ApiError(422, f"{name}: a malformed percent escape {bad.group()!r} ({where})", "invalid_request")
         fields.setdefault(name, []).append(fix_utf8(value, where, name))
     return fields
+
+
+BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2}).{0,2}", re.S)
+"""A `%` that does not start an escape of two hex digits (and what follows it, to show)."""
 
 
 def fix_utf8(text: str, where: str, field: str) -> str:
