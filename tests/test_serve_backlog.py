@@ -442,3 +442,10 @@ def test_max_backlog_above_the_timeout_is_refused_in_one_line(capsys, tmp_path):
     assert main(["serve", str(tmp_path), "--timeout", "10", "--max-backlog", "20"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--max-backlog: 20 s is above --timeout (10 s)" in err
+
+
+def test_a_batch_wait_not_below_the_timeout_is_refused_in_one_line(capsys, tmp_path):
+    """--batch-wait-ms 5000 with --timeout 3 answered lone requests after a burst with 504s."""
+    assert main(["serve", str(tmp_path), "--timeout", "3", "--batch-wait-ms", "5000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--batch-wait-ms: 5000 ms is not below --timeout (3 s)" in err

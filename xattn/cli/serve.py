@@ -167,6 +167,10 @@ def checked_flags(args) -> tuple[dict, dict]:
         raise XattnError(f"--max-backlog: {values['max_backlog_s']:g} s is above --timeout "
                          f"({values['timeout_s']:g} s), so requests admitted would time out before their turn; "
                          "lower it")
+    if values["batch_wait_ms"] / 1000 >= values["timeout_s"]:
+        raise XattnError(f"--batch-wait-ms: {values['batch_wait_ms']:g} ms is not below --timeout "
+                         f"({values['timeout_s']:g} s), so a request waiting for its batch would time out first; "
+                         "lower it")
     if values["max_n_best"] > values["max_beam"]:
         raise XattnError(f"--max-n-best: {values['max_n_best']} is above --max-beam ({values['max_beam']}); n-best "
                          "hypotheses come from the beam, so lower it or raise --max-beam")
