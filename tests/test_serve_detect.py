@@ -156,6 +156,18 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
     assert disposition == "attachment; filename*=utf-8''Z%C3%A4hlen_en.TXT"
 
 
+def test_a_file_name_not_in_the_body_s_charset_is_a_422_not_mojibake(client):
+    """A Latin-1 file name (raw \xe4) was read as Latin-1 by the parser, and the download named `äÿ_en.txt`."""
+    def body(name: bytes) -> bytes:
+        return (b'--b\r\nContent-Disposition: form-data; name="file"; filename="' + name + b'"\r\n'
+                b"Content-Type: text/plain\r\n\r\ndrei\r\n--b--\r\n")
+    kind = {"Content-Type": "multipart/form-data; boundary=b"}
+    error(client.post("/translate_file", content=body(b"\xe4\xff.txt"), headers=kind), 422,
+          "file: its file name: not UTF-8 (multipart/form-data)", "invalid_request")
+    _, disposition = download(client, client.post("/translate_file", content=body("Zähler.txt".encode()), headers=kind))
+    assert disposition == "attachment; filename*=utf-8''Z%C3%A4hler_en.txt"
+
+
 def test_a_file_of_more_lines_than_a_request_may_have_is_one_request(small):
     """Its lines are one request's texts, whatever --max-items (7 lines where a request may have 3), translated as
     /translate translates them; it takes one place in the queue (2 may wait here)."""
@@ -191,9 +203,10 @@ def test_translate_file_checks_the_key_and_needs_a_file(small):
     error(small.post("/translate_file", data={"api_key": "k3y", "file": "drei"}), 422, "file: a text field, not a file")
     error(small.post("/translate_file", data={"api_key": "k3y", "source": "de"}), 422, "file: missing")
     two = [("file", ("a.txt", b"drei")), ("file", ("b.txt", b"vier"))]
-    error(small.post("/translate_file", files=two, data={"api_key": "k3y"}), 422, "Too many files")
-    error(small.post("/translate", files={"file": ("a.txt", b"drei")}, data={"q": "drei", "api_key": "k3y"}), 422,
-          "Too many files")  # /translate takes no file
+    error(small.post("/translate_file", files=two, data={"api_key": "k3y"}), 422,
+          "file: one file too many: this route takes 1 (`file`)")
+    error(small.post("/translate", files={"q": ("a.txt", b"drei")}, data={"api_key": "k3y"}), 422,
+          "q: a file, where this route takes text fields only")  # /translate takes no file (it said: body: Too many)
     error(small.get("/download_file/nothing-here"), 404, "/download_file/nothing-here: no such file", "not_found")
     paths = small.get("/openapi.json").json()["paths"]
     assert "file" in paths["/translate_file"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"][

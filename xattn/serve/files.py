@@ -44,6 +44,11 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
         form = await MultiPartParser(headers, body(), max_files=max_files, max_fields=64,
                                      max_part_size=max_part_size).parse()
     except MultiPartException as e:
+        if "too many files" in e.message.lower():  # (the parser names no field)
+            raise ApiError(422, f"{file_fields(headers.get('content-type', ''), raw)[max_files]}: "
+                           + ("a file, where this route takes text fields only; send it without a filename"
+                              if max_files == 0 else f"one file too many: this route takes {max_files} (`file`)"),
+                           "invalid_request") from None
         status = 413 if "size" in e.message.lower() else 422
         raise ApiError(status, f"body: {e.message}", "invalid_request") from None
     check_parts(headers.get("content-type", ""), raw)
@@ -59,29 +64,49 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
 def check_parts(content_type: str, raw: bytes) -> None:
     """What the parser lets through in a multipart body (already parsed), each a 422 naming what is wrong:
     - a body cut off before its closing boundary (`--BOUNDARY--`): the parser silently drops the last field;
-    - a field name or text field not in the body's charset (UTF-8 unless its Content-Type names another, as the
-      parser reads it): the parser reads other bytes as Latin-1, which would translate mangled text silently;
+    - a field name, text field or file name not in the body's charset (UTF-8 unless its Content-Type names another,
+      as the parser reads it): the parser reads other bytes as Latin-1, which would translate mangled text (or name
+      the download so) silently;
     - a part with a Content-Transfer-Encoding (base64, quoted-printable): RFC 7578 retired them, and the parser
       hands the encoded text on as the field's value.
-    A filename only names the download, and `file`'s content is file_text's to check."""
-    header = Message()
-    header["content-type"] = content_type
-    boundary = (header.get_param("boundary") or "").encode("latin-1")
-    charset = header.get_param("charset") or "UTF-8"
-    parts = (b"\r\n" + raw).split(b"\r\n--" + boundary)  # a boundary starts a line, as the parser reads it
-    if len(parts) < 2 or not parts[-1].startswith(b"--"):
+    `file`'s content is file_text's to check."""
+    charset, parts = split_parts(content_type, raw)
+    if not parts or not parts[-1].startswith(b"--"):
         raise ApiError(422, "body: the multipart form ends before its closing boundary (--BOUNDARY--): cut off?",
                        "invalid_request")
-    for part in parts[1:-1]:
+    for part in parts[:-1]:
         head, _, data = part.partition(b"\r\n\r\n")
-        quoted, bare = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
-        name = decoded(quoted or bare, charset, "body: a multipart field name")
+        name = decoded(part_name(head), charset, "body: a multipart field name")
         coding = re.search(rb"(?im)^content-transfer-encoding:[ \t]*([^\s;]+)", head)
         if coding and coding[1].lower() not in (b"7bit", b"8bit", b"binary"):
             raise ApiError(422, f"{name}: Content-Transfer-Encoding {coding[1].decode('latin-1')} is not supported in "
                            "a form (RFC 7578); send the field as it is", "invalid_request")
-        if name != "file" and not re.search(rb"\bfilename=", head):
+        if filename := re.search(rb'\bfilename=(?:"([^"]*)"|([^;\s]*))', head):  # (the download's name)
+            decoded(filename[1] or filename[2] or b"", charset, f"{name}: its file name")
+        elif name != "file":
             decoded(data.removesuffix(b"\r\n"), charset, name)
+
+
+def split_parts(content_type: str, raw: bytes) -> tuple[str, list[bytes]]:
+    """The charset of a multipart body (UTF-8 unless its Content-Type names another) and its parts after the first
+    boundary, the last being what follows the closing one (`--...`; none such: cut off)."""
+    header = Message()
+    header["content-type"] = content_type
+    boundary = (header.get_param("boundary") or "").encode("latin-1")
+    parts = (b"\r\n" + raw).split(b"\r\n--" + boundary)  # a boundary starts a line, as the parser reads it
+    return header.get_param("charset") or "UTF-8", parts[1:]
+
+
+def part_name(head: bytes) -> bytes:
+    """The field name in a part's head (b"" when it has none)."""
+    quoted, bare = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
+    return quoted or bare
+
+
+def file_fields(content_type: str, raw: bytes) -> list[str]:
+    """The names of a multipart body's file fields (parts with a filename), in order."""
+    heads = [part.partition(b"\r\n\r\n")[0] for part in split_parts(content_type, raw)[1][:-1]]
+    return [part_name(head).decode("utf-8", "replace") for head in heads if re.search(rb"\bfilename=", head)]
 
 
 def decoded(data: bytes, charset: str, field: str) -> str:
