@@ -754,8 +754,11 @@ def test_a_translation_stream_names_its_parameters(space):
     from xattn.errors import ParameterError
 
     translator = xattn.load(space / "model")
-    with pytest.raises(ParameterError, match="cfg: a stream runs plain greedy search"):
-        translator.stream(xattn.DecodeConfig(beam_size=5))
+    for cfg, setting in ((xattn.DecodeConfig(beam_size=5), "beam_size .5 here"),
+                         (xattn.DecodeConfig(beam_size=1, min_len=2), "min_len .2 here"),
+                         (xattn.DecodeConfig(beam_size=1, sampling=True), "sampling .True here")):
+        with pytest.raises(ParameterError, match=f"cfg: a stream runs plain greedy search, without {setting}"):
+            translator.stream(cfg)
     with pytest.raises(ParameterError, match="cfg: a DecodeConfig, got dict"):
         translator.stream({"beam_size": 1})
     stream = translator.stream(xattn.DecodeConfig(beam_size=1))

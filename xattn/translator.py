@@ -17,7 +17,7 @@ from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, encode_in_parts, finish, search_steps, seeded
-from xattn.decoding.stream import Stream, streamable
+from xattn.decoding.stream import Stream, stream_problem
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
@@ -341,9 +341,8 @@ class TranslationStream:
     def __init__(self, translator: Translator, cfg: DecodeConfig):
         if not isinstance(cfg, DecodeConfig):
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__}")
-        if not streamable(cfg, translator.model):
-            raise ParameterError("cfg", "a stream runs plain greedy search (beam_size 1, no sampling, min_len, "
-                                 "no_repeat_ngram_size or shortlist) of a model with learned attention")
+        if problem := stream_problem(cfg, translator.model):
+            raise ParameterError("cfg", problem)
         self.translator = translator
         self.stream = Stream(translator.inference.current(), cfg, translator._head_mask)
         self.sources: dict = {}  # tag -> source ids

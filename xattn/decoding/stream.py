@@ -23,12 +23,20 @@ from xattn.decoding.step import Hypothesis, first_argmax, hypothesis, make_step,
 from xattn.model import HeadMask, Transformer
 
 
+def stream_problem(cfg: DecodeConfig, model: Transformer) -> str | None:
+    """What keeps a Stream from decoding with `cfg` (None: nothing). It runs plain greedy search (no sampling,
+    beam, minimum length, n-gram ban or shortlist) of a model whose attention is learned everywhere (hard-coded
+    attention reads positions shared by the batch)."""
+    for setting, on in (("sampling", cfg.sampling), ("beam_size", cfg.beam_size != 1), ("min_len", cfg.min_len),
+                        ("no_repeat_ngram_size", cfg.no_repeat_ngram_size), ("shortlist", cfg.shortlist)):
+        if on:
+            return f"a stream runs plain greedy search, without {setting} ({getattr(cfg, setting)!r} here)"
+    return "a stream runs models with learned attention only" if model.cfg.attention else None
+
+
 def streamable(cfg: DecodeConfig, model: Transformer) -> bool:
-    """Whether a Stream can decode with `cfg`: plain greedy search (no sampling, beam, minimum length,
-    n-gram ban or shortlist) of a model whose attention is learned everywhere (hard-coded attention reads
-    positions shared by the batch)."""
-    return (not cfg.sampling and cfg.beam_size == 1 and not cfg.min_len and not cfg.no_repeat_ngram_size
-            and not cfg.shortlist and not model.cfg.attention)
+    """Whether a Stream can decode with `cfg` (stream_problem)."""
+    return stream_problem(cfg, model) is None
 
 
 class SlotLayer:
@@ -190,8 +198,8 @@ class Stream:
     """Greedy search over sentences that join (`add`) and leave (when they end, or `cancel`) between steps."""
 
     def __init__(self, model: Transformer, cfg: DecodeConfig, head_mask: HeadMask | None = None):
-        if not streamable(cfg, model):
-            raise ValueError("a Stream runs plain greedy search with learned attention (see streamable)")
+        if problem := stream_problem(cfg, model):
+            raise ValueError(problem)
         self.model, self.cfg, self.head_mask = model, cfg, head_mask
         mc = model.cfg
         self.step_fn = make_step(model, head_mask=head_mask)
