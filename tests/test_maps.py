@@ -303,3 +303,19 @@ def test_an_alignment_setting_out_of_its_choices_names_the_parameter_not_a_flag(
         AlignSettings(HeadChoice(0), **{setting: value})
     assert e.value.name == setting and str(e.value).startswith(f"{setting}: expected one of ")
     assert "--" not in str(e.value)
+
+
+@pytest.mark.parametrize("layer, heads", [(1, None), (2, (1,)), (3, None), (0, (0, 5))])
+def test_a_search_s_tracked_heads_are_checked_as_a_map_s(layer, heads):
+    """One check of a layer and heads (checks.head_problem): a search's Tracked said it otherwise."""
+    from xattn.decoding import Tracked
+    from xattn.errors import ParameterError
+
+    class Pruned:  # a ModelConfig's heads per layer, layer 1's pruned
+        def heads_per_layer(self, place):
+            return [3, 0, 1]
+    with pytest.raises(XattnError) as drawn:
+        HeadChoice(layer, heads).check([3, 0, 1], "cross-attention")
+    with pytest.raises(ParameterError) as searched:
+        Tracked(layer, heads).checked(Pruned())
+    assert str(searched.value) == f"attention_heads: {drawn.value}"

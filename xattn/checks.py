@@ -68,6 +68,23 @@ def one_of(*choices: str) -> Check:
     return lambda value: None if value in choices else f"{value!r} is not one of {', '.join(choices)}"
 
 
+def head_problem(heads: typing.Sequence[int], layer: int, chosen: typing.Sequence[int] | None,
+                 what: str = "attention") -> str | None:
+    """What is wrong with reading heads `chosen` (None: all) of layer `layer` of an attention with `heads` heads per
+    layer (None: nothing): a layer or head the model lacks, or one whose heads were all pruned. Every choice of a
+    layer and heads (analysis.maps.HeadChoice, decoding.Tracked) is checked here."""
+    if not any(heads):
+        return f"this model has no {what} heads left (all pruned): there is no attention to read"
+    if not 0 <= layer < len(heads):
+        return f"layer {layer} is not a layer of this model (0 to {len(heads) - 1})"
+    if (n := heads[layer]) == 0:
+        left = ", ".join(str(i) for i, k in enumerate(heads) if k)
+        return f"layer {layer} has no {what} heads left (pruned); layers with heads: {left}"
+    if bad := [h for h in chosen or () if not 0 <= h < n]:
+        return f"layer {layer} has no head {bad[0]} (its {what} heads: 0 to {n - 1})"
+    return None
+
+
 def device_name(value: str) -> str | None:
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
         return None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from xattn.analysis.pieces import BOS, UNK_SURFACE, by_words, piece_words, word_memberships
+from xattn.checks import head_problem
 from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.registry import kind_problem
 from xattn.words import split_words
@@ -37,7 +38,7 @@ def heads_per_layer(weights: np.ndarray) -> list[int]:
 def require_heads(heads: Sequence[int], what: str = "attention") -> None:
     """Refuse an attention whose every head was pruned (`heads`: per layer)."""
     if not any(heads):
-        raise XattnError(f"this model has no {what} heads left (all pruned): there is no attention to read")
+        raise XattnError(head_problem(heads, 0, None, what))
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,8 @@ class HeadChoice:
 
     def check(self, heads: Sequence[int], what: str = "attention") -> None:
         """Refuse, in one line, a layer or head the model does not have; `heads`: how many each layer has."""
-        require_heads(heads, what)
-        if not 0 <= self.layer < len(heads):
-            raise XattnError(f"layer {self.layer} is not a layer of this model (0 to {len(heads) - 1})")
-        n = heads[self.layer]
-        if n == 0:
-            left = ", ".join(str(i) for i, k in enumerate(heads) if k)
-            raise XattnError(f"layer {self.layer} has no {what} heads left (pruned); layers with heads: {left}")
-        if bad := [h for h in self.heads or () if not 0 <= h < n]:
-            raise XattnError(f"layer {self.layer} has no head {bad[0]} (its {what} heads: 0 to {n - 1})")
+        if problem := head_problem(heads, self.layer, self.heads, what):
+            raise XattnError(problem)
 
     def select(self, weights: np.ndarray) -> np.ndarray:
         """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged."""

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from xattn.attention import padding_mask
 from xattn.cache import DecoderCache
+from xattn.checks import head_problem
 from xattn.config import DecodeConfig, ModelConfig
 from xattn.errors import ParameterError
 from xattn.inference import linear_rows
@@ -61,12 +62,8 @@ class Tracked:
                                  f"None, got ({self.layer!r}, {self.heads!r})")
         if self.heads is not None and not self.heads:  # their mean would be NaN everywhere
             raise ParameterError("attention_heads", "no heads given; give some, or None for all of the layer's")
-        if not 0 <= self.layer < len(heads) or heads[self.layer] == 0:
-            raise ParameterError("attention_heads", f"layer {self.layer} is not a decoder layer with cross-attention "
-                                 f"heads (heads per layer: {heads})")
-        if bad := [h for h in self.heads or () if not 0 <= h < heads[self.layer]]:
-            raise ParameterError("attention_heads", f"layer {self.layer} has no head {bad[0]} (0 to "
-                                 f"{heads[self.layer] - 1})")
+        if problem := head_problem(heads, self.layer, self.heads, "cross-attention"):
+            raise ParameterError("attention_heads", problem)
         return self
 
     def mean(self, weights: Tensor) -> Tensor:
