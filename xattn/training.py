@@ -33,6 +33,7 @@ from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity
                                open_run_dir, remove_leftovers, run_identity)  # STATE_DIR: benchmarks/faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
+from xattn.translator import Translator
 
 
 
@@ -211,8 +212,6 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Validation NLL per token, perplexity and BLEU (greedy) of the current weights."""
-        from xattn.translator import Translator
-
         self.model.eval()
         valid = self.corpus.valid
         sampler = TokenBatchSampler(valid.src_lengths(), valid.tgt_lengths(), self.cfg.train.max_tokens, shuffle=False)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from tqdm import tqdm
 
-from xattn.analysis.maps import HeadChoice, PairAttention
+from xattn.analysis.maps import HeadChoice, PairAttention, iter_teacher_forced
 from xattn.errors import ParameterError, XattnError
 from xattn.links import Links, format_links, parse_alignments, parse_links, read_alignments  # noqa: F401 (re-exported)
 
@@ -192,10 +193,6 @@ def align_pairs(translator, sources: Sequence[str], targets: Sequence[str], sett
                 max_tokens: int = 4096, progress: str | None = None) -> list[Links]:
     """Links of each given pair (words as xattn.words splits them), teacher-forced in batches; `progress`: a bar label
     (shown on a terminal only)."""
-    from tqdm import tqdm
-
-    from xattn.analysis.maps import iter_teacher_forced
-
     settings.choice.check(translator.model.cfg.heads_per_layer("cross"), "cross-attention")
     links: list[Links] = [set() for _ in sources]
     with tqdm(total=len(sources), desc=progress, unit="pairs", disable=None if progress else True,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from xattn.analysis.aer import score
 from xattn.analysis.alignment import METHODS, AlignSettings, Links, flip, links_from_weights, word_attention
 from xattn.analysis.maps import HeadChoice, iter_teacher_forced, require_heads
 
@@ -23,8 +24,6 @@ def rank_alignment_heads(translator, sources: Sequence[str], targets: Sequence[s
 
     `gold[k]` indexes (source word, target word) of pair k, or (target, source) with `reverse`.
     """
-    from xattn.analysis.aer import score
-
     cfg = translator.model.cfg
     choices = candidates(cfg.heads_per_layer("cross"))
     hyps: dict[tuple[str, HeadChoice], list[Links]] = {(m, c): [set() for _ in sources] for m in methods for c in choices}

@@ -16,9 +16,11 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from xattn.data import TokenBatchSampler, tokenize_pairs
 from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha256_hex, validate
 from xattn.errors import ParameterError, XattnError
 from xattn.io import read_lines
+from xattn.losses import label_smoothed_loss
 from xattn.model import Transformer
 from xattn.registry import IMPORTANCE_METHODS, PLACES, place_problem
 
@@ -28,8 +30,6 @@ IMPORTANCE_FILE = "head_importance.tsv"
 
 def batches(translator, sources: Sequence[str], targets: Sequence[str], max_tokens: int = 4096):
     """Padded teacher-forcing batches (xattn.data.Batch) of the pairs, on the translator's device."""
-    from xattn.data import TokenBatchSampler, tokenize_pairs
-
     corpus = tokenize_pairs(list(zip(sources, targets)), translator.tokenizers)
     sampler = TokenBatchSampler(corpus.src_lengths(), corpus.tgt_lengths(), max_tokens, shuffle=False)
     return [corpus.collate(indices).to(translator.device) for indices in sampler.batches()]
@@ -46,8 +46,6 @@ def head_importance(model: Transformer, data, method: str = "gradient") -> list[
 
 def gradient_scores(model: Transformer, data, normalise: bool = True) -> dict[str, list[torch.Tensor]]:
     """Per place, per layer: (H_l,) expected absolute gradients of the loss w.r.t. the head mask."""
-    from xattn.losses import label_smoothed_loss
-
     cfg = model.cfg
     device = next(model.parameters()).device
     mask = {place: [torch.ones(cfg.heads_of(place, i), device=device, requires_grad=True)
