@@ -263,13 +263,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         if ended.any():
             finish_ended(finished, stepped, c, ended, exhausted=exhausted, t=t, alpha=alpha, beta=beta,
                          src_mask=src_mask)
-        C = c.score.shape[1]  # order: the greedy path's continuation, the others best first, EOS and unlisted last
-        order = torch.arange(C, device=device) + (is_eos | ~c.listed).long() * C
-        order = order.masked_fill(c.greedy & ~is_eos, -1)
-        pick = in_parents_slots(order.topk(K, dim=1, largest=False).indices, c.parent)  # (N, K)
-        greedy = (c.greedy & ~is_eos).any(dim=1)  # (N,) the greedy path goes on, in slot 0
-        parent = c.parent.gather(1, pick)  # (N, K)
-        beam = stepped.extend(parent, c.token.gather(1, pick), c.score.gather(1, pick), t, greedy)
+        beam, parent = going_on(stepped, c, is_eos, K, t)
         done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
         keep = filling(done)  # (N',) the sentences that go on, those that move last
         if keep.numel() == 0:
@@ -279,6 +273,19 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
         yield N * K
     return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
+
+
+def going_on(stepped: Beam, c: Candidates, is_eos: Tensor, K: int, t: int) -> tuple[Beam, Tensor]:
+    """The beam after step t: the K candidates (N, C) that go on, in their parents' slots where they can
+    (in_parents_slots), and their parents (N, K). Their order: the greedy path's continuation (in slot 0), the others
+    best first, EOS and unlisted candidates last."""
+    C = c.score.shape[1]
+    order = torch.arange(C, device=c.score.device) + (is_eos | ~c.listed).long() * C
+    order = order.masked_fill(c.greedy & ~is_eos, -1)
+    pick = in_parents_slots(order.topk(K, dim=1, largest=False).indices, c.parent)  # (N, K)
+    greedy = (c.greedy & ~is_eos).any(dim=1)  # (N,) the greedy path goes on, in slot 0
+    parent = c.parent.gather(1, pick)  # (N, K)
+    return stepped.extend(parent, c.token.gather(1, pick), c.score.gather(1, pick), t, greedy), parent
 
 
 def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor, *, exhausted: Tensor | None,
