@@ -81,21 +81,57 @@ def test_a_request_that_arrives_in_pieces_within_the_read_timeout_is_answered(se
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
-def test_a_connection_over_the_limit_is_refused_at_once_and_health_answers_once_the_idle_ones_are_closed(server):
+def test_a_request_over_the_limit_is_refused_at_once_and_a_health_check_answered(server):
+    """Over the limit, with no connection quiet long enough to give its place, /health was 503 too (for up to a
+    second of a flood, QUIET_S): now it is answered from the reserve, and anything else refused on its request line."""
     port, _ = server
     idle = [connect(port) for _ in range(8)]
     time.sleep(0.1)
     try:
         start = time.perf_counter()
-        answer = ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = ask(port, translate_request("drei"))
         assert time.perf_counter() - start < 1
         head, body = answer.split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head
         assert json.loads(body) == {"error": "the server has 8 connections open; retry later", "error_type": "busy"}
+        for check in (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /health?x=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+                      b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"):
+            with connect(port) as sock:
+                for piece in (check[:6], check[6:]):  # a request line in pieces too
+                    sock.sendall(piece)
+                    time.sleep(0.05)
+                start = time.perf_counter()
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200") and closed_after(sock) < 1  # and closed after
+        for other in (b"GET /healthz HTTP/1.1\r\n\r\n", b"GET /languages HTTP/1.1\r\n\r\n", b"POST /health HTTP/1.1\r\n\r\n"):
+            assert ask(port, other).startswith(b"HTTP/1.1 503"), other
         time.sleep(1.0)  # the read timeout closes the idle ones
-        assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+        assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 200")
     finally:
         for sock in idle:
+            sock.close()
+
+
+def test_the_reserve_holds_the_newest_connections_over_the_limit(server):
+    """RESERVE connections beyond the limit wait for their request line; one more, and the oldest is refused."""
+    from xattn.serve.connections import RESERVE
+
+    port, _ = server
+    idle = [connect(port) for _ in range(8)]
+    time.sleep(0.1)
+    held = []
+    try:
+        for _ in range(RESERVE + 1):
+            held.append(connect(port))
+            time.sleep(0.01)
+        held[0].settimeout(2)
+        assert held[0].recv(4096).startswith(b"HTTP/1.1 503")  # the oldest held, refused
+        for sock in held[1:]:  # the others are still held
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+        assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")  # a newer one
+    finally:
+        for sock in idle + held:
             sock.close()
 
 
@@ -172,7 +208,7 @@ def test_connections_refused_or_closed_before_a_request_reached_the_app_are_coun
     idle = [connect(port) for _ in range(8)]  # the limit is 8: a 9th is refused, then they time out
     try:
         time.sleep(0.1)
-        assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert ask(port, b"GET /languages HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
         for sock in idle:
             assert closed_after(sock) < 3
     finally:
@@ -286,9 +322,9 @@ def test_a_new_connection_takes_the_place_of_one_quiet_for_a_second_when_the_ser
         idle = [connect(port) for _ in range(4)]
         try:
             time.sleep(0.1)
-            assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")  # none quiet 1 s
+            assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 503")  # none quiet 1 s
             time.sleep(1.2)
-            assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+            assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 200")
             idle[0].settimeout(2)
             assert idle[0].recv(1) == b""  # the one quiet longest was closed
         finally:

@@ -96,7 +96,8 @@ included) and h11, whose head-size limit httptools lacks (the figures: benchmark
 load)."""
 MAX_CONNECTIONS = 512
 FILES_SPARE = 64
-"""Files the server keeps for itself beyond its connections (model files, logs, the listening socket)."""
+"""Files the server keeps for itself beyond its connections (model files, logs, the listening socket, and the
+connections held beyond the limit for health checks, serve/connections.RESERVE)."""
 SWITCH_INTERVAL = 0.0001
 """Seconds a Python thread may hold the GIL while another waits (Python's default: 0.005). The translating thread
 gives the GIL up at every PyTorch operation and waits for it after each while the event loop holds it: with the

@@ -6,10 +6,12 @@
   requests, uvicorn's keep-alive timeout closes an idle connection.
 - A connection limit that makes room or refuses fast: a connection beyond `max_connections` open ones
   takes the place of the one that has been quiet longest (no request of it in progress: still arriving, or
-  idle between two), if that one has been quiet for QUIET_S or more; otherwise it is answered 503 at once and
-  closed, before anything of it is read. A flood of idle or slow connections then neither uses up the
-  process's files nor locks out everyone else (uvicorn's own `limit_concurrency` answers 503 only once a
-  request's head has arrived, and never closes the connections that hold the room).
+  idle between two), if that one has been quiet for QUIET_S or more; otherwise it is held in RESERVE, where it
+  may ask for /health (GET or HEAD), answered and closed, and anything else is answered 503 as soon as its request
+  line shows it; the newest RESERVE such connections are held, an older one is answered 503 and closed at once.
+  A flood of idle or slow connections then neither uses up the process's files nor locks out everyone else,
+  health checks included (uvicorn's own `limit_concurrency` answers 503 only once a request's head has arrived,
+  /health too, and never closes the connections that hold the room).
 - A write deadline: a client that takes in none of its answer for `write_timeout` seconds while the server holds
   more of it to send (beyond what the kernel buffers) is cut off. Without it, a client that sends requests and never
   reads holds its connection, and the megabytes of answer waiting for it, for ever, even once the connection is
@@ -44,6 +46,10 @@ MAX_PIECES = 10_000
 reads (the figure: benchmarks/README.md, Serving under load, "Pieces of a body")."""
 QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
+RESERVE = 16
+"""Connections held beyond the limit, the newest, for a /health check each (within cli/serve.FILES_SPARE)."""
+HEALTH = (b"GET /health ", b"GET /health?", b"HEAD /health ", b"HEAD /health?")
+"""How the request line of a health check starts."""
 
 
 def answer(status: str, error: str, error_type: str, extra: str = "") -> bytes:
@@ -75,20 +81,40 @@ class Guarded(H11Protocol):
         self.deadline: asyncio.TimerHandle | None = None
         self.write_deadline: asyncio.TimerHandle | None = None
         self.quiet_since: float | None = None  # since when no request of it is in progress
+        self.reserved: float | None = None     # when it was held in RESERVE (over the limit): a health check only
+        self.line: bytes | None = b""          # what of a reserved connection's request line has arrived (None:
+        #                                        a health check, read on)
         size = self.config.h11_max_incomplete_event_size
         self.conn = Bounded(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections and not self._make_room():
-            self.metrics.connection_closed("connection_limit")  # (no log line: a flood would write thousands)
-            transport.write(refusal(self.max_connections))
-            transport.close()
-            return
         self.quiet_since = time.monotonic()
+        if len(self.connections) > self.max_connections and not self._make_room():
+            self.reserved = self.quiet_since
+            held = sorted((c for c in self.connections if getattr(c, "reserved", None) is not None
+                           and not c.transport.is_closing()), key=lambda c: c.reserved)
+            for oldest in held[:-RESERVE]:
+                oldest._refuse()
         self._arm()
 
+    def _refuse(self) -> None:
+        """The 503 of a connection over the limit, and close it."""
+        self._disarm()
+        self.metrics.connection_closed("connection_limit")  # (no log line: a flood would write thousands)
+        self.transport.write(refusal(self.max_connections))
+        self.transport.close()
+
     def data_received(self, data: bytes) -> None:
+        if self.reserved is not None and self.line is not None:  # over the limit: a health check, or refused
+            self.line += data
+            if any(self.line.startswith(start) for start in HEALTH):
+                data, self.line = self.line, None
+            elif not any(start.startswith(self.line[:len(start)]) for start in HEALTH):
+                self._refuse()
+                return
+            else:  # (a request line still arriving)
+                return
         super().data_received(data)
         if self.conn.their_state in READING and not self.transport.is_closing():
             self.quiet_since = self.quiet_since or time.monotonic()
@@ -99,6 +125,9 @@ class Guarded(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.reserved is not None:  # its health check answered: the room goes back
+            self.transport.close()
+            return
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
         self._watch_output()
@@ -134,7 +163,8 @@ class Guarded(H11Protocol):
         """Close the connection quiet longest, if one has been quiet for QUIET_S; whether one was."""
         now = time.monotonic()
         quiet = [c for c in self.connections if c is not self and getattr(c, "quiet_since", None) is not None
-                 and now - c.quiet_since >= QUIET_S and not c.transport.is_closing()]
+                 and getattr(c, "reserved", None) is None and now - c.quiet_since >= QUIET_S
+                 and not c.transport.is_closing()]
         if not quiet:
             return False
         oldest = min(quiet, key=lambda c: c.quiet_since)
