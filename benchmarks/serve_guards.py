@@ -8,12 +8,17 @@
   latency) and when the slow connections were closed.
 - beside: a one-sentence request's latency (greedy and beam 5) alone, and while the largest request the default
   limits allow runs (32 texts x beam 16 x max_len_b 195 = 99,840 of the 100,000 work): the ratio (goal <= 3).
+- over_limit: a server of OVER_LIMIT connections at most; OVER idle connections open as fast as they can (in a thread),
+  and from the same moment a fresh client asks /health every 0.05 s for OVER_S seconds. Figures: each probe's status
+  and latency by when it was sent (no connection there is quiet long enough to give its place: /health is answered
+  from the reserve of connections held over the limit, serve/connections.py).
 - cold: COLD_CLIENTS clients send beam-5 requests of one sentence each to a fresh server, COLD_SENTENCES in all,
   then the same again: throughput and p99 of the first (cold) and the second (warm) pass, and the translate
   calls each made (a fair scheduler keeps the cold pass's batches as full as the warm one's).
 Every part starts its own server; the server's resident memory is read after each.
 
-usage: python benchmarks/serve_guards.py [--threads 1]  (writes results/serve_guards.json)
+usage: python benchmarks/serve_guards.py [--threads 1] [--parts beside flood slow over_limit cold] [--out NAME]
+(writes results/serve_guards.json, or results/NAME.json)
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from pathlib import Path
 from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 
 FLOOD, FLOOD_S, SLOW = 500, 10.0, 300
+OVER_LIMIT, OVER, OVER_S = 64, 300, 3.0
 COLD_CLIENTS, COLD_SENTENCES = 32, 1000
 LARGE = {"beam_size": 16, "max_len_a": 0, "max_len_b": 195, "min_len": 150}
 
@@ -197,6 +203,39 @@ def slow(model: Path, threads: int, text: str) -> dict:
         server.wait(10)
 
 
+# ------------------------------------------------------------------------------------------ over the limit
+
+def over_limit(model: Path, threads: int, root: Path = ROOT) -> dict:
+    server, port = start_server(model, threads, "--max-connections", str(OVER_LIMIT), root=root)
+    sockets: list[socket.socket] = []
+    try:
+        start = time.monotonic()
+
+        def crowd():
+            for _ in range(OVER):
+                try:
+                    sockets.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                except OSError:
+                    pass
+        opener = threading.Thread(target=crowd)
+        opener.start()
+        probes = []
+        while time.monotonic() - start < OVER_S:
+            at = time.monotonic() - start
+            status, seconds = request(port, "GET", "/health", timeout=2.0)
+            probes.append({"at_s": round(at, 2), "status": status, "ms": round(1000 * seconds, 1)})
+            time.sleep(0.05)
+        opener.join()
+        return {"max_connections": OVER_LIMIT, "idle_connections": OVER, "opened": len(sockets), "probes": probes,
+                "health_ok": sum(p["status"] == 200 for p in probes), "health_statuses": sorted({p["status"] for p in probes}),
+                "health_max_ms": max(p["ms"] for p in probes), "server_rss_mb_after": rss_mb(server.pid)}
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.terminate()
+        server.wait(10)
+
+
 # ------------------------------------------------------------------------------------------ beside the largest
 
 def beside(model: Path, threads: int, texts: list[str]) -> dict:
@@ -262,29 +301,47 @@ def cold(model: Path, threads: int) -> dict:
         texts_file.unlink(missing_ok=True)
 
 
-def run_guards(model: Path, threads: int) -> dict:
+PARTS = ("beside", "flood", "slow", "over_limit", "cold")
+
+
+def run_guards(model: Path, threads: int, parts: tuple[str, ...] = PARTS, root: Path = ROOT) -> dict:
     texts = sentences(200)
-    results = {"beside": beside(model, threads, texts), "flood": flood(model, threads, texts[0]),
-               "slow": slow(model, threads, texts[0]), "cold": cold(model, threads)}
-    results["goals"] = {"health_within_1s_during_flood": results["flood"]["health_ok"] == results["flood"]["health_probes"]
-                        and results["flood"]["health_max_ms"] <= 1000,
-                        "small_beside_large_within_3x": all(results["beside"][m]["ratio"] <= 3 for m in ("greedy", "beam5")),
-                        "no_5xx": not any(str(s).startswith("5") for s in results["flood"]["flood_statuses"])
-                        and all(s < 500 for m in ("greedy", "beam5") for s in results["beside"][m]["statuses"])}
+    run = {"beside": lambda: beside(model, threads, texts), "flood": lambda: flood(model, threads, texts[0]),
+           "slow": lambda: slow(model, threads, texts[0]), "over_limit": lambda: over_limit(model, threads, root),
+           "cold": lambda: cold(model, threads)}
+    results = {part: run[part]() for part in parts}
+    goals = {}
+    if "flood" in results:
+        goals["health_within_1s_during_flood"] = results["flood"]["health_ok"] == results["flood"]["health_probes"] \
+            and results["flood"]["health_max_ms"] <= 1000
+        goals["no_5xx"] = not any(str(s).startswith("5") for s in results["flood"]["flood_statuses"])
+    if "beside" in results:
+        goals["small_beside_large_within_3x"] = all(results["beside"][m]["ratio"] <= 3 for m in ("greedy", "beam5"))
+        goals["no_5xx"] = goals.get("no_5xx", True) and all(s < 500 for m in ("greedy", "beam5")
+                                                             for s in results["beside"][m]["statuses"])
+    if "over_limit" in results:
+        goals["health_answered_over_the_limit"] = results["over_limit"]["health_statuses"] == [200] \
+            and results["over_limit"]["health_max_ms"] <= 1000
+    results["goals"] = goals
     return results
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    ap.add_argument("--out", default="serve_guards", help="results/NAME.json to write")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the source tree whose server over_limit runs (a worktree "
+                    "of an earlier commit, to compare; the other parts always run this one's)")
     ap.add_argument("--flood-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.flood_worker:
         flood_worker(int(args.flood_worker[0]), args.flood_worker[1], FLOOD, FLOOD_S)
         return 0
     model = cached_model("multi30k-de-en", [])
-    results = run_guards(model, args.threads)
-    write_result("serve_guards", {"model": model_fingerprint(model), "threads": args.threads, **results})
+    results = run_guards(model, args.threads, tuple(args.parts), args.root)
+    write_result(args.out, {"model": model_fingerprint(model), "threads": args.threads, "root": str(args.root),
+                            **results})
     print(json.dumps(results, indent=1))
     return 0
 
