@@ -95,7 +95,7 @@ with the plain asyncio event loop (under a flood of open connections uvloop was 
 included) and h11, whose head-size limit httptools lacks (the figures: benchmarks/README.md, Serving under
 load)."""
 MAX_CONNECTIONS = 512
-FILES_SPARE = 64
+FILES_SPARE = 128
 """Files the server keeps for itself beyond its connections (model files, logs, the listening socket, and the
 connections held beyond the limit for health checks, serve/connections.RESERVE)."""
 SWITCH_INTERVAL = 0.0001

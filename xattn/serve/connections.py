@@ -8,7 +8,8 @@
   takes the place of the one that has been quiet longest (no request of it in progress: still arriving, or
   idle between two), if that one has been quiet for QUIET_S or more; otherwise it is held in RESERVE, where it
   may ask for /health (GET or HEAD), answered and closed, and anything else is answered 503 as soon as its request
-  line shows it; the newest RESERVE such connections are held, an older one is answered 503 and closed at once.
+  line shows it; the newest RESERVE such connections are held, an older one that has sent nothing yet is answered
+  503 and closed at once.
   A flood of idle or slow connections then neither uses up the process's files nor locks out everyone else,
   health checks included (uvicorn's own `limit_concurrency` answers 503 only once a request's head has arrived,
   /health too, and never closes the connections that hold the room).
@@ -46,7 +47,7 @@ MAX_PIECES = 10_000
 reads (the figure: benchmarks/README.md, Serving under load, "Pieces of a body")."""
 QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
-RESERVE = 16
+RESERVE = 64
 """Connections held beyond the limit, the newest, for a /health check each (within cli/serve.FILES_SPARE)."""
 HEALTH = (b"GET /health ", b"GET /health?", b"HEAD /health ", b"HEAD /health?")
 """How the request line of a health check starts."""
@@ -94,7 +95,8 @@ class Guarded(H11Protocol):
             self.reserved = self.quiet_since
             held = sorted((c for c in self.connections if getattr(c, "reserved", None) is not None
                            and not c.transport.is_closing()), key=lambda c: c.reserved)
-            for oldest in held[:-RESERVE]:
+            silent = [c for c in held if c.line == b""]  # (one whose health check is arriving keeps its place)
+            for oldest in silent[:max(0, len(held) - RESERVE)]:
                 oldest._refuse()
         self._arm()
 
