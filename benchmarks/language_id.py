@@ -21,7 +21,8 @@ Measured here with each Multi30k language as the source in turn: the share of so
 is refused when the identifier gives the source at most that): the lowest probability py3langid gives a language
 for its own short texts, the beginnings (1, 2 and 3 words, under the minimum of letters) of every Multi30k training
 sentence in en, de, fr and cs, and how many the rule refuses; and, for each as the source, the highest it gives
-OTHER_SCRIPTS, short texts in languages written in other scripts, and how many it refuses; and the rule's table
+OTHER_SCRIPTS, short texts in languages written in other scripts, and how many it refuses; how many of MIXED, short
+texts of the four with a name in another script, it refuses; and the rule's table
 on test as above. Writes results/language_id_ruled_out.json; needs only xattn's serve extra.
 
 usage: python benchmarks/language_id.py [--sentences 1000] [--repeats 3] [--only NAME ...] [--ruled-out]
@@ -387,6 +388,13 @@ OTHER_SCRIPTS = [  # (text, its language): greetings, thanks and a few words, 3 
 ]
 
 
+MIXED = [  # (text, its language): short texts of en, de, fr, cs with a name in another script
+    ("Moskau (Москва)", "de"), ("Herr Иванов", "de"), ("Gruß Ярослав", "de"), ("Athen (Αθήνα)", "de"),
+    ("Hallo Αλέξανδρε", "de"), ("Ein Hund 狗", "de"), ("Moscow (Москва)", "en"), ("Hello Дмитрий", "en"),
+    ("Tokyo (東京)", "en"), ("Salut Дима", "fr"), ("Bonjour Αλέξη", "fr"), ("Milá Ольга", "cs"), ("Ahoj Сергей", "cs"),
+]
+
+
 def ruled_out(data_dir: str) -> dict:
     """detect.RULED_OUT against short texts: the lowest probability of each language for its own short texts (the
     beginnings of its training sentences) and those the rule refuses; the highest of each, as the source, for
@@ -410,8 +418,9 @@ def ruled_out(data_dir: str) -> dict:
         highest = max(texts, key=lambda t: probability(t, lang))
         other[lang] = {"texts": len(texts), "highest": round(probability(highest, lang), 6), "highest_text": highest,
                        "refused": sum(g.language != lang for g in detect.as_source(texts, lang))}
-    return {"ruled_out": detect.RULED_OUT, "min_letters": detect.MIN_LETTERS, "own_short_texts": own,
-            "other_scripts": other}
+    mixed = {"texts": len(MIXED), "refused": [t for t, lang in MIXED if detect.as_source([t], lang)[0].language != lang]}
+    return {"ruled_out": detect.RULED_OUT, "min_letters": detect.MIN_LETTERS, "script_letters": detect.SCRIPT_LETTERS,
+            "own_short_texts": own, "other_scripts": other, "own_with_a_name_in_another_script": mixed}
 
 
 def words(length: str) -> str:

@@ -754,10 +754,10 @@ def test_a_translation_stream_names_its_parameters(space):
     from xattn.errors import ParameterError
 
     translator = xattn.load(space / "model")
-    for cfg, setting in ((xattn.DecodeConfig(beam_size=5), "beam_size .5 here"),
-                         (xattn.DecodeConfig(beam_size=1, min_len=2), "min_len .2 here"),
-                         (xattn.DecodeConfig(beam_size=1, sampling=True), "sampling .True here")):
-        with pytest.raises(ParameterError, match=f"cfg: a stream runs plain greedy search, without {setting}"):
+    for cfg, setting in ((xattn.DecodeConfig(beam_size=5), "beam_size must be 1 .5 here"),
+                         (xattn.DecodeConfig(beam_size=1, min_len=2), "min_len must be 0 .2 here"),
+                         (xattn.DecodeConfig(beam_size=1, sampling=True), "sampling must be False .True here")):
+        with pytest.raises(ParameterError, match=f"cfg: a stream runs plain greedy search: {setting}"):
             translator.stream(cfg)
     with pytest.raises(ParameterError, match="cfg: a DecodeConfig, got dict"):
         translator.stream({"beam_size": 1})

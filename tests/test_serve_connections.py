@@ -331,3 +331,47 @@ def test_a_new_connection_takes_the_place_of_one_quiet_for_a_second_when_the_ser
             for sock in idle:
                 sock.close()
         assert "4 connections open: closed one quiet for 1." in (tmp_path / "server.log").read_text()
+
+
+def test_the_reserve_cannot_hold_the_server_shut(numbers_model, tmp_path):
+    """Three ways a review found (each failed before its fix): connections held in the reserve counted against the
+    limit, so with no ordinary connection open every newcomer was held or refused; held connections that each sent
+    one byte kept their places for good, so a health check was refused on connect; and a request pipelined behind a
+    held connection's health check reached the app."""
+    from xattn.serve.connections import GRACE_S, RESERVE
+
+    log = tmp_path / "server.log"
+    with serving(numbers_model, log, "--read-timeout", "5", "--max-connections", "8") as url:
+        port = int(url.rsplit(":", 1)[1])
+        ordinary = [connect(port) for _ in range(8)]
+        time.sleep(0.1)
+        held = [connect(port) for _ in range(20)]
+        time.sleep(0.1)
+        for sock in ordinary:
+            sock.close()
+        time.sleep(0.2)
+        assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 200")  # the held ones take no room
+        for sock in held:
+            sock.close()
+        started = [connect(port) for _ in range(8)]  # requests begun: in progress, never quiet
+        for sock in started:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.1)
+        held = [connect(port) for _ in range(RESERVE)]
+        for sock in held:
+            sock.sendall(b"G")
+        time.sleep(GRACE_S + 0.2)
+        try:
+            assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
+            before = log.read_text()
+            with connect(port) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + translate_request("vier"))
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+            time.sleep(0.3)
+            assert "/translate" not in log.read_text()[len(before):]
+        finally:
+            for sock in started + held:
+                sock.close()

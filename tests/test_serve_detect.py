@@ -78,6 +78,9 @@ def test_source_auto_refuses_a_short_text_in_another_script(text, language):
     for own, source in (("Hund", "de"), ("Un kayakiste", "fr"), ("NYPD", "en"), ("Taiwanec", "cs"), ("Ein Hund", "de")):
         assert detect.as_source([own], source)[0].language == source  # short texts of the source itself: taken
     assert detect.as_source(["Un chien"], "de")[0].language == "de"  # the same script: too short to tell, taken
+    for own, source in (("Moskau (Москва)", "de"), ("Herr Иванов", "de"), ("Athen (Αθήνα)", "de"),
+                        ("Salut Дима", "fr"), ("Milá Ольга", "cs"), ("Hund 狗", "de")):  # a name in another script
+        assert detect.as_source([own], source)[0].language == source, own  # (these were refused, as sr, bg, el...)
 
 
 # ------------------------------------------------------------------------------------------ POST /detect
@@ -158,12 +161,18 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
 
 def test_a_file_name_not_in_the_body_s_charset_is_a_422_not_mojibake(client):
     """A Latin-1 file name (raw \xe4) was read as Latin-1 by the parser, and the download named `äÿ_en.txt`."""
-    def body(name: bytes) -> bytes:
-        return (b'--b\r\nContent-Disposition: form-data; name="file"; filename="' + name + b'"\r\n'
-                b"Content-Type: text/plain\r\n\r\ndrei\r\n--b--\r\n")
+    def body(name: bytes, field: bytes = b'name="file"; filename="', more: bytes = b"") -> bytes:
+        return (b"--b\r\nContent-Disposition: form-data; " + field + name + b'"\r\n'
+                b"Content-Type: text/plain\r\n\r\ndrei\r\n" + more + b"--b--\r\n")
     kind = {"Content-Type": "multipart/form-data; boundary=b"}
-    error(client.post("/translate_file", content=body(b"\xe4\xff.txt"), headers=kind), 422,
-          "file: its file name: not UTF-8 (multipart/form-data)", "invalid_request")
+    for field in (b'name="file"; filename="', b'NAME = "file"; FILENAME = "'):  # as the parser reads them: any case
+        error(client.post("/translate_file", content=body(b"\xe4\xff.txt", field), headers=kind), 422,
+              "file: its file name: not UTF-8 (multipart/form-data)", "invalid_request")
+    second = b'--b\r\nContent-Disposition: form-data; Name="file"; FileName = "b.txt"\r\n\r\nvier\r\n'
+    error(client.post("/translate_file", content=body(b"a.txt", more=second), headers=kind), 422,
+          "file: one file too many")  # (it was a 500: the file went uncounted)
+    error(client.post("/translate", content=body(b"a.txt", b'name="q"; FILENAME="'), headers=kind), 422,
+          "q: a file, where this route takes text fields only")
     _, disposition = download(client, client.post("/translate_file", content=body("Zähler.txt".encode()), headers=kind))
     assert disposition == "attachment; filename*=utf-8''Z%C3%A4hler_en.txt"
 

@@ -117,6 +117,12 @@ def test_fields_in_the_query_string_as_deep_translator_sends_them(client):
     error(client.post("/translate?q=vier%FFzig"), 422, "q: not UTF-8 once percent-decoded (query string)")
     error(client.post("/translate?q=drei&source=de&q"), 422, "q: given without `=` and a value (query string)")
     error(client.post("/translate?q=drei%ZZ&source=de"), 422, "q: a malformed percent escape '%ZZ' (query string)")
+    long = "A" * 30_000  # a field's name is shown cut, as everywhere (the whole name came back)
+    for url, fragment in ((f"/translate?{long}", "given without `=`"), (f"/translate?{long}=%ZZ", "a malformed percent"),
+                          (f"/translate?q=drei&{long}=%FF", "not UTF-8 once percent-decoded")):
+        reply = client.post(url)
+        assert reply.status_code == 422 and len(reply.content) < 300 and fragment in reply.json()["error"], reply.text[:200]
+        assert reply.json()["error"].startswith("A" * 60 + "… (30000 characters): ")
     reply = client.post("/translate?q=drei&&source=de&")  # empty fields: nothing
     assert reply.status_code == 200 and reply.json()["translatedText"] == client.post(
         "/translate", json={"q": "drei"}).json()["translatedText"]

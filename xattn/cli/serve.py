@@ -80,8 +80,9 @@ def client_noise(record: logging.LogRecord) -> bool:
 
 
 CONNECTION_FLAGS = {
-    "--max-connections": ("max_connections", int, None, "open connections; one more is answered 503 at once and "
-                          "closed (default: 512, or fewer when the open-file limit leaves less room)"),
+    "--max-connections": ("max_connections", int, None, "open connections; one more takes the place of one quiet "
+                          "for a second, or is held for a /health check only and anything else answered 503 "
+                          "(default: 512, or fewer when the open-file limit leaves less room)"),
     "--max-header-bytes": ("h11_max_incomplete_event_size", int, 65536, "bytes of a request's head (request line "
                            "and headers); more is answered 431 and the connection closed"),
     "--read-timeout": ("read_timeout", float, 10.0, "seconds a request (head and body) may take to arrive from its "

@@ -27,10 +27,10 @@ def stream_problem(cfg: DecodeConfig, model: Transformer) -> str | None:
     """What keeps a Stream from decoding with `cfg` (None: nothing). It runs plain greedy search (no sampling,
     beam, minimum length, n-gram ban or shortlist) of a model whose attention is learned everywhere (hard-coded
     attention reads positions shared by the batch)."""
-    for setting, on in (("sampling", cfg.sampling), ("beam_size", cfg.beam_size != 1), ("min_len", cfg.min_len),
-                        ("no_repeat_ngram_size", cfg.no_repeat_ngram_size), ("shortlist", cfg.shortlist)):
-        if on:
-            return f"a stream runs plain greedy search, without {setting} ({getattr(cfg, setting)!r} here)"
+    for setting, plain in (("sampling", False), ("beam_size", 1), ("min_len", 0), ("no_repeat_ngram_size", 0),
+                           ("shortlist", False)):
+        if getattr(cfg, setting) != plain:
+            return f"a stream runs plain greedy search: {setting} must be {plain} ({getattr(cfg, setting)!r} here)"
     return "a stream runs models with learned attention only" if model.cfg.attention else None
 
 

@@ -20,7 +20,7 @@ from xattn.errors import XattnError
 from xattn.words import split_words
 from xattn.serve import detect
 from xattn.serve.detect import Guess
-from xattn.serve.limits import ApiError, Limits
+from xattn.serve.limits import ApiError, Limits, shown
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
@@ -110,13 +110,9 @@ def field_path(loc: tuple) -> str:
         elif part == "":  # a field named "" (`{"": 5}`, `=5` in a form): named, not taken for the body
             path += '.""' if path else '""'
         elif not re.fullmatch(r"(str|int|float|bool|list\[.*\]|dict\[.*\])", part):
-            part = part if len(part) <= NAME_SHOWN else f"{part[:NAME_SHOWN]}… ({len(part)} characters)"
+            part = shown(part)
             path += f".{part}" if path else part
     return path or "body"
-
-
-NAME_SHOWN = 60
-"""Characters of a field's name an error shows (an unknown key of 50 KB came back whole)."""
 
 
 NUMBER = {int: re.compile(r"[+-]?[0-9]{1,30}(\.0*)?"),  # 5.0 is 5, as pydantic reads it

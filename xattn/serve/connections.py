@@ -8,8 +8,9 @@
   takes the place of the one that has been quiet longest (no request of it in progress: still arriving, or
   idle between two), if that one has been quiet for QUIET_S or more; otherwise it is held in RESERVE, where it
   may ask for /health (GET or HEAD), answered and closed, and anything else is answered 503 as soon as its request
-  line shows it; the newest RESERVE such connections are held, an older one that has sent nothing yet is answered
-  503 and closed at once.
+  line shows it; the newest RESERVE such connections are held (one whose request line began to arrive within
+  GRACE_S keeps its place), an older one is answered 503 and closed at once. The held ones do not count against
+  the limit.
   A flood of idle or slow connections then neither uses up the process's files nor locks out everyone else,
   health checks included (uvicorn's own `limit_concurrency` answers 503 only once a request's head has arrived,
   /health too, and never closes the connections that hold the room).
@@ -49,6 +50,9 @@ QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
 RESERVE = 64
 """Connections held beyond the limit, the newest, for a /health check each (within cli/serve.FILES_SPARE)."""
+GRACE_S = 0.5
+"""Seconds a held connection whose request line has begun to arrive keeps its place against newer ones (a health
+check's line arrives at once; after that, any held connection may be refused to make room)."""
 HEALTH = (b"GET /health ", b"GET /health?", b"HEAD /health ", b"HEAD /health?")
 """How the request line of a health check starts."""
 
@@ -90,19 +94,24 @@ class Guarded(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.quiet_since = time.monotonic()
-        if len(self.connections) > self.max_connections and not self._make_room():
-            self.reserved = self.quiet_since
-            held = sorted((c for c in self.connections if getattr(c, "reserved", None) is not None
-                           and not c.transport.is_closing()), key=lambda c: c.reserved)
-            silent = [c for c in held if c.line == b""]  # (one whose health check is arriving keeps its place)
-            for oldest in silent[:max(0, len(held) - RESERVE)]:
+        self.quiet_since = now = time.monotonic()
+        held = [c for c in self.connections if getattr(c, "reserved", None) is not None]
+        if len(self.connections) - len(held) > self.max_connections and not self._make_room():
+            self.reserved = now
+            held = sorted((c for c in held if not c.transport.is_closing()), key=lambda c: c.reserved)
+            # the oldest first, but never one being answered, nor one whose request line began within GRACE_S
+            others = [c for c in held if c.line is not None and not (c.line and now - c.reserved < GRACE_S)]
+            if (over := len(held) + 1 - RESERVE) > len(others):  # every held one keeps its place: this one has none
+                self._refuse()
+                return
+            for oldest in others[:max(0, over)]:
                 oldest._refuse()
         self._arm()
 
     def _refuse(self) -> None:
         """The 503 of a connection over the limit, and close it."""
         self._disarm()
+        self.line = None
         self.metrics.connection_closed("connection_limit")  # (no log line: a flood would write thousands)
         self.transport.write(refusal(self.max_connections))
         self.transport.close()
@@ -126,9 +135,10 @@ class Guarded(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
+        if self.reserved is not None:  # its health check answered: the room goes back, and a request pipelined
+            self.transport.close()     # behind it is never read (closed first, uvicorn reads no further)
         super().on_response_complete()
-        if self.reserved is not None:  # its health check answered: the room goes back
-            self.transport.close()
+        if self.reserved is not None:
             return
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
@@ -177,6 +187,8 @@ class Guarded(H11Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.reserved is not None and self.line is not None:  # held, and gone before it asked for /health
+            self.metrics.connection_closed("connection_limit")
         self._disarm()
         self._stop_watching_output()
         super().connection_lost(exc)
@@ -223,7 +235,9 @@ class Guarded(H11Protocol):
 
     def _too_slow(self) -> None:
         self.deadline = None
-        if not self.transport.is_closing():
+        if self.reserved is not None and self.line is not None:  # held, and no health check came: refused
+            self._refuse()
+        elif not self.transport.is_closing():
             if (scope := self._in_progress()) is not None and "xattn" in scope:  # a request whose body was arriving:
                 scope["xattn.read_timeout"] = True  # its app answers 408, not a client gone, in its access line
             else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import threading
+import unicodedata
+from collections import Counter
 from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
 
@@ -22,10 +24,13 @@ SOURCE_AT_MOST = 0.005
 """... and refuses a text only when the identifier gives the model's source language at most this probability.
 Both chosen on Multi30k val (no source-language text refused); measured on test in benchmarks/README.md."""
 RULED_OUT = 1e-4
-"""... or, whatever its length, when the identifier gives the source at most this: short texts of the language
-itself, or of another written in the same script, stay above it, while a text of a few characters in another script
-(Japanese, Cyrillic, Arabic to a German model) falls far below (chosen on Multi30k train: benchmarks/README.md,
-Language identification)."""
+"""... or, whatever its length, when the identifier gives the source at most this, for the whole text and for its
+letters of each script of SCRIPT_LETTERS or more: short texts of the language itself, or of another written in the
+same script, stay above it, while a text of a few characters in another script (Japanese, Cyrillic, Arabic to a
+German model) falls far below (chosen on Multi30k train: benchmarks/README.md, Language identification). A name
+in another script (`Herr Иванов`) leaves the rest of the text to tell."""
+SCRIPT_LETTERS = 3
+"""Letters of one script that go by themselves under RULED_OUT (fewer: near-even probabilities, which tell nothing)."""
 UNDETERMINED = "und"
 """ISO 639-2 for a text with nothing to go on (no letters), or no candidate language the identifier knows."""
 
@@ -96,14 +101,35 @@ def as_source(texts: Sequence[str], source: str) -> list[Guess]:
     """The language each text is taken to be in when a client asks a model that reads `source` for
     `source: auto`: Guess(source, the identifier's probability of it), unless the text is clearly in another
     language, that is, the identifier gives `source` at most SOURCE_AT_MOST and the text has at least MIN_LETTERS
-    letters, or at most RULED_OUT; then the most likely language and its probability. A source language the
-    identifier does not know is never refused (its probability is 0)."""
+    letters, or at most RULED_OUT (and so for its letters of each script too); then the most likely language and
+    its probability. A source language the identifier does not know is never refused (its probability is 0)."""
     identifier = _everything() if source in _everything().labels else None
     out = []
     for text in texts:
         ranked = _rank(identifier, text)
         mine = next((p for lang, p in ranked if lang == source), 0.0)
-        clearly_other = bool(ranked) and (mine <= RULED_OUT or mine <= SOURCE_AT_MOST
-                                          and sum(ch.isalpha() for ch in text) >= MIN_LETTERS)
+        letters = sum(ch.isalpha() for ch in text)
+        clearly_other = bool(ranked) and (mine <= SOURCE_AT_MOST and letters >= MIN_LETTERS or mine <= RULED_OUT
+                                          and all(probability(identifier, part, source) <= RULED_OUT
+                                                  for part in script_parts(text)))
         out.append(Guess(*ranked[0]) if clearly_other else Guess(source, mine))
     return out
+
+
+def probability(identifier: LanguageIdentifier, text: str, language: str) -> float:
+    return next((p for lang, p in _rank(identifier, text) if lang == language), 0.0)
+
+
+def script_parts(text: str) -> list[str]:
+    """The text's letters of each script it has SCRIPT_LETTERS of or more, one text each (other letters blanked),
+    when it has letters of two scripts or more."""
+    scripts = Counter(script(ch) for ch in text if ch.isalpha())
+    if len(scripts) < 2:
+        return []
+    return ["".join(" " if ch.isalpha() and script(ch) != name else ch for ch in text)
+            for name, count in scripts.items() if count >= SCRIPT_LETTERS]
+
+
+def script(ch: str) -> str:
+    """The script of a letter, as Unicode names it (LATIN, CYRILLIC, CJK, HIRAGANA, ...)."""
+    return unicodedata.name(ch, "?").split(" ", 1)[0]

@@ -44,8 +44,9 @@ async def multipart(headers: Headers, raw: bytes, max_files: int, max_part_size:
         form = await MultiPartParser(headers, body(), max_files=max_files, max_fields=64,
                                      max_part_size=max_part_size).parse()
     except MultiPartException as e:
-        if "too many files" in e.message.lower():  # (the parser names no field)
-            raise ApiError(422, f"{file_fields(headers.get('content-type', ''), raw)[max_files]}: "
+        files = file_fields(headers.get("content-type", ""), raw)
+        if "too many files" in e.message.lower() and len(files) > max_files:  # (the parser names no field)
+            raise ApiError(422, f"{files[max_files]}: "
                            + ("a file, where this route takes text fields only; send it without a filename"
                               if max_files == 0 else f"one file too many: this route takes {max_files} (`file`)"),
                            "invalid_request") from None
@@ -81,7 +82,7 @@ def check_parts(content_type: str, raw: bytes) -> None:
         if coding and coding[1].lower() not in (b"7bit", b"8bit", b"binary"):
             raise ApiError(422, f"{name}: Content-Transfer-Encoding {coding[1].decode('latin-1')} is not supported in "
                            "a form (RFC 7578); send the field as it is", "invalid_request")
-        if filename := re.search(rb'\bfilename=(?:"([^"]*)"|([^;\s]*))', head):  # (the download's name)
+        if filename := FILENAME.search(head):  # (the download's name)
             decoded(filename[1] or filename[2] or b"", charset, f"{name}: its file name")
         elif name != "file":
             decoded(data.removesuffix(b"\r\n"), charset, name)
@@ -99,14 +100,18 @@ def split_parts(content_type: str, raw: bytes) -> tuple[str, list[bytes]]:
 
 def part_name(head: bytes) -> bytes:
     """The field name in a part's head (b"" when it has none)."""
-    quoted, bare = next(iter(re.findall(rb'\bname=(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
+    quoted, bare = next(iter(re.findall(rb'(?i)\bname\s*=\s*(?:"([^"]*)"|([^;\s]*))', head)), (b"", b""))
     return quoted or bare
 
 
 def file_fields(content_type: str, raw: bytes) -> list[str]:
     """The names of a multipart body's file fields (parts with a filename), in order."""
     heads = [part.partition(b"\r\n\r\n")[0] for part in split_parts(content_type, raw)[1][:-1]]
-    return [part_name(head).decode("utf-8", "replace") for head in heads if re.search(rb"\bfilename=", head)]
+    return [part_name(head).decode("utf-8", "replace") for head in heads if FILENAME.search(head)]
+
+
+FILENAME = re.compile(rb'(?i)\bfilename\s*=\s*(?:"([^"]*)"|([^;\s]*))')
+"""A part's file name, as the parser finds it (any case, spaces around `=`; not RFC 5987's `filename*=`)."""
 
 
 def decoded(data: bytes, charset: str, field: str) -> str:

@@ -40,3 +40,12 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": self.message, "error_type": self.error_type}
+
+
+NAME_SHOWN = 60
+"""Characters of a field's name an error shows (an unknown key of 50 KB came back whole)."""
+
+
+def shown(name: str) -> str:
+    """A field's name as an error shows it: cut to NAME_SHOWN characters, with its length."""
+    return name if len(name) <= NAME_SHOWN else f"{name[:NAME_SHOWN]}… ({len(name)} characters)"

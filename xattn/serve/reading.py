@@ -19,7 +19,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from xattn.serve.files import multipart
-from xattn.serve.limits import ApiError, Limits
+from xattn.serve.limits import ApiError, Limits, shown
 
 T = TypeVar("T")
 MAX_DIGITS = 30
@@ -162,12 +162,12 @@ def checked(value, where: str):
     surrogate (JSON's "\\ud800" escapes: no text can, and it would fail later far from the field, as a 500 or
     silently). 422 naming the field."""
     if isinstance(value, Twice):
-        twice = value.key if where == "body" else f"{where}: {value.key!r}"
+        twice = shown(value.key) if where == "body" else f"{where}: {shown(value.key)!r}"
         raise ApiError(422, f"{twice}: given twice in the body (only one would count)", "invalid_request")
     if isinstance(value, dict):
         for key, item in value.items():
             checked(key, f"{where}: a field name")
-            checked(item, key if where == "body" else f"{where}.{key}")
+            checked(item, shown(key) if where == "body" else f"{where}.{shown(key)}")
     elif isinstance(value, list):
         for i, item in enumerate(value):
             checked(item, f"{where}[{i}]")
@@ -193,11 +193,12 @@ def query_fields(raw: bytes, where: str) -> dict[str, list[str]]:
             continue
         if "=" not in pair:
             name = fix_utf8(unquote_plus(pair, encoding="latin-1"), where, "a field name")
-            raise ApiError(422, f"{name}: given without `=` and a value ({where})", "invalid_request")
+            raise ApiError(422, f"{shown(name)}: given without `=` and a value ({where})", "invalid_request")
         ((key, value),) = parse_qsl(pair, keep_blank_values=True, encoding="latin-1")
         name = fix_utf8(key, where, "a field name")
         if bad := BAD_ESCAPE.search(pair):
-            raise ApiError(422, f"{name}: a malformed percent escape {bad.group()!r} ({where})", "invalid_request")
+            raise ApiError(422, f"{shown(name)}: a malformed percent escape {bad.group()!r} ({where})",
+                           "invalid_request")
         fields.setdefault(name, []).append(fix_utf8(value, where, name))
     return fields
 
@@ -211,11 +212,11 @@ def fix_utf8(text: str, where: str, field: str) -> str:
     try:
         return text.encode("latin-1").decode("utf-8")
     except UnicodeDecodeError:
-        raise ApiError(422, f"{field}: not UTF-8 once percent-decoded ({where})", "invalid_request") from None
+        raise ApiError(422, f"{shown(field)}: not UTF-8 once percent-decoded ({where})", "invalid_request") from None
 
 
 def form_fields(fields: dict[str, list]) -> dict:
     """A form's fields, each given once; `q` may repeat (a list of texts, as LibreTranslate takes it)."""
     if twice := next((k for k, v in fields.items() if k != "q" and len(v) > 1), None):
-        raise ApiError(422, f"{twice}: given {len(fields[twice])} times in the form", "invalid_request")
+        raise ApiError(422, f"{shown(twice)}: given {len(fields[twice])} times in the form", "invalid_request")
     return {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
