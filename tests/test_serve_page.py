@@ -247,6 +247,22 @@ def test_errors_read_in_the_page_s_words_and_say_what_to_do(open_page):
     assert page.text_content("#error") == "The server is not ready: the de→en model is loading"
     page.wait_for_selector("#error:text-is('The server is ready now: translate again.')", timeout=10000)
     page.unroute("**/translate")
+    for status, headers, body, said in (  # the server's own counts and flags stayed in (lower case, after the page's)
+            (429, {"Retry-After": "3"}, {"error": "the server is busy: 2 requests ahead (--max-backlog); retry later",
+                                          "error_type": "busy"}, "The server is busy: try again in 3 seconds."),
+            (429, {"Retry-After": "5"}, {"error": "the server is busy with 4 long requests; retry later, or send a "
+                                          "smaller one", "error_type": "busy"},
+             "The server is busy: try again in 5 seconds, or with a shorter text."),
+            (504, {}, {"error": "no translation within 30 s", "error_type": "timeout"},
+             "The translation took longer than the server waits for one: try a shorter text, or fewer other "
+             "translations."),
+            (502, {}, None, "The server answered with an error (HTTP 502) and no message; try again in a moment.")):
+        page.route("**/translate", lambda route: route.fulfill(
+            status=status, headers=headers, content_type="application/json" if body else "text/html",
+            body=json.dumps(body) if body else "<html>Bad Gateway</html>"))
+        translate(page, "drei")
+        assert page.text_content("#error") == said
+        page.unroute("**/translate")
     page.check("#strategy-sample")
     page.fill("#temperature", "0.01")  # the samples nearly all the same (a tiny model's near ties may differ)
     page.fill("#alternatives", "3")

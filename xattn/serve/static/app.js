@@ -139,8 +139,8 @@ async function translate(event) {
       [reply, data] = await post(body);
     }
     if (mine !== ticket) return;
-    if (!reply.ok) fail(plain(data, reply.status) + (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ?
-                                                      ADVICE[data.error_type] : ""));
+    if (!reply.ok) fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
+                        (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""));
     else show(text, data, body, answering(data));
     if (reply.status === 503 && data.error_type === "unavailable") untilReady(mine);
   } catch (e) {
@@ -174,18 +174,24 @@ async function post(body) {
   if ($("key").value) headers.Authorization = `Bearer ${$("key").value}`;
   const reply = await fetch("/translate", {method: "POST", headers, body: JSON.stringify(body)});
   let data;
-  try { data = await reply.json(); } catch (e) { data = {error: `HTTP ${reply.status} without a JSON body`}; }
+  try { data = await reply.json(); } catch (e) { data = {}; }  // (a proxy's page, say: plain says what it can)
   return [reply, data];
 }
 
-function plain(data, status) {  // the server's message, with the page's names for the fields it names, the page's
-  //                               one text for q[0], and without the API's advice ("give source"), which the page's
-  //                               own replaces (translate)
-  const message = (data.error || `HTTP ${status}`).replace(/^([a-z_]+)(\[\d+\])?: /,
+function plain(data, status, retry) {  // the server's message, with the page's names for the fields it names, the
+  //                               page's one text for q[0], and without the API's advice ("give source"), which the
+  //                               page's own replaces (translate); busy and timeout in the page's own words, which say
+  //                               when to try again (Retry-After) rather than the server's flags and counts
+  const again = /^\d+$/.test(retry || "") ? `in ${retry} second${retry === "1" ? "" : "s"}` : "in a moment";
+  if (data.error_type === "busy") return `The server is busy: try again ${again}` +
+    (/long requests/.test(data.error || "") ? ", or with a shorter text." : ".");
+  if (data.error_type === "timeout") return "The translation took longer than the server waits for one: try a " +
+    "shorter text, or fewer other translations.";
+  if (!data.error) return `The server answered with an error (HTTP ${status}) and no message; try again ${again}.`;
+  const message = data.error.replace(/^([a-z_]+)(\[\d+\])?: /,
     (all, field) => FIELDS[field] ? `${FIELDS[field]}: ` : all).replace(/\bq\[0\]/g, "the text")
     .replace(/; give (source|target)$/, "");
-  const lead = {busy: "The server is busy. ", timeout: "The translation took too long. ",
-                unavailable: "The server is not ready: "}[data.error_type] || "";
+  const lead = {unavailable: "The server is not ready: "}[data.error_type] || "";
   const advice = {too_many_tokens: "; shorten it (a token is a word or a piece of one)."}[data.error_type] || "";
   return (lead ? lead + message : message.charAt(0).toUpperCase() + message.slice(1)) + advice;
 }
