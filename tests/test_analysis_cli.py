@@ -274,3 +274,24 @@ def test_stored_rules_are_used_and_other_sections_kept(work, capsys, tmp_path):
     named = run(capsys, "align", model, "--pairs", work / "pairs.txt", "--method", record["method"], "--layer", "0",
                 "--heads", heads, "--eos", "keep", "--punct", "match")[1]
     assert stored == named
+
+
+def test_the_view_opens_on_the_layer_its_links_come_from(tmp_path, capsys):
+    """The HTML view (and a figure) opened on the last layer while the links drawn on it came from the alignment
+    layer (the second-to-last by default): red outlines on cells of a map they were not read from."""
+    import re
+
+    from tests.conftest import tiny_model_dir
+
+    tiny_model_dir(tmp_path / "model", n_decoder_layers=3)
+
+    def initial(*flags) -> tuple[int, int | None]:
+        page = tmp_path / "x.html"
+        assert run(capsys, "attention", tmp_path / "model", "word1 word2 word3", "-o", page, *flags)[0] == 0
+        data = json.loads(re.search(r'<script type="application/json" id="xa-data">(.*?)</script>',
+                                    page.read_text(), re.S)[1])
+        return data["initial"]["layer"], data["views"][0]["linksLayer"]
+
+    assert initial() == (1, 1)  # the links' layer (the second-to-last: the alignment default)
+    assert initial("--no-links") == (2, None)  # no links: the last layer, as before
+    assert initial("--layer", "0") == (0, 1)  # asked for: that layer, the links' still named

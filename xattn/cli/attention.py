@@ -69,7 +69,7 @@ def run(args) -> int:
     maps = pair.maps(args.kind, words=args.words, links=links)
     if links:
         maps.links_label = label
-    choice = view_choice(args, heads_per_layer(maps.weights))
+    choice = view_choice(args, heads_per_layer(maps.weights), links_layer)
     if kind == ".html":
         from xattn.io import atomic_write_text
         atomic_write_text(out, html.render(maps, choice=choice, title=title(args, pair, None),
@@ -81,14 +81,16 @@ def run(args) -> int:
     return 0
 
 
-def view_choice(args, heads: list[int]):
-    """The layer and heads to draw: --layer and --heads; without --layer, the last layer with heads (a pruned
-    model's last layer may have none)."""
+def view_choice(args, heads: list[int], links_layer: int | None = None):
+    """The layer and heads to draw: --layer and --heads; without --layer, the layer the alignment links drawn come
+    from (`links_layer`), else the last layer with heads (a pruned model's last layer may have none): links drawn on
+    another layer's map would mark cells they were not read from."""
     from xattn.analysis.maps import HeadChoice
     from xattn.analysis.plots import TITLES
 
     what = TITLES[args.kind]
-    layer = HeadChoice.nearest(heads, len(heads) - 1, what).layer if args.layer is None else args.layer
+    default = len(heads) - 1 if links_layer is None else links_layer
+    layer = HeadChoice.nearest(heads, default, what).layer if args.layer is None else args.layer
     choice = HeadChoice.parse(layer, "mean" if args.heads is None else args.heads)
     choice.check(heads, what)
     return choice
