@@ -179,6 +179,27 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
     page.unroute("**/translate")
 
 
+def test_a_lone_model_s_page_says_when_the_text_reads_as_another_language(open_page):
+    """The page sent the model's source language, so an English text went to a German model and came back as
+    nonsense, silently: it asks the server to check (source auto), says what the text reads as, and translates it
+    all the same when asked again."""
+    page = open_page()
+    english = "A man in a blue shirt is standing on a ladder and cleaning the windows."
+    translate(page, english)
+    said = page.text_content("#error")
+    assert said.startswith("The text reads as English (confidence ") and said.endswith(
+        "%), and this server translates German to English. To translate it as German all the same, press Translate "
+        "again."), said
+    assert page.locator("#result").is_hidden()
+    page.click("#go")  # all the same
+    page.wait_for_selector("#busy", state="hidden")
+    assert page.locator("#error").is_hidden() and page.text_content("#translation")
+    translate(page, "drei")  # its own language: translated, and no word of the check
+    assert page.locator("#error").is_hidden() and page.locator("#detected").is_hidden()
+    translate(page, english + " ")  # another text: checked again
+    assert page.text_content("#error").startswith("The text reads as English")
+
+
 def test_ctrl_enter_translates_and_the_counter_counts_characters(open_page):
     page = open_page()
     page.fill("#text", "drei")

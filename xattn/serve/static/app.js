@@ -11,6 +11,7 @@ const FIELDS = {q: "Text", beam_size: "Beam width", alternatives: "Other transla
 const AUTO = "auto";  // the pair picker's value for "detect the language" (the API's source: auto)
 let server = null;   // GET /info: each model (languages, heads per layer, alignment layer, decoding defaults), limits
 let chosen = null;   // the model of the pair picked; null to detect the language (the answer says which model)
+let anyway = null;   // a text the lone model is to translate although its language was detected as another
 let names = {};      // language names by code (GET /languages)
 let shown = null;    // what the page shows: {text, result, model}; null when nothing is
 let heatmap = null;  // the heatmap last drawn and its model: {viewer, model} (its layer and head open the next one)
@@ -114,7 +115,10 @@ function counted() {  // the character counter, and whether what is shown is sti
 
 function request(text) {  // to detect the language: attention only if every model that may answer has some
   const attention = !server || candidates().every(attends);
-  const body = {q: text, source: chosen ? chosen.source : AUTO, attention: attention ? "full" : "none",
+  // a lone model's server is asked to check the text's language too (source auto, refused when clearly another),
+  // unless the user chose to translate this text all the same; a pair picked among several is taken as said
+  const said = chosen && (server.models.length > 1 || anyway === text);
+  const body = {q: text, source: said ? chosen.source : AUTO, attention: attention ? "full" : "none",
                 alignment: attention, alternatives: Number($("alternatives").value), sampling: sampling()};
   if (chosen) body.target = chosen.target;  // else the detected source's one target here (or the server asks)
   if (sampling()) Object.assign(body, {temperature: Number($("temperature").value), top_p: Number($("top-p").value)});
@@ -139,15 +143,29 @@ async function translate(event) {
       [reply, data] = await post(body);
     }
     if (mine !== ticket) return;
-    if (!reply.ok) fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
-                        (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""));
-    else show(text, data, body, answering(data));
+    const other = chosen && data.error_type === "unsupported_language";  // a lone model: the text reads as another
+    if (other) {
+      anyway = text;
+      fail(otherLanguage(data.error || ""));
+    } else if (!reply.ok) {
+      fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
+           (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""));
+    }
+    if (reply.ok) show(text, data, body, answering(data));
     if (reply.status === 503 && data.error_type === "unavailable") untilReady(mine);
   } catch (e) {
     if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
   } finally {
     if (mine === ticket) busy(false);
   }
+}
+
+function otherLanguage(error) {  // the lone model's server found the text in another language: the page's words
+  const [, code, confidence] = error.match(/reads as (\S+) \(confidence ([\d.]+)\)/) || [];
+  const read = code ? `The text reads as ${name(code)} (confidence ${Math.round(Number(confidence))}%)` :
+    "The text does not read as " + name(chosen.source);
+  return `${read}, and this server translates ${name(chosen.source)} to ${name(chosen.target)}. To translate it ` +
+    `as ${name(chosen.source)} all the same, press Translate again.`;
 }
 
 const LANGUAGE_ERRORS = ["unsupported_language", "language_required"];
@@ -236,7 +254,7 @@ function show(text, data, asked, model) {
   shown = {text, result, model};
   $("placeholder").hidden = true;
   $("result").hidden = false;
-  if (detected) {
+  if (detected && !chosen) {  // (a lone model's check of the language: no news when it passed)
     $("detected").textContent = `Detected: ${name(detected.language)} (confidence ${Math.round(detected.confidence)}%)`;
     $("detected").hidden = false;
   }
