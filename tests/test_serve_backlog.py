@@ -36,8 +36,8 @@ class Progress:
 class Request:
     """What the backlog reads of a serve.engine.Job."""
 
-    def __init__(self, work: int, deadline: float | None = None, source: int = 0):
-        self.work, self.deadline, self.source, self.future = work, deadline, source, Future()
+    def __init__(self, work: int, deadline: float | None = None, source: int = 0, least: int = 0):
+        self.work, self.deadline, self.source, self.least, self.future = work, deadline, source, least, Future()
         self.call, self.rows, self.ended = None, 0, False
 
 
@@ -175,6 +175,22 @@ def test_a_call_past_the_mean_length_is_not_taken_to_have_ended():
     assert work_left([early], lengths) == pytest.approx(60)  # the mean's 110 less its 50, as before
     heavy = Lengths.of([(1000, 1000), (300, 100)])  # a call of many sentences, and one sentence
     assert heavy.beyond(0.5) == pytest.approx(1300 / 1100 - 0.5)  # by source rows: not 2.0 - 0.5
+
+
+def test_a_request_s_min_len_is_the_least_it_runs_and_its_length_teaches_nothing():
+    """Requests of min_len 500 were taken to end by the mean (about as long as their sources), so a burst of them
+    was admitted and all got 504; and their forced lengths then raised the mean for every other request."""
+    lengths = Lengths.of([(100, 100)])  # 1.0
+    forced, free = Request(6000, source=20, least=1002), Request(6000, source=20)
+    assert work_left([forced], lengths) == pytest.approx(1002)  # min_len 500, beam 2: not the mean's 20
+    assert work_left([free], lengths) == pytest.approx(20)
+    assert work_left([Request(600, source=20, least=1002)], lengths) == pytest.approx(600)  # within its bound
+    _, b = admitted(forced, free, limit_s=60.0)
+    for job in (forced, free):
+        job.rows = 1002 if job is forced else 21
+        job.future.set_result([])
+        b.leave(job)
+    assert list(b.ended) == [(21, 20)]  # only the free one's length
 
 
 def test_a_fresh_servers_first_burst_is_refused_by_what_its_searches_will_likely_run(monkeypatch):

@@ -195,6 +195,7 @@ class Settings:
     #   the first translation still comes from `decode`, so asking for alternatives never changes it
     work: int = dataclasses.field(default=0, compare=False)  # the request's decoding work (check_work), not a setting
     source: int = dataclasses.field(default=0, compare=False)  # hypotheses x source tokens (check_work; backlog.py)
+    least: int = dataclasses.field(default=0, compare=False)  # the rows it steps at least, by min_len (check_work)
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
@@ -219,7 +220,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
     check_alternatives(req, base, limits)
     decode, wider = decode_config(req, base)
     check_decode(wider or decode, limits)
-    work, source = check_work(counts, wider or decode, limits, first=decode if wider is not None else None)
+    work, source, least = check_work(counts, wider or decode, limits, first=decode if wider is not None else None)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
@@ -230,7 +231,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
-    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work, source)
+    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work, source, least)
 
 
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:
@@ -284,12 +285,13 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 
 
 def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
-               first: DecodeConfig | None = None) -> tuple[int, int]:
+               first: DecodeConfig | None = None) -> tuple[int, int, int]:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
     can ask of the model, however its settings combine), with `first`'s too, a search that runs before cfg's
     (alternatives widen the model's own); each text's maximum output tokens within the limit; and a minimum length
     its maximum cannot reach. With it, its source rows: hypotheses x source tokens and their </s>, by which
-    serve/backlog.py expects the rows it will step."""
+    serve/backlog.py expects the rows it will step; and the rows it steps at least, hypotheses x min_len and the
+    </s> step for each text (0 without min_len: then how long it runs is the model's, which the backlog learns)."""
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
         i = max(over, key=lambda i: most[i])
@@ -312,7 +314,8 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
                        f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
                        f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
                        "too_much_work")
-    return work, rows * sum(n + 1 for n in counts if n)
+    least = rows * (cfg.min_len + 1) * len(texts) if cfg.min_len else 0
+    return work, rows * sum(n + 1 for n in counts if n), least
 
 
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:

@@ -216,7 +216,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, len(texts), settings.work) else "call"
     try:
         done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, source=settings.source,
-                                          timeout=limits.timeout_s)
+                                          least=settings.least, timeout=limits.timeout_s)
     except QueueFull:
         raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting or in turns); retry later",
                        "busy", {"Retry-After": "1"}) from None

@@ -221,7 +221,7 @@ class Backlog:
         self.admitted.pop(id(job), None)
         self._sample()
         answered = job.future.done() and not job.future.cancelled() and job.future.exception() is None
-        if not answered or not job.source:
+        if not answered or not job.source or job.least:  # (a length its min_len set tells nothing of the model's)
             return
         if job.call is None:  # (streamed)
             self.ended.append((job.rows, job.source))
@@ -260,11 +260,12 @@ def work_left(jobs: list, lengths: Lengths | None) -> float:
     request whose source rows are not known), less the rows stepped so far; and, within the bound, no less than
     how much further the translations that ran longer than they have so far ran (Lengths.beyond). So a call past
     the mean, its longest sentences still running (often to their maximum length), is not taken to have ended: one
-    with 70 rows left by the mean ran 605 more, and got 504."""
+    with 70 rows left by the mean ran 605 more, and got 504. A request's min_len sets how many rows it steps at
+    least (Job.least), whatever the mean: requests of min_len 500 were taken to end in time, and all got 504."""
     call = jobs[0].call
     jobs, rows = (jobs, jobs[0].rows) if call is None else (call.jobs, call.rows)
     mean = LIKELY if lengths is None else lengths.mean
-    left = sum(min(job.work, mean * job.source) if job.source else job.work for job in jobs) - rows
+    left = sum(min(job.work, max(mean * job.source, job.least)) if job.source else job.work for job in jobs) - rows
     source = sum(job.source for job in jobs)
     if lengths is not None and source and all(job.source for job in jobs):
         left = max(left, min(source * lengths.beyond(rows / source), sum(job.work for job in jobs) - rows))

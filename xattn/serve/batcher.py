@@ -95,18 +95,19 @@ class Batcher:
         await asyncio.to_thread(self.engine.stop)
 
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0,
-                     source: int = 0, timeout: float | None = None) -> list:
+                     source: int = 0, least: int = 0, timeout: float | None = None) -> list:
         """The results for `texts`; raises QueueFull at once when the queue is full, backlog.Overloaded when the work
         admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind; at
         once, or later once its call would end past the timeout: Backlog.shed), asyncio.TimeoutError once `timeout`
         seconds have passed (the job is then gone: dropped between two steps, as when its client leaves). `work`:
         the request's decoding work (api.check_work), which tells a long request from the others; `source`: its
-        hypotheses x source tokens, by which the backlog expects what it will run. The deadline is a timer on the
+        hypotheses x source tokens, by which the backlog expects what it will run, and `least` the rows its
+        min_len makes it step at least (api.check_work). The deadline is a timer on the
         job's own future, not asyncio.wait_for: that would run this in a task of its own, two more turns of the
         event loop on the way in and out."""
         loop = asyncio.get_running_loop()
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
-                  long=work > self.long_work, source=source,
+                  long=work > self.long_work, source=source, least=least,
                   deadline=None if timeout is None else loop.time() + timeout)
         if streamed := self.streamed(settings, mergeable, len(texts), work):
             if self.engine.waiting >= self.queue_size:

@@ -40,6 +40,7 @@ class Job:
     work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
     source: int = 0                   # hypotheses x source tokens (api.Settings.source): what it will likely step
+    least: int = 0                    # the rows its min_len makes it step at least (api.Settings.least)
     deadline: float | None = None     # its timeout, on its event loop's clock (backlog.Backlog.shed)
     call: Call | None = field(default=None, repr=False)  # the call it is in, once in one (Engine.run)
     rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
