@@ -317,6 +317,9 @@ def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_time
         error(busy, 429, "the server is busy", "busy")
         assert busy.headers["retry-after"] == "1"
         error(next(f.result() for f in futures if f.result().status_code == 504), 504, "no translation within 0.5 s")
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+        assert all("batch" not in x for x in lines if x["status"] == 429)  # turned away: it joined none
+        assert all(x["batch"] in ("stream", "call") and x["texts"] == 1 for x in lines if x["status"] == 504)
         gated.translate.set()  # the batcher drains the queue (skipping what timed out) and keeps serving
         codes = []
         for _ in range(100):

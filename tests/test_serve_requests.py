@@ -198,7 +198,15 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
         assert client.post("/translate", json={"q": ["drei", "vier"], "beam_size": 1}).status_code == 200
         assert client.post("/translate", json={"q": "drei", "beam_size": 0}).status_code == 422
         assert client.get("/no/such/page").status_code == 404
+        assert client.post("/detect", json={"q": ["drei", "vier"]}).status_code == 200
+        assert client.post("/translate", json={"q": ["x" * 3000] * 2}).status_code == 413
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+    refused = next(x for x in lines if x["status"] == 422)  # the texts and characters of every line, refused too
+    assert refused["texts"] == 1 and refused["characters"] == 4 and "batch" not in refused
+    detected = next(x for x in lines if x["route"] == "/detect")
+    assert detected["texts"] == 2 and detected["characters"] == 8
+    large = next(x for x in lines if x["status"] == 413)
+    assert large["texts"] == 2 and large["characters"] == 6000
     ok = next(x for x in lines if x["status"] == 200)
     assert ok["route"] == "/translate" and ok["texts"] == 2 and ok["characters"] == 8 and ok["batch"] == "stream"
     assert ok["model"] == "de-en"

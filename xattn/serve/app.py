@@ -185,9 +185,9 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     @app.post("/translate", openapi_extra=openapi_body(TranslateRequest))
     async def translate(request: Request):
         req = parse_request(*await read_request(request, limits))
+        record = noted(request, req.q)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         route = models.route(req.source, req.target, request_texts(req.q, limits))
-        record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
         encode = partial(json_text, body, ensure_ascii=False, separators=(",", ":"))  # plain JSON types already
@@ -197,8 +197,18 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     @app.post("/detect", openapi_extra=openapi_body(DetectRequest))
     async def detect_language(request: Request):
         req = parse_request(*await read_request(request, limits), kind=DetectRequest)
+        noted(request, req.q)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         return detection(request_texts(req.q, limits))
+
+
+def noted(request: Request, q: str | list[str]) -> dict:
+    """The access log's fields of a request (metrics.Observed writes them), with the texts and characters of its
+    `q`: on its line whatever its answer, a 413 for too many characters above all."""
+    record = request.scope.setdefault("xattn", {})
+    texts = [q] if isinstance(q, str) else list(q)
+    record["texts"], record["characters"] = len(texts), sum(len(t) for t in texts)
+    return record
 
 
 async def translated(model: Model, req: TranslateRequest, limits: Limits, record: dict,
@@ -210,22 +220,14 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
                                model.max_positions)
     except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
         raise ApiError(422, f"q: {e}", "invalid_request") from None
-    for key, count in (("texts", len(texts)), ("characters", sum(map(len, texts)))):
-        record[key] = record.get(key, 0) + count
     mergeable = not settings.decode.sampling
     record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, len(texts), settings.work) else "call"
     try:
         done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, source=settings.source,
                                           least=settings.least, timeout=limits.timeout_s)
-    except QueueFull:
-        raise ApiError(429, f"the server is busy ({limits.queue_size} requests waiting or in turns); retry later",
-                       "busy", {"Retry-After": "1"}) from None
-    except Crowded:
-        raise ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",
-                       "busy", {"Retry-After": "5"}) from None
-    except Overloaded as e:
-        raise ApiError(429, f"the server is busy: {e} (--max-backlog); retry later", "busy",
-                       {"Retry-After": str(e.retry_after)}) from None
+    except (QueueFull, Crowded, Overloaded) as e:
+        del record["batch"]  # refused (429): it joined none
+        raise busy(e, limits) from None
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
     except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)
@@ -238,6 +240,18 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         return await asyncio.to_thread(response, *args) if heavy(req) else response(*args)
     except XattnError as e:  # words the alignment cannot place
         raise ApiError(422, f"q: {e}", "invalid_request") from None
+
+
+def busy(refusal: Exception, limits: Limits) -> ApiError:
+    """The 429 of a request the batcher refused: its queue full, long calls crowding, or the backlog too long."""
+    if isinstance(refusal, QueueFull):
+        return ApiError(429, f"the server is busy ({limits.queue_size} requests waiting or in turns); retry later",
+                        "busy", {"Retry-After": "1"})
+    if isinstance(refusal, Crowded):
+        return ApiError(429, f"the server is busy with {MAX_LONG} long requests; retry later, or send a smaller one",
+                        "busy", {"Retry-After": "5"})
+    return ApiError(429, f"the server is busy: {refusal} (--max-backlog); retry later", "busy",
+                    {"Retry-After": str(refusal.retry_after)})
 
 
 def heavy(req: TranslateRequest) -> bool:
@@ -257,9 +271,9 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         filename, content = file_text(fields.get("file"), limits)
         document = Document.parse(content)
         lines, numbers = document.texts()  # (a file of blank lines is refused as such, before any routing)
+        record = noted(request, lines)
         # auto: the whole text (more to go on than a line) with each line, as the texts of a list are routed
         route = models.route(req.source, req.target, [content, *lines], ["file", *(f"file: line {n}" for n in numbers)])
-        record = request.scope.setdefault("xattn", {})
         record["model"] = route.served.pair
         asked = TranslateRequest(q=lines, source=route.served.source, target=route.served.target)
         # one request, its lines its texts: a file is within a request's characters (file_text), not its items
