@@ -26,7 +26,7 @@ What the guards close or refuse where no request's access line tells of it (a co
 closed to make room, by its read deadline with no request in progress, after a 431 or 400 before its request
 reached the app, or cut off by the write deadline once its answers were complete) is counted in /metrics
 (`xattn_connections_closed_total`, by reason) and, but for the refusal at the limit (a flood would write
-thousands), one short log line.
+thousands), one log line, JSON as the access lines (`{"event": "connection_closed", "reason": ..., "detail": ...}`).
 """
 from __future__ import annotations
 
@@ -215,9 +215,13 @@ class Guarded(H11Protocol):
             self.transport.abort()
 
     def _closed(self, reason: str, message: str, *args) -> None:
-        """A connection closed that no request's access line tells of: one log line, and a count by `reason`."""
+        """A connection closed that no request's access line tells of: one log line, JSON as the access lines are
+        (its `event`, `reason` and what happened), and a count by `reason`."""
         self.metrics.connection_closed(reason)
-        LOG.info(message, *args)
+        if LOG.isEnabledFor(logging.INFO):
+            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            LOG.info(json.dumps({"at": at, "event": "connection_closed", "reason": reason, "detail": message % args},
+                                ensure_ascii=False))
 
     def _in_progress(self) -> dict | None:
         """The scope of the request this connection is answering (or reading), if any."""
