@@ -132,8 +132,14 @@ def test_a_new_answer_or_an_error_leaves_nothing_of_the_last(open_page, server):
     assert page.text_content("#xa-readout") == HINT and page.locator("#xa-map .xa-hl").count() == 0
     assert page.locator("#alts li").count() == 0 and page.locator("#others").is_hidden()
     # the text changes: what is shown is said to be the old text's
+    page.fill("#alternatives", "1")  # the settings change: the same (they were not said to, before)
+    assert page.text_content("#stale") == "The settings have changed since: translate again to update this."
+    assert page.locator("#stale").is_visible() and page.locator("#copy").is_disabled()
+    page.fill("#alternatives", "0")  # back as they were: current again
+    assert page.locator("#stale").is_hidden()
     page.fill("#text", "sieben hundert vier")
     assert page.locator("#stale").is_visible() and "stale" in page.get_attribute("#result", "class")
+    assert page.text_content("#stale") == "The text has changed since: translate again to update this."
     # an error the page finds itself (no request), then one from the network: each replaces the result
     for make_it_fail, message in ((lambda: page.fill("#text", "drei " * 80),
                                    ("Text: 400 characters, over the limit of 300 on this server; shorten it by 100.")),
@@ -198,6 +204,18 @@ def test_a_lone_model_s_page_says_when_the_text_reads_as_another_language(open_p
     assert page.locator("#error").is_hidden() and page.locator("#detected").is_hidden()
     translate(page, english + " ")  # another text: checked again
     assert page.text_content("#error").startswith("The text reads as English")
+
+
+def test_the_keyboard_hint_is_left_out_on_a_phone(open_page, browser, server, guard):
+    assert open_page().locator("#keys").is_visible()
+    context = browser.new_context(viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    try:
+        page = guard(context.new_page(), lambda u: u.startswith(server), lambda u: u.endswith("/translate"))
+        page.goto(server + "/")
+        page.wait_for_selector("#pair option", state="attached")
+        assert page.locator("#keys").is_hidden()  # "Ctrl+Enter translates", where there is no Ctrl to press
+    finally:
+        context.close()
 
 
 def test_ctrl_enter_translates_and_the_counter_counts_characters(open_page):

@@ -97,6 +97,11 @@ const ownBeam = () => !server || ($("beam").value.trim() !== "" && Number($("bea
 // Detecting the language between models of different beam widths: an empty beam width is each model's own
 const eachOwn = () => server !== null && defaults().beam_size === null;
 
+function settings() {  // what of the settings a translation was made with (counted: changed since, it is stale)
+  return JSON.stringify([$("pair").value, $("alternatives").value, sampling(), $("beam").value,
+                         $("temperature").value, $("top-p").value]);
+}
+
 function counted() {  // the character counter, and whether what is shown is still the text's translation
   const text = $("text").value, chars = [...text].length, most = server ? server.limits.max_chars : null;
   $("count").textContent = most === null ? `${chars} characters` : `${chars} / ${most} characters` +
@@ -104,9 +109,12 @@ function counted() {  // the character counter, and whether what is shown is sti
     ` \u00b7 at most ${server.limits.max_source_tokens} tokens`;  // (a token: a word or a piece of one)
   $("copy").textContent = "Copy";  // what was copied is no longer what the text would give
   $("count").classList.toggle("over", most !== null && chars > most);
-  const stale = shown !== null && text !== shown.text;
+  const edited = shown !== null && text !== shown.text, changed = shown !== null && settings() !== shown.settings;
+  const stale = edited || changed;
   $("result").classList.toggle("stale", stale);
   $("stale").hidden = !stale;
+  const what = edited && changed ? "The text and the settings have" : edited ? "The text has" : "The settings have";
+  $("stale").textContent = `${what} changed since: translate again to update this.`;
   // only the text's own translation is copied: not one greyed while the next is coming, nor one of an older text
   $("copy").disabled = shown === null || stale || $("target-pane").classList.contains("pending");
 }
@@ -251,7 +259,7 @@ function show(text, data, asked, model) {
   clear();
   const kind = asked.attention;
   const result = data.results[0], detected = data.detectedLanguage;
-  shown = {text, result, model};
+  shown = {text, result, model, settings: settings()};
   $("placeholder").hidden = true;
   $("result").hidden = false;
   if (detected && !chosen) {  // (a lone model's check of the language: no news when it passed)
@@ -469,7 +477,8 @@ function pairChanged() {  // as a new answer does, another pair clears all the l
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", translate);
   $("form").addEventListener("keydown", keys);
-  $("text").addEventListener("input", counted);
+  $("form").addEventListener("input", counted);  // the text, and the settings: what is shown may be stale
+  $("form").addEventListener("change", counted);
   $("alternatives").addEventListener("input", alternativesChanged);
   for (const id of ["strategy-beam", "strategy-sample"]) $(id).addEventListener("change", strategyChanged);
   $("copy").addEventListener("click", copy);
