@@ -50,7 +50,7 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     (b"q=vier%2zig", "application/x-www-form-urlencoded", 422, "q: a malformed percent escape '%2z' (body)"),
     (b'{"q": "drei", "min_len": 40}', "application/json", 422, "min_len: 40 is above the 14 output tokens"),
     (json.dumps({"q": ["drei"] * 32, "beam_size": 16, "max_len_b": 500}).encode(), "application/json", 413,
-     "over the limit of 100000"),
+     "over the limit of 256000"),
     (b'{"q": "drei \\u0000"}', "application/json", 422, "q[0]: holds a NUL character"),
     (b'{"q": "drei", "sampling": true, "temperature": 1e400}', "application/json", 422,
      "temperature: too large a number"),
@@ -93,8 +93,22 @@ def test_a_request_within_every_other_limit_is_bounded_by_its_work(client):
     error(reply, 413, "32 texts x 16 hypotheses", "too_much_work")
     assert client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 5}).status_code == 200
     # alternatives beyond the model's beam widen a second search, after the first: both count (only the wider did)
-    reply = client.post("/translate", json={"q": ["drei"] * 32, "alternatives": 7, "max_len_b": 370})  # 8 alone: 95,744
+    reply = client.post("/translate", json={"q": ["drei"] * 32, "alternatives": 7, "max_len_b": 259})  # 8 alone: 206,080
     error(reply, 413, "32 texts x 2 + 8 hypotheses", "too_much_work")
+    assert client.post("/translate", json={"q": ["drei"] * 32, "beam_size": 8, "max_len_b": 259}).status_code == 200
+
+
+def test_the_work_bound_weighs_each_output_token_by_its_position(client):
+    """A step reads every position before it, so at position 500 a row costs about 8x what it does at the start:
+    12 texts x beam 16 x 512 tokens (98,304 rows x steps, within the old bound of 100,000) ran past the 30 s
+    timeout; 32 x 16 x 195 (99,840) took about 20 s. By positions, the first is refused and the second is not."""
+    from xattn.serve.api import REACH, positioned
+
+    assert positioned(1) == 1 and positioned(REACH) == REACH + (REACH + 1) // 2  # the last token there weighs 2
+    long = {"q": ["drei"] * 12, "beam_size": 16, "min_len": 500, "max_len_a": 0, "max_len_b": 512}
+    error(client.post("/translate", json=long), 413, "the request asks for up to 492288 units of decoding work "
+          "(12 texts x 16 hypotheses x their maximum output tokens, a token at position t weighing 1 + t/64), over "
+          "the limit of 256000", "too_much_work")
 
 
 def test_an_empty_text_has_no_minimum_length_to_reach(client):

@@ -41,7 +41,7 @@ def test_greedy_requests_share_a_continuous_batch_and_get_what_translate_gives_e
 
 
 def test_a_short_request_is_answered_while_a_long_one_runs(numbers_model):
-    limits = dataclasses.replace(Limits(), batch_wait_ms=0, max_output_tokens=4000)
+    limits = dataclasses.replace(Limits(), batch_wait_ms=0, max_output_tokens=4000, max_work=10 ** 8)
     long = {"q": ["drei hundert vier und zwanzig"] * 32, "beam_size": 1, "max_len_a": 0, "max_len_b": 3000, "min_len": 0}
     with TestClient(create_app(str(numbers_model), limits)) as c:
         ready(c)

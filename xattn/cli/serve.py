@@ -21,7 +21,8 @@ LIMIT_FLAGS = {
     "--max-samples": ("max_samples", int, "samples per text"),
     "--max-output-tokens": ("max_output_tokens", int, "max_len_a * source tokens + max_len_b"),
     "--max-work": ("max_work", int, "a request's decoding work: over its texts, beam (or samples) x maximum output "
-                   "tokens; bounds how long one request can hold the model"),
+                   "tokens, a token at position t weighing 1 + t/64 (a step reads every position before it); bounds "
+                   "how long one request can hold the model"),
     "--long-work": ("long_work", int, "decoding work above which a request is long: it runs alone, and the next "
                     "batches run beside it, taking turns step by step, instead of waiting for it"),
     "--long-after": ("long_after_s", float, "seconds per request it serves after which the next batches run "

@@ -286,10 +286,11 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 
 def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
                first: DecodeConfig | None = None) -> tuple[int, int, int]:
-    """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens (what one request
-    can ask of the model, however its settings combine), with `first`'s too, a search that runs before cfg's
-    (alternatives widen the model's own); each text's maximum output tokens within the limit; and a minimum length
-    its maximum cannot reach. With it, its source rows: hypotheses x source tokens and their </s>, by which
+    """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens, each weighed by its
+    position (`positioned`: what one request can ask of the model, however its settings combine), with `first`'s
+    too, a search that runs before cfg's (alternatives widen the model's own); each text's maximum output tokens
+    within the limit; and a minimum length its maximum cannot reach. Returned: its rows x steps at most (the
+    backlog's bound on what it will step; the batcher's long_work), its source rows: hypotheses x source tokens and their </s>, by which
     serve/backlog.py expects the rows it will step; and the rows it steps at least, hypotheses x min_len and the
     </s> step for each text (0 without min_len: then how long it runs is the model's, which the backlog learns)."""
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
@@ -307,15 +308,28 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
                        f"{counts[short] + 1} source tokens (q[{short}] and </s>) + max_len_b allow; lower "
                        "it or raise max_len_b", "invalid_request")
     rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
-    work = sum(m for n, m in zip(counts, most) if n) * rows  # (an empty text: no step)
-    if work > limits.max_work:
+    work = sum(m for n, m in zip(counts, most) if n) * rows  # rows x steps at most (an empty text: no step)
+    cost = sum(positioned(m) for n, m in zip(counts, most) if n) * rows
+    if cost > limits.max_work:
         each = f"{first.hypotheses} + {cfg.hypotheses}" if first is not None else str(cfg.hypotheses)
-        raise ApiError(413, f"the request asks for up to {work} decoding steps ({len(counts)} texts x "
-                       f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output "
-                       f"tokens), over the limit of {limits.max_work}; send fewer or shorter texts, or a smaller beam",
-                       "too_much_work")
+        raise ApiError(413, f"the request asks for up to {cost} units of decoding work ({len(counts)} texts x "
+                       f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output tokens, a "
+                       f"token at position t weighing 1 + t/{REACH}), over the limit of {limits.max_work}; send "
+                       "fewer or shorter texts, or a smaller beam", "too_much_work")
     least = rows * (cfg.min_len + 1) * len(texts) if cfg.min_len else 0
     return work, rows * sum(n + 1 for n in counts if n), least
+
+
+REACH = 64
+"""Output positions after which a decoding step costs a row twice what it costs at the start: a step reads the keys
+and values of every position before it, so its cost grows with the position (the figures: benchmarks/README.md,
+Serving under load, "The work bound prices long outputs")."""
+
+
+def positioned(tokens: int) -> int:
+    """A text's decoding work for one hypothesis of up to `tokens` output tokens: each token at position t (from 1)
+    weighs 1 + t / REACH, so that the bound holds what a request's steps cost, not only how many there are."""
+    return tokens + tokens * (tokens + 1) // (2 * REACH)
 
 
 def check_decode(cfg: DecodeConfig, limits: Limits) -> None:
