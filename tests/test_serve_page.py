@@ -174,6 +174,9 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
     page.wait_for_selector("#busy:not([hidden])")
     assert page.is_disabled("#go") and page.get_attribute("#target-pane", "aria-busy") == "true"
     assert page.evaluate("getComputedStyle(document.getElementById('translation')).opacity") == "0.45"
+    readout = page.text_content("#xa-readout")
+    cell(page, 0, 0).hover(force=True)  # the greyed map of the last answer: hovering reads nothing out
+    assert page.text_content("#xa-readout") == readout
     arrived(page, held)
     page.keyboard.press("Control+Enter")  # no second request while one runs
     page.wait_for_timeout(100)
