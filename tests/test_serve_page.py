@@ -175,7 +175,11 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
     assert page.is_disabled("#go") and page.get_attribute("#target-pane", "aria-busy") == "true"
     assert page.evaluate("getComputedStyle(document.getElementById('translation')).opacity") == "0.45"
     readout = page.text_content("#xa-readout")
-    cell(page, 0, 0).hover(force=True)  # the greyed map of the last answer: hovering reads nothing out
+    cell(page, 0, 0).hover(force=True)  # the greyed map of the last answer: hovering reads nothing out,
+    assert page.text_content("#xa-readout") == readout
+    page.locator("td.xa-cell[tabindex='0']").focus()  # nor do the keys: it takes no focus while greyed
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
     assert page.text_content("#xa-readout") == readout
     arrived(page, held)
     page.keyboard.press("Control+Enter")  # no second request while one runs
@@ -324,7 +328,8 @@ def test_errors_read_in_the_page_s_words_and_say_what_to_do(open_page):
             (504, {}, {"error": "no translation within 30 s", "error_type": "timeout"},
              "The translation took longer than the server waits for one: try a shorter text, or fewer other "
              "translations."),
-            (502, {}, None, "The server answered with an error (HTTP 502) and no message; try again in a moment.")):
+            (502, {}, None, "The server answered with an error (HTTP 502) and no message; try again in a moment."),
+            (413, {}, None, "The server answered with an error (HTTP 413) and no message.")):  # the same again: no
         page.route("**/translate", lambda route: route.fulfill(
             status=status, headers=headers, content_type="application/json" if body else "text/html",
             body=json.dumps(body) if body else "<html>Bad Gateway</html>"))

@@ -214,7 +214,11 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
         assert client.get("/no/such/page").status_code == 404
         assert client.post("/detect", json={"q": ["drei", "vier"]}).status_code == 200
         assert client.post("/translate", json={"q": ["x" * 3000] * 2}).status_code == 413
+        big = "Ein Hund.\n\n" + "x" * 6000
+        assert client.post("/translate_file", files={"file": ("a.txt", big.encode())}).status_code == 413
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
+    refused_file = next(x for x in lines if x["route"] == "/translate_file")
+    assert refused_file["status"] == 413 and refused_file["texts"] == 2 and refused_file["characters"] == len(big)
     refused = next(x for x in lines if x["status"] == 422)  # the texts and characters of every line, refused too
     assert refused["texts"] == 1 and refused["characters"] == 4 and "batch" not in refused
     detected = next(x for x in lines if x["route"] == "/detect")

@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--output", "-o", type=output_arg, required=True, help="FILE.png, .svg, .pdf or .html")
     p.add_argument("--kind", choices=ATTENTION_KINDS, default="cross",
                    help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")
-    add_head_flags(p, "draw, of the --kind's stack (default: the last; the HTML page has a picker)")
+    add_head_flags(p, "draw, of the --kind's stack (default: the layer of the alignment links drawn, else the last; "
+                      "the HTML page has a picker)")
     p.add_argument("--grid", action="store_true", help="every layer x head in one figure (static files)")
     p.add_argument("--words", action="store_true",
                    help="merge subword pieces into the words of the text: a source word's weight is the sum "

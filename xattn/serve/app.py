@@ -32,8 +32,8 @@ from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detec
 from xattn.serve.backlog import Overloaded
 from xattn.serve.batcher import QueueFull
 from xattn.serve.engine import MAX_LONG, Crowded
-from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, attachment, download_name, file_text, \
-    named_lines
+from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, Upload, attachment, download_name, \
+    file_text, named_lines
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed
 from xattn.serve.models import Detect, Model, Models
@@ -226,7 +226,8 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         done = await model.batcher.submit(texts, settings, mergeable, work=settings.work, source=settings.source,
                                           least=settings.least, timeout=limits.timeout_s)
     except (QueueFull, Crowded, Overloaded) as e:
-        del record["batch"]  # refused (429): it joined none
+        if isinstance(e, QueueFull) or isinstance(e, Overloaded) and not e.to_timeout:  # refused on arrival: it
+            del record["batch"]                                                             # joined none
         raise busy(e, limits) from None
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
@@ -267,11 +268,14 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
     async def translate_file(request: Request):
         fields, text = await read_request(request, limits, files=1)
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
+        record = request.scope.setdefault("xattn", {})
+        if isinstance(upload := fields.get("file"), Upload):  # its size on its line, a refused one's too
+            sent = upload.data.decode("utf-8", "replace").removeprefix("\ufeff")
+            record["texts"], record["characters"] = sum(1 for line in sent.splitlines() if line.strip()), len(sent)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
-        filename, content = file_text(fields.get("file"), limits)
+        filename, content = file_text(upload, limits)
         document = Document.parse(content)
         lines, numbers = document.texts()  # (a file of blank lines is refused as such, before any routing)
-        record = noted(request, lines)
         # auto: the whole text (more to go on than a line) with each line, as the texts of a list are routed
         route = models.route(req.source, req.target, [content, *lines], ["file", *(f"file: line {n}" for n in numbers)])
         record["model"] = route.served.pair

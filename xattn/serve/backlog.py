@@ -110,7 +110,7 @@ class Overloaded(Exception):
         super().__init__(f"up to about {estimate_s:.1f} s of translation left for this request, over the "
                          f"{limit_s:.1f} s to its timeout" if to_timeout else
                          f"about {estimate_s:.1f} s of translation ahead of this request, over {limit_s:g} s")
-        self.estimate_s, self.limit_s = estimate_s, limit_s
+        self.estimate_s, self.limit_s, self.to_timeout = estimate_s, limit_s, to_timeout
 
     @property
     def retry_after(self) -> int:

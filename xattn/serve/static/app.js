@@ -213,7 +213,8 @@ function plain(data, status, retry) {  // the server's message, with the page's 
     (/long requests/.test(data.error || "") ? ", or with a shorter text." : ".");
   if (data.error_type === "timeout") return "The translation took longer than the server waits for one: try a " +
     "shorter text, or fewer other translations.";
-  if (!data.error) return `The server answered with an error (HTTP ${status}) and no message; try again ${again}.`;
+  if (!data.error) return `The server answered with an error (HTTP ${status}) and no message` +
+    (status === 408 || status === 429 || status >= 500 ? `; try again ${again}.` : ".");  // (else: the same again)
   const message = data.error.replace(/^([a-z_]+)(\[\d+\])?: /,
     (all, field) => FIELDS[field] ? `${FIELDS[field]}: ` : all).replace(/\bq\[0\]/g, "the text")
     .replace(/; give (source|target)$/, "");
@@ -228,6 +229,7 @@ function busy(on) {  // what is shown stays greyed until its replacement (or an 
   $("target-pane").setAttribute("aria-busy", String(on));
   $("target-pane").classList.toggle("pending", on);
   $("attention").classList.toggle("pending", on);
+  if ($("xa-map")) $("xa-map").inert = on;  // the last answer's map, greyed: neither hovered nor stepped through
   counted();
 }
 
