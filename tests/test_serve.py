@@ -623,3 +623,25 @@ def test_a_models_n_best_follows_a_smaller_beam_down_in_the_cli_and_the_server(n
         assert c.post("/translate", json={"q": "drei hundert", "beam_size": 1}).status_code == 200
     finally:
         c.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("mid_call", [False, True])
+def test_a_request_the_backlog_refuses_on_arrival_joined_no_batch_one_stopped_mid_call_did(numbers_model, caplog,
+                                                                                            mid_call):
+    """The access line's batch: left out for a 429 on arrival; kept for one the backlog stopped once it ran (its
+    work would end past its timeout), which used the translating thread (a review: it was dropped for both)."""
+    from xattn.serve.backlog import Overloaded
+
+    c = started(create_app(str(numbers_model)))
+    try:
+        batcher = c.app.state.xattn.served[0].model.batcher
+
+        async def refused(*args, **kwargs):
+            raise Overloaded(40.0, 3.0, to_timeout=mid_call)
+        batcher.submit = refused
+        with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
+            assert c.post("/translate", json={"q": "drei"}).status_code == 429
+        line = next(json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access")
+        assert ("batch" in line) == mid_call and line["texts"] == 1
+    finally:
+        c.__exit__(None, None, None)
