@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
-from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, Unused, build, device_name, nearest, \
-    one_of, validate, within
+from xattn.checks import FRACTION, NON_NEGATIVE, POSITIVE, Check, ConfigError, build, device_name, nearest, one_of, \
+    validate, within
 from xattn.corpora import check as check_corpora
 from xattn.corpora import check_sources
 from xattn.errors import XattnError
@@ -28,6 +27,7 @@ from xattn.yamlfile import read_yaml
 from xattn.overrides import drop_retired, parse_overrides
 from xattn.parent import ParentConfig
 from xattn.registry import ACTIVATIONS, NORMS, POSITIONS, SCORES, VARIANTS, per_place_problem
+from xattn.search_settings import SearchSettings
 
 
 
@@ -247,7 +247,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
+class DecodeConfig(SearchSettings):
     beam_size: int = 5                  # 1: greedy search
     sampling: bool = False              # draw tokens at random instead of searching (beam_size unused)
     temperature: float = 1.0            # sampling: < 1 sharper, > 1 flatter
@@ -285,16 +285,6 @@ class DecodeConfig:
             raise ConfigError("decode.max_len_b", "decode.max_len_a and decode.max_len_b are both 0: nothing could "
                               "be generated")
 
-    @property
-    def hypotheses(self) -> int:
-        """Rows decoded per input: samples when sampling, else the beam."""
-        return self.num_samples if self.sampling else self.beam_size
-
-    @property
-    def returned(self) -> int:
-        """Translations returned per input: the samples when sampling, else the beam's n_best."""
-        return self.num_samples if self.sampling else self.n_best
-
     def max_output_tokens(self, src_len: int) -> int:
         """floor(max_len_a * src_len + max_len_b): the most tokens a search may give before its EOS, for a source
         of `src_len` tokens (its EOS counted); the one rule of the search (max_lengths) and the server's limits."""
@@ -303,48 +293,6 @@ class DecodeConfig:
     as_dict = _as_dict
     LATER: ClassVar[dict[str, Any]] = {"shortlist": False}
     """Keys added after models were first saved, with their defaults (`as_dict` leaves them out at those)."""
-
-    SAMPLING_ONLY: ClassVar[frozenset[str]] = frozenset({"temperature", "top_k", "top_p", "num_samples", "seed"})
-    BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"beam_size", "n_best", "coverage_penalty", "stopping"})
-    WIDE_BEAM_ONLY: ClassVar[frozenset[str]] = frozenset({"coverage_penalty", "stopping"})
-    """Settings of beam search that greedy search (a beam of 1) has no use for."""
-
-    def with_choices(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """A user's `changes` to this config (a model's own; CLI flags or request fields, as field names) with what
-        follows from them: this config's n_best follows a smaller beam down, unless the changes name n_best."""
-        beam = changes.get("beam_size", self.beam_size)
-        return {**changes, "n_best": beam} if "n_best" not in changes and self.n_best > beam else dict(changes)
-
-    def set_besides(self, base: DecodeConfig) -> list[str]:
-        """The settings of this config that differ both from the defaults and from `base` (a model's own): what
-        a caller set, for refuse_unused."""
-        default = DecodeConfig()
-        return [f.name for f in dataclasses.fields(self)
-                if getattr(self, f.name) not in (getattr(default, f.name), getattr(base, f.name))]
-
-    @property
-    def ignored(self) -> frozenset[str]:
-        """The settings this config's kind of search has no use for: the beam's when sampling, the sampler's when
-        searching, and the coverage penalty and stopping rule with a beam of 1."""
-        return self.BEAM_ONLY if self.sampling else \
-            self.SAMPLING_ONLY | (self.WIDE_BEAM_ONLY if self.beam_size == 1 else frozenset())
-
-    def only_used(self, base: DecodeConfig) -> DecodeConfig:
-        """This config with the settings its kind of search ignores (`ignored`) back at `base`'s: for a search that
-        runs beside another with more settings (a server's greedy first search beside a wider beam)."""
-        return dataclasses.replace(self, **{key: getattr(base, key) for key in self.ignored})
-
-    def refuse_unused(self, given: Iterable[str]) -> None:
-        """Of the settings a user gave (`given`, field names), the first that this config's kind of search
-        would ignore is a ConfigError naming it: the beam's when sampling, the sampler's when searching, the
-        coverage penalty and stopping rule with a beam of 1. Front ends map the names to their own."""
-        if unused := sorted(set(given) & self.ignored):
-            key = unused[0]
-            raise Unused(f"decode.{key}", "applies to beam search, not to sampling (samples: decode.num_samples)"
-                              if self.sampling else "applies to sampling only; set decode.sampling"
-                              if key in self.SAMPLING_ONLY else "applies to beam search with decode.beam_size 2 or "
-                              "more (decode.beam_size is 1: greedy search)")
-
 
 @dataclass(frozen=True)
 class RunConfig:
