@@ -402,7 +402,7 @@ def ruled_out(data_dir: str) -> dict:
     from xattn.serve import detect
 
     def probability(text: str, lang: str) -> float:
-        return next((g.confidence for g in detect.ranking(text) if g.language == lang), 0.0)
+        return detect.of(detect.ranking(text), lang)
 
     own = {}
     for lang in LANGS:

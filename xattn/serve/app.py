@@ -202,12 +202,14 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         return detection(request_texts(req.q, limits))
 
 
-def noted(request: Request, q: str | list[str]) -> dict:
+def noted(request: Request, q: str | list[str], characters: int | None = None) -> dict:
     """The access log's fields of a request (metrics.Observed writes them), with the texts and characters of its
-    `q`: on its line whatever its answer, a 413 for too many characters above all."""
+    `q` (`characters`: a file's, blank lines and all): on its line whatever its answer, a 413 for too many
+    characters above all."""
     record = request.scope.setdefault("xattn", {})
     texts = [q] if isinstance(q, str) else list(q)
-    record["texts"], record["characters"] = len(texts), sum(len(t) for t in texts)
+    record["texts"] = len(texts)
+    record["characters"] = sum(len(t) for t in texts) if characters is None else characters
     return record
 
 
@@ -268,10 +270,11 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
     async def translate_file(request: Request):
         fields, text = await read_request(request, limits, files=1)
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
-        record = request.scope.setdefault("xattn", {})
         if isinstance(upload := fields.get("file"), Upload):  # its size on its line, a refused one's too
             sent = upload.data.decode("utf-8", "replace").removeprefix("\ufeff")
-            record["texts"], record["characters"] = sum(1 for line in sent.splitlines() if line.strip()), len(sent)
+            record = noted(request, [line for line in sent.splitlines() if line.strip()], len(sent))
+        else:
+            record = request.scope.setdefault("xattn", {})
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         filename, content = file_text(upload, limits)
         document = Document.parse(content)

@@ -41,6 +41,8 @@ import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE  # as uvicorn takes it
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from xattn.serve.metrics import log_line
+
 LOG = logging.getLogger("xattn.serve")
 READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
 MAX_PIECES = 10_000
@@ -95,7 +97,8 @@ class Guarded(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.quiet_since = now = time.monotonic()
-        held = [c for c in self.connections if getattr(c, "reserved", None) is not None]
+        held = [c for c in self.connections if getattr(c, "reserved", None) is not None] \
+            if len(self.connections) > self.max_connections else []  # (none held under the limit: no walk)
         if len(self.connections) - len(held) > self.max_connections and not self._make_room():
             self.reserved = now
             held = sorted((c for c in held if not c.transport.is_closing()), key=lambda c: c.reserved)
@@ -137,9 +140,9 @@ class Guarded(H11Protocol):
     def on_response_complete(self) -> None:
         if self.reserved is not None:  # its health check answered: the room goes back, and a request pipelined
             self.transport.close()     # behind it is never read (closed first, uvicorn reads no further)
-        super().on_response_complete()
-        if self.reserved is not None:
+            super().on_response_complete()
             return
+        super().on_response_complete()
         if self.conn.their_state in READING:  # not already reading a pipelined request
             self.quiet_since = time.monotonic()
         self._watch_output()
@@ -218,10 +221,7 @@ class Guarded(H11Protocol):
         """A connection closed that no request's access line tells of: one log line, JSON as the access lines are
         (its `event`, `reason` and what happened), and a count by `reason`."""
         self.metrics.connection_closed(reason)
-        if LOG.isEnabledFor(logging.INFO):
-            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-            LOG.info(json.dumps({"at": at, "event": "connection_closed", "reason": reason, "detail": message % args},
-                                ensure_ascii=False))
+        log_line(LOG, {"event": "connection_closed", "reason": reason, "detail": message % args})
 
     def _in_progress(self) -> dict | None:
         """The scope of the request this connection is answering (or reading), if any."""

@@ -107,17 +107,18 @@ def as_source(texts: Sequence[str], source: str) -> list[Guess]:
     out = []
     for text in texts:
         ranked = _rank(identifier, text)
-        mine = next((p for lang, p in ranked if lang == source), 0.0)
+        mine = of(ranked, source)
         letters = sum(ch.isalpha() for ch in text)
         clearly_other = bool(ranked) and (mine <= SOURCE_AT_MOST and letters >= MIN_LETTERS or mine <= RULED_OUT
-                                          and all(probability(identifier, part, source) <= RULED_OUT
+                                          and all(of(_rank(identifier, part), source) <= RULED_OUT
                                                   for part in script_parts(text)))
         out.append(Guess(*ranked[0]) if clearly_other else Guess(source, mine))
     return out
 
 
-def probability(identifier: LanguageIdentifier, text: str, language: str) -> float:
-    return next((p for lang, p in _rank(identifier, text) if lang == language), 0.0)
+def of(ranked: list[tuple[str, float]], language: str) -> float:
+    """The probability of `language` in a ranking (0 when it is not there)."""
+    return next((p for lang, p in ranked if lang == language), 0.0)
 
 
 def script_parts(text: str) -> list[str]:

@@ -16,6 +16,14 @@ from collections import defaultdict
 from typing import Callable
 
 ACCESS = logging.getLogger("xattn.serve.access")
+
+
+def log_line(log: logging.Logger, fields: dict) -> None:
+    """One JSON line of the server's log, with the time it was written (`at`, UTC): the access lines and the
+    connection guards' (serve/connections.py) alike."""
+    if log.isEnabledFor(logging.INFO):
+        at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        log.info(json.dumps({"at": at, **fields}, ensure_ascii=False))
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CLOSED_REASONS = ("connection_limit", "made_room", "head_too_large", "bad_request", "read_timeout", "write_timeout")
@@ -97,10 +105,7 @@ class Metrics:
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
             if "model" in record:
                 self.tokens[record["model"]] += record.get("output_tokens", 0)
-        if ACCESS.isEnabledFor(logging.INFO):
-            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-            ACCESS.info(json.dumps({"at": at, "route": route, "status": status, "ms": round(1000 * seconds, 1),
-                                    **record}, ensure_ascii=False))
+        log_line(ACCESS, {"route": route, "status": status, "ms": round(1000 * seconds, 1), **record})
 
     def exposition(self, models: dict[str, tuple[bool, int]]) -> str:
         """The text format; `models`: for each model's label, whether it has loaded and its queue depth."""
