@@ -158,8 +158,9 @@ async function translate(event) {
     } else if (!reply.ok) {
       fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
            (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""));
+    } else {
+      show(text, data, body, answering(data));
     }
-    if (reply.ok) show(text, data, body, answering(data));
     if (reply.status === 503 && data.error_type === "unavailable") untilReady(mine);
   } catch (e) {
     if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
