@@ -13,12 +13,16 @@
   and from the same moment a fresh client asks /health every 0.05 s for OVER_S seconds. Figures: each probe's status
   and latency by when it was sent (no connection there is quiet long enough to give its place: /health is answered
   from the reserve of connections held over the limit, serve/connections.py).
+- models: a server of three models (the benchmark model as de-en, and linked copies of it as fr-en and cs-en, each
+  loaded as a model of its own, with its own translating thread); a one-sentence request to de-en (greedy and
+  beam 5) alone, and while fr-en and cs-en each run the largest request of beside: the ratio (goal <= 3, as for
+  one model: no model's work may stall another's).
 - cold: COLD_CLIENTS clients send beam-5 requests of one sentence each to a fresh server, COLD_SENTENCES in all,
   then the same again: throughput and p99 of the first (cold) and the second (warm) pass, and the translate
   calls each made (a fair scheduler keeps the cold pass's batches as full as the warm one's).
 Every part starts its own server; the server's resident memory is read after each.
 
-usage: python benchmarks/serve_guards.py [--threads 1] [--parts beside flood slow over_limit cold] [--out NAME]
+usage: python benchmarks/serve_guards.py [--threads 1] [--parts beside flood slow over_limit models cold] [--out NAME]
 (writes results/serve_guards.json, or results/NAME.json)
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -51,9 +56,9 @@ def sentences(n: int) -> list[str]:
     return [s for s, _ in load_pairs("multi30k", "de", "en", "test_2016_flickr", data_dir())][:n]
 
 
-def start_server(model: Path, threads: int, *flags: str, files: int | None = None,
-                 root: Path = ROOT) -> tuple[subprocess.Popen, int]:
-    """`xattn serve MODEL` of the source tree `root` on a free port, once /health answers; and the port."""
+def start_server(model: Path, threads: int, *flags: str, files: int | None = None, root: Path = ROOT,
+                 also: tuple[Path, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """`xattn serve MODEL [ALSO...]` of the source tree `root` on a free port, once /health answers; and the port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -64,9 +69,9 @@ def start_server(model: Path, threads: int, *flags: str, files: int | None = Non
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(root)}
     # run from `root` too: `python -m` puts the working directory ahead of PYTHONPATH, so a script started from a
     # checkout's root (not from benchmarks/, as the earlier results were) ran that checkout's server for both
-    server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), "--port", str(port), "--threads",
-                               str(threads), "--no-access-log", *flags], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, preexec_fn=limit_files, cwd=root)
+    server = subprocess.Popen([sys.executable, "-m", "xattn", "serve", str(model), *map(str, also), "--port", str(port),
+                               "--threads", str(threads), "--no-access-log", *flags], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limit_files, cwd=root)
     for _ in range(600):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
@@ -239,35 +244,80 @@ def over_limit(model: Path, threads: int, root: Path = ROOT) -> dict:
 
 # ------------------------------------------------------------------------------------------ beside the largest
 
+def small_beside(port: int, texts: list[str], small: dict, large: list[dict]) -> dict:
+    """One-sentence requests (`small` with each of 20 texts) alone, then while the `large` requests run (each on a
+    thread of its own, begun a second before): their latencies, the ratio, and how the large ones ended."""
+    bodies = [dict(small, q=t) for t in texts[:20]]
+    alone = [request(port, "POST", "/translate", b, 60) for b in bodies]
+    results: dict = {}
+    runners = [threading.Thread(target=lambda i=i, body=body: results.update({i: request(port, "POST", "/translate",
+                                                                                      body, 600)}))
+               for i, body in enumerate(large)]
+    for runner in runners:
+        runner.start()
+    time.sleep(1.0)
+    near = [request(port, "POST", "/translate", b, 60) for b in bodies]
+    still_running = all(runner.is_alive() for runner in runners)
+    for runner in runners:
+        runner.join()
+    p50 = lambda xs: statistics.median(s for _, s in xs)  # noqa: E731
+    return {"alone_p50_ms": round(1000 * p50(alone), 1), "beside_p50_ms": round(1000 * p50(near), 1),
+            "beside_max_ms": round(1000 * max(s for _, s in near), 1), "ratio": round(p50(near) / p50(alone), 2),
+            "large_still_running_after": still_running,
+            "large": [{"status": results[i][0], "seconds": round(results[i][1], 1)} for i in range(len(large))],
+            "statuses": sorted({s for s, _ in alone + near})}
+
+
+SMALL = {"greedy": {}, "beam5": {"beam_size": 5}}
+
+
 def beside(model: Path, threads: int, texts: list[str]) -> dict:
     from xattn.serve.api import positioned
 
     server, port = start_server(model, threads, "--timeout", "600")
-    out = {}
     try:
-        for name, body in (("greedy", {}), ("beam5", {"beam_size": 5})):
-            small = [dict(body, q=t) for t in texts[:20]]
-            alone = [request(port, "POST", "/translate", b, 60) for b in small]
-            large = {"q": texts[100:132], **LARGE}
-            result: dict = {}
-            runner = threading.Thread(target=lambda: result.update(r=request(port, "POST", "/translate", large, 600)))
-            runner.start()
-            time.sleep(1.0)
-            near = [request(port, "POST", "/translate", b, 60) for b in small]
-            still_running = runner.is_alive()
-            runner.join()
-            p50 = lambda xs: statistics.median(s for _, s in xs)  # noqa: E731
-            out[name] = {"alone_p50_ms": round(1000 * p50(alone), 1), "beside_p50_ms": round(1000 * p50(near), 1),
-                         "beside_max_ms": round(1000 * max(s for _, s in near), 1),
-                         "ratio": round(p50(near) / p50(alone), 2), "large_still_running_after": still_running,
-                         "large_status": result["r"][0], "large_s": round(result["r"][1], 1),
-                         "statuses": sorted({s for s, _ in alone + near})}
+        out = {name: small_beside(port, texts, body, [{"q": texts[100:132], **LARGE}]) for name, body in SMALL.items()}
         out["large_request"] = {"texts": 32, **LARGE, "work": 32 * LARGE["beam_size"] * positioned(LARGE["max_len_b"])}
         out["server_rss_mb_after"] = rss_mb(server.pid)
         return out
     finally:
         server.terminate()
         server.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ beside other models
+
+OTHER_SOURCES = ("fr", "cs")
+"""The source languages of the benchmark model's copies in `models` (each a model of its own to the server)."""
+
+
+def copy_as(model: Path, source: str, into: Path) -> Path:
+    """`model` under another language pair (`source`-en): its files linked, its config.yaml rewritten."""
+    out = into / f"{model.name}-{source}"
+    out.mkdir()
+    for path in model.iterdir():
+        if path.name != "config.yaml":
+            (out / path.name).symlink_to(path)
+    lines = (model / "config.yaml").read_text().splitlines()
+    (out / "config.yaml").write_text("\n".join(f"  src_lang: {source}" if line.strip().startswith("src_lang:") else line
+                                               for line in lines) + "\n")
+    return out
+
+
+def models(model: Path, threads: int, texts: list[str], root: Path = ROOT) -> dict:
+    with tempfile.TemporaryDirectory() as into:
+        others = tuple(copy_as(model, source, Path(into)) for source in OTHER_SOURCES)
+        server, port = start_server(model, threads, "--timeout", "600", also=others, root=root)
+        try:
+            large = [{"q": texts[100:132], "source": source, "target": "en", **LARGE} for source in OTHER_SOURCES]
+            out = {name: small_beside(port, texts, dict(body, source="de", target="en"), large)
+                   for name, body in SMALL.items()}
+            out["large_requests"] = [f"{source}-en" for source in OTHER_SOURCES]
+            out["server_rss_mb_after"] = rss_mb(server.pid)
+            return out
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 # ------------------------------------------------------------------------------------------ a cold start
@@ -304,13 +354,14 @@ def cold(model: Path, threads: int) -> dict:
         texts_file.unlink(missing_ok=True)
 
 
-PARTS = ("beside", "flood", "slow", "over_limit", "cold")
+PARTS = ("beside", "flood", "slow", "over_limit", "models", "cold")
 
 
 def run_guards(model: Path, threads: int, parts: tuple[str, ...] = PARTS, root: Path = ROOT) -> dict:
     texts = sentences(200)
     run = {"beside": lambda: beside(model, threads, texts), "flood": lambda: flood(model, threads, texts[0]),
            "slow": lambda: slow(model, threads, texts[0]), "over_limit": lambda: over_limit(model, threads, root),
+           "models": lambda: models(model, threads, texts, root),
            "cold": lambda: cold(model, threads)}
     results = {part: run[part]() for part in parts}
     goals = {}
@@ -322,6 +373,11 @@ def run_guards(model: Path, threads: int, parts: tuple[str, ...] = PARTS, root: 
         goals["small_beside_large_within_3x"] = all(results["beside"][m]["ratio"] <= 3 for m in ("greedy", "beam5"))
         goals["no_5xx"] = goals.get("no_5xx", True) and all(s < 500 for m in ("greedy", "beam5")
                                                              for s in results["beside"][m]["statuses"])
+    if "models" in results:
+        goals["small_beside_other_models_within_3x"] = all(results["models"][m]["ratio"] <= 3
+                                                           for m in ("greedy", "beam5"))
+        goals["no_5xx"] = goals.get("no_5xx", True) and all(s < 500 for m in ("greedy", "beam5")
+                                                             for s in results["models"][m]["statuses"])
     if "over_limit" in results:
         goals["health_answered_over_the_limit"] = results["over_limit"]["health_statuses"] == [200] \
             and results["over_limit"]["health_max_ms"] <= 1000
@@ -334,8 +390,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--out", default="serve_guards", help="results/NAME.json to write")
-    ap.add_argument("--root", type=Path, default=ROOT, help="the source tree whose server over_limit runs (a worktree "
-                    "of an earlier commit, to compare; the other parts always run this one's)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the source tree whose server over_limit and models run (a "
+                    "worktree of an earlier commit, to compare; the other parts always run this one's)")
     ap.add_argument("--flood-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.flood_worker:
