@@ -311,8 +311,11 @@ def test_sampling_is_reproducible_and_varied():
     assert len({tuple(h.tokens) for s in a for h in s}) > len(a)
 
 
-@pytest.mark.parametrize("options", [dict(top_k=1), dict(temperature=1e-4), dict(top_p=1e-6)])
+@pytest.mark.parametrize("options", [dict(top_k=1), dict(temperature=1e-4), dict(top_p=1e-6),
+                                     dict(top_k=1, temperature=1e8), dict(top_k=1, temperature=3e38)])
 def test_degenerate_sampling_is_greedy(options):
+    """top_k 1 keeps the best token at any temperature (after a temperature of 1e8, float32 rounded every
+    log-probability into one tie, and the draw was uniform)."""
     model, src = eos_model(), random_src(11)
     sampled = _search(model, src, sampling=True, seed=0, **options)
     greedy_ = _search(model, src, beam_size=1)

@@ -205,9 +205,12 @@ def constraints(cfg: DecodeConfig, model: ModelConfig) -> Constraints:
 
 
 def warpers(cfg: DecodeConfig) -> list[Processor]:
-    """What sampling draws from, on top of the constraints: temperature, then top-k, then top-p."""
-    out = [temperature(cfg.temperature)] if cfg.temperature != 1.0 else []
-    out += [top_k(cfg.top_k)] if cfg.top_k else []
+    """What sampling draws from, on top of the constraints: top-k, then temperature, then top-p (on the tempered
+    distribution, as in Hugging Face). The k most probable tokens are the same at any temperature, so taking them
+    before it draws from the same distribution; taken after, a very flat temperature rounded their log-probabilities
+    into ties in float32 (from T = 1e8 all came out equal, and top-k 1 drew from the whole vocabulary)."""
+    out = [top_k(cfg.top_k)] if cfg.top_k else []
+    out += [temperature(cfg.temperature)] if cfg.temperature != 1.0 else []
     return out + ([top_p(cfg.top_p)] if cfg.top_p < 1.0 else [])
 
 
