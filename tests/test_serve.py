@@ -419,6 +419,8 @@ def test_multipart_forms_and_a_lowercase_bearer(numbers_model):
         assert typed.status_code == 200 and len(typed.json()["alternatives"]) == 1
         error(c.post("/translate", content=b"q=drei&beam_size=2&beam_size=5", headers=form), 422,
               "beam_size: given 2 times in the form", "invalid_request")
+        error(c.post("/translate?q=drei&beam_size=2&beam_size=5", headers={"Authorization": "Bearer k"}), 422,
+              "beam_size: given 2 times in the query string", "invalid_request")  # (it said "in the form")
         assert c.post("/translate", content=b"q=drei&q=vier", headers=form).json()["translatedText"][1]
     finally:
         c.__exit__(None, None, None)

@@ -83,9 +83,23 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
      "multipart/form-data; boundary=b", 422, "the multipart form ends before its closing boundary"),
     (b'--b\r\nContent-Disposition: form-data; name="q"\r\nContent-Transfer-Encoding: base64\r\n\r\nRWluIEh1bmQu\r\n'
      b'--b--\r\n', "multipart/form-data; boundary=b", 422, "q: Content-Transfer-Encoding base64 is not supported"),
+    # the Content-Type read as the parser reads it: RFC 2231's boundary*= and charset*= are left out (a 500 with a
+    # traceback), and of two boundaries the last is the parser's (the checks read the first: Latin-1 went through)
+    (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Hund.\r\n--b--\r\n',
+     "multipart/form-data; boundary*=utf-8''b", 422, "body: Missing boundary in multipart"),
+    (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin \xe4 Hund.\r\n--b--\r\n',
+     "multipart/form-data; boundary=b; charset*=utf-8''latin-1", 422, "q: not UTF-8 (multipart/form-data)"),
+    (b'--d\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Hund l\xe4uft.\r\n--d--\r\n--a\r\n'
+     b'Content-Disposition: form-data; name="x"\r\n\r\ny\r\n--a--\r\n', "multipart/form-data; boundary=a; boundary=d",
+     422, "q: not UTF-8 (multipart/form-data)"),
 ])
 def test_bodies_that_cannot_be_taken_as_sent_are_a_4xx_naming_the_field(client, body, kind, status, fragment):
     error(post_raw(client, body, kind), status, fragment)
+
+
+def test_two_content_types_are_a_422_not_the_first_one(client):
+    headers = [(b"Content-Type", b"application/json"), (b"Content-Type", b"application/x-www-form-urlencoded")]
+    error(client.post("/translate", content=b'{"q": "drei"}', headers=headers), 422, "Content-Type: given 2 times")
 
 
 def test_a_request_within_every_other_limit_is_bounded_by_its_work(client):
@@ -207,6 +221,21 @@ def test_the_key_may_come_in_the_query_string(keyed):
     error(keyed.post("/translate", json={"q": "drei"}, headers=headers), 403, "invalid API key")
 
 
+def test_a_key_beyond_ascii_works_in_a_header_sent_as_utf8_or_as_latin1(numbers_model):
+    """A header's bytes arrive decoded as Latin-1: curl sends `Bearer sécret` as UTF-8 (403 before), requests as
+    Latin-1; both give the key, as the body and the query string do."""
+    keyed = started(create_app(str(numbers_model), api_key="sécret"))
+    try:
+        for raw in ("Bearer sécret".encode(), "Bearer sécret".encode("latin-1")):
+            reply = keyed.post("/translate", json={"q": "drei"}, headers=[(b"Authorization", raw)])
+            assert reply.status_code == 200, (raw, reply.text)
+        assert keyed.post("/translate", json={"q": "drei", "api_key": "sécret"}).status_code == 200
+        error(keyed.post("/translate", json={"q": "drei"}, headers=[(b"Authorization", "Bearer secret".encode())]),
+              403, "invalid API key")
+    finally:
+        keyed.__exit__(None, None, None)
+
+
 def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
     with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
         assert client.post("/translate", json={"q": ["drei", "vier"], "beam_size": 1}).status_code == 200
@@ -214,7 +243,7 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
         assert client.get("/no/such/page").status_code == 404
         assert client.post("/detect", json={"q": ["drei", "vier"]}).status_code == 200
         assert client.post("/translate", json={"q": ["x" * 3000] * 2}).status_code == 413
-        big = "Ein Hund.\n\n" + "x" * 6000
+        big = "Ein\x0cHund.\n\n" + "x" * 6000  # two lines: a line ends at \n alone (not at \x0c, as splitlines)
         assert client.post("/translate_file", files={"file": ("a.txt", big.encode())}).status_code == 413
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
     refused_file = next(x for x in lines if x["route"] == "/translate_file")

@@ -272,7 +272,8 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
         if isinstance(upload := fields.get("file"), Upload):  # its size on its line, a refused one's too
             sent = upload.data.decode("utf-8", "replace").removeprefix("\ufeff")
-            record = noted(request, [line for line in sent.splitlines() if line.strip()], len(sent))
+            # (its lines by Document's rule: a line ends at \n alone; splitlines also broke at \x0c and \u2028)
+            record = noted(request, [line for line in sent.split("\n") if line.strip()], len(sent))
         else:
             record = request.scope.setdefault("xattn", {})
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))

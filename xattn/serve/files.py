@@ -10,13 +10,12 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from email.message import Message
 from pathlib import PurePath
 from typing import Callable
 from urllib.parse import quote
 
 from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header
 
 from xattn.serve.limits import ApiError, Limits
 
@@ -90,12 +89,13 @@ def check_parts(content_type: str, raw: bytes) -> None:
 
 def split_parts(content_type: str, raw: bytes) -> tuple[str, list[bytes]]:
     """The charset of a multipart body (UTF-8 unless its Content-Type names another) and its parts after the first
-    boundary, the last being what follows the closing one (`--...`; none such: cut off)."""
-    header = Message()
-    header["content-type"] = content_type
-    boundary = (header.get_param("boundary") or "").encode("latin-1")
-    parts = (b"\r\n" + raw).split(b"\r\n--" + boundary)  # a boundary starts a line, as the parser reads it
-    return header.get_param("charset") or "UTF-8", parts[1:]
+    boundary, the last being what follows the closing one (`--...`; none such: cut off). The Content-Type is read
+    by the parser's own reading (a parameter given twice: the last; RFC 2231's `boundary*=`: left out), so that
+    these checks look at the parts it parsed (reading the first of two boundaries, they looked at others, and a
+    Latin-1 text went through as UTF-8)."""
+    params = parse_options_header(content_type)[1]
+    parts = (b"\r\n" + raw).split(b"\r\n--" + params.get(b"boundary", b""))  # a boundary starts a line, as the
+    return params.get(b"charset", b"UTF-8").decode("latin-1"), parts[1:]  # parser reads it
 
 
 def part_name(head: bytes) -> bytes:

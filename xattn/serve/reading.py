@@ -33,11 +33,14 @@ def check_key(expected: str | None, in_body: str | None, authorization: list[str
         return
     tokens = [token.strip() for scheme, _, token in (header.partition(" ") for header in authorization)
               if scheme.lower() == "bearer"]
-    given = [key for key in (in_body, *tokens) if key]
-    if not given:
+    if not in_body and not any(tokens):
         raise ApiError(403, "an API key is required (api_key, or an Authorization: Bearer header)", "unauthorized")
+    # a header's bytes come decoded as Latin-1: a key beyond ASCII is those bytes when the client sent UTF-8 (curl),
+    # the text itself when it sent Latin-1 (requests)
+    given = [in_body.encode()] if in_body else []
+    given += [form for token in tokens if token for form in (token.encode("latin-1"), token.encode())]
     # any may hold it: a proxy in front may send a Bearer token of its own beside the body's key, or a header
-    if not any([hmac.compare_digest(key.encode(), expected.encode()) for key in given]):
+    if not any([hmac.compare_digest(key, expected.encode()) for key in given]):
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
@@ -59,7 +62,7 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
     if not isinstance(body, dict):  # (no body at all is no fields: the query string's, or none, which the route names)
         kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(body), "number")
         raise ApiError(422, f"body: must be a JSON object of fields (or a form), not a JSON {kind}", "invalid_request")
-    query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"))
+    query = form_fields(query_fields(request.scope.get("query_string") or b"", "query string"), "the query string")
     if both := sorted(set(body) & set(query)):
         raise ApiError(422, f"{both[0]}: given in both the query string and the body (only one would count)",
                        "invalid_request")
@@ -100,6 +103,8 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
     too_large = ApiError(413, f"the body is over {cap} bytes", "too_large", {"Connection": "close"})  # (unread)
     if int(request.headers.get("content-length") or 0) > cap:
         raise too_large
+    if len(kinds := request.headers.getlist("content-type")) > 1:  # (the first would silently win)
+        raise ApiError(422, f"Content-Type: given {len(kinds)} times; send one", "invalid_request")
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     codings = [c.strip().lower() for line in request.headers.getlist("content-encoding") for c in line.split(",")]
     if coding := next((c for c in codings if c not in ("", "identity")), None):
@@ -111,12 +116,12 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
         if len(raw) > cap:
             raise too_large
     if kind == "multipart/form-data":
-        return form_fields(await multipart(request.headers, bytes(raw), files, cap)), True
+        return form_fields(await multipart(request.headers, bytes(raw), files, cap), "the form"), True
     if kind == "application/x-www-form-urlencoded":
         if raw.lstrip()[:1] in (b"{", b"["):  # else "q: Field required", the JSON read as one odd field name
             raise ApiError(422, "body: JSON, sent as a form (Content-Type: application/x-www-form-urlencoded); send "
                            "it with Content-Type: application/json", "invalid_request")
-        return form_fields(query_fields(raw, "body")), True
+        return form_fields(query_fields(raw, "body"), "the form"), True
     if not raw:  # no body: no fields (a JSON null is a body, and not an object of fields)
         return {}, False
     try:
@@ -215,8 +220,9 @@ def fix_utf8(text: str, where: str, field: str) -> str:
         raise ApiError(422, f"{shown(field)}: not UTF-8 once percent-decoded ({where})", "invalid_request") from None
 
 
-def form_fields(fields: dict[str, list]) -> dict:
-    """A form's fields, each given once; `q` may repeat (a list of texts, as LibreTranslate takes it)."""
+def form_fields(fields: dict[str, list], where: str) -> dict:
+    """The fields of a form (or of a query string: `where` names it), each given once; `q` may repeat (a list of
+    texts, as LibreTranslate takes it)."""
     if twice := next((k for k, v in fields.items() if k != "q" and len(v) > 1), None):
-        raise ApiError(422, f"{shown(twice)}: given {len(fields[twice])} times in the form", "invalid_request")
+        raise ApiError(422, f"{shown(twice)}: given {len(fields[twice])} times in {where}", "invalid_request")
     return {k: (v if k == "q" and len(v) > 1 else v[0]) for k, v in fields.items()}
