@@ -288,3 +288,29 @@ def test_a_client_gone_mid_body_is_a_499_with_no_line_of_its_own(caplog):
             asyncio.run(read_request(Gone(), Limits()))
     assert e.value.error_type == "client_gone" and e.value.status == 499
     assert caplog.records == []
+
+
+def test_a_server_bug_is_a_json_500_with_cors_an_access_line_and_a_one_line_traceback(numbers_model, caplog):
+    """An exception no handler answers (here a route that raises): the JSON error of every answer, with the CORS
+    headers the page needs to read it, `error: internal` in its access line, and the traceback as one JSON line of
+    the log (Starlette's handler of last resort answered outside both, logging some 85 plain lines)."""
+    app = create_app(str(numbers_model), cors_origin="http://page.example")
+
+    async def boom():
+        raise RuntimeError("a bug")
+    app.add_api_route("/boom", boom)
+    c = started(app)
+    try:
+        with caplog.at_level(logging.INFO, logger="xattn.serve"):
+            reply = c.get("/boom", headers={"Origin": "http://page.example"})
+    finally:
+        c.__exit__(None, None, None)
+    assert reply.status_code == 500 and reply.json() == {"error": "internal error (RuntimeError)",
+                                                         "error_type": "internal"}
+    assert reply.headers["access-control-allow-origin"] == "http://page.example"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name.startswith("xattn.serve")]
+    access = next(x for x in lines if x.get("route") == "/boom")
+    bug = next(x for x in lines if x.get("event") == "internal_error")
+    assert access["status"] == 500 and access["error"] == "internal"
+    assert bug["id"] == access["id"] and "RuntimeError: a bug" in bug["traceback"]
+    assert all("\n" not in r.getMessage() for r in caplog.records if r.name.startswith("xattn.serve"))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import traceback
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -35,7 +37,7 @@ from xattn.serve.engine import MAX_LONG, Crowded
 from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, Upload, attachment, download_name, \
     file_text, named_lines
 from xattn.serve.limits import ApiError, Limits
-from xattn.serve.metrics import Metrics, Observed
+from xattn.serve.metrics import Metrics, Observed, log_line
 from xattn.serve.models import Detect, Model, Models
 from xattn.serve.reading import check_key, read_request, while_connected
 
@@ -69,6 +71,7 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
                   "POST /translate.", docs_url=None, redoc_url=None, lifespan=lifespan,
                   redirect_slashes=False)  # /translate/ is a JSON 404, not an empty 307
     app.state.xattn, app.state.metrics = models, metrics
+    app.add_middleware(Internal)  # (added first: inside the CORS headers and the access line)
     if cors_origin:  # inside Observed (added last, so outermost): preflights are logged and counted too
         app.add_middleware(JsonCors, routes=lambda: app.routes, allow_origins=[cors_origin],
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
@@ -113,6 +116,37 @@ class JsonCors(CORSMiddleware):
                             answer.status_code, headers=headers)
 
 
+class Internal:
+    """ASGI middleware: a server bug (an exception no handler answers) is the JSON 500 of every error, inside the
+    CORS headers and the access line (its `error`: internal) like any other answer, and its traceback is one JSON
+    line of the log (`event`: internal_error, with the request's id). Starlette's handler of last resort answered
+    outside both, and its traceback came as some 85 lines of plain text among the JSON lines."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as e:
+            if started:  # (nothing else can be said to the client: the connection ends, as it would have)
+                raise
+            record = scope.setdefault("xattn", {})
+            record["error"] = "internal"
+            log_line(logging.getLogger("xattn.serve"), {"event": "internal_error", "id": record.get("id"),
+                                                        "path": scope.get("path"), "traceback": traceback.format_exc()})
+            body = {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}
+            await JSONResponse(body, 500)(scope, receive, send)
+
+
 def add_error_handlers(app: FastAPI) -> None:
     """Every error as {"error", "error_type"} with its status."""
     def answer(request: Request, body: dict, status: int, headers: dict | None = None) -> JSONResponse:
@@ -135,10 +169,6 @@ def add_error_handlers(app: FastAPI) -> None:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return answer(request, {"error": f"{where}: {first['msg']}", "error_type": "invalid_request"}, 422)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception):  # a bug of the server, never a client's mistake
-        return answer(request, {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
 
 
 def add_page(app: FastAPI) -> None:
