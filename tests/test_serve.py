@@ -195,6 +195,9 @@ def test_malformed_and_oversized_bodies(client):
     error(client.post("/translate", content=b"x" * 200_000, headers={"Content-Type": "application/json"}), 413,
           "the body is over", "too_large")
     error(client.get("/translate"), 405, "Method Not Allowed", "method_not_allowed")
+    refused = client.post("/health")
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"  # (HEAD was left out)
+    assert client.get("/translate").headers["allow"] == "POST"
     json_body = {"Content-Type": "application/json"}
     for raw in (b"null", b"null ", b"[1]", b'"drei"', b"5", b"true"):  # a JSON null is a body, not no body
         for route in ("/translate?q=drei", "/translate", "/detect?q=drei"):

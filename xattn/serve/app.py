@@ -161,8 +161,11 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         names = {404: "not_found", 405: "method_not_allowed"}
+        headers = dict(getattr(e, "headers", None) or {})
+        if "GET" in (allow := headers.get("Allow", "").split(", ")) and "HEAD" not in allow:
+            headers["Allow"] = ", ".join([*allow, "HEAD"])  # (HEAD is a route of its own beside each GET one)
         return answer(request, {"error": str(e.detail), "error_type": names.get(e.status_code, "http_error")},
-                      e.status_code, getattr(e, "headers", None))
+                      e.status_code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
