@@ -97,6 +97,15 @@ def test_bodies_that_cannot_be_taken_as_sent_are_a_4xx_naming_the_field(client, 
     error(post_raw(client, body, kind), status, fragment)
 
 
+def test_null_is_an_optional_field_left_out_whichever_it_is(client):
+    plain = client.post("/translate", json={"q": "drei"}).json()
+    nulls = dict.fromkeys(("source", "target", "format", "alternatives", "attention", "alignment", "api_key", "secret",
+                           "beam_size", "min_len"))
+    reply = client.post("/translate", json={"q": "drei", **nulls})
+    assert reply.status_code == 200 and reply.json() == plain, reply.text
+    error(client.post("/translate", json={"q": None}), 422, "q: ")  # a required one stays required
+
+
 def test_two_content_types_are_a_422_not_the_first_one(client):
     headers = [(b"Content-Type", b"application/json"), (b"Content-Type", b"application/x-www-form-urlencoded")]
     error(client.post("/translate", content=b'{"q": "drei"}', headers=headers), 422, "Content-Type: given 2 times")

@@ -91,9 +91,12 @@ def openapi_body(kind: type[BaseModel]) -> dict:
 def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] = TranslateRequest):
     """A request of `kind` (TranslateRequest, DetectRequest, FileRequest) from its fields (reading.read_request); a
     malformed one is 422 naming the field. JSON values are read strictly (`"beam_size": "3"` or `true` is an error);
-    the fields named in `text` came as text (a form, the query string) and are converted to their types first."""
+    the fields named in `text` came as text (a form, the query string) and are converted to their types first.
+    A JSON null is an optional field left out, whichever it is (it was for the decoding settings, target and
+    api_key, and a 422 for source, format, alternatives, attention and alignment)."""
     fields = kind.model_fields
-    data = {k: from_text(v, fields[k].annotation, k) if k in text and k in fields else v for k, v in data.items()}
+    data = {k: from_text(v, fields[k].annotation, k) if k in text and k in fields else v for k, v in data.items()
+            if not (v is None and k in fields and not fields[k].is_required())}
     try:
         return kind.model_validate(data, strict=True)
     except ValidationError as e:
