@@ -48,16 +48,6 @@ def test_each_request_is_answered_by_the_model_of_its_pair(client, numbers_model
     assert [line["model"] for line in lines] == ["de-en", "en-de", "en-de"]
 
 
-def test_the_models_share_one_engine_thread(client):
-    """Each model's batcher on the server's one Runner: one thread takes the turns of every model's requests (a
-    thread per model left their turns to the operating system's and the interpreter's, and one model's largest
-    requests held up another's small one)."""
-    client.post("/translate", json={"q": "drei", "source": "de", "target": "en"})
-    client.post("/translate", json={"q": "three", "source": "en", "target": "de"})
-    engines = [t for t in threading.enumerate() if t.name == "xattn-translate"]
-    assert len(engines) == 1
-
-
 @pytest.mark.parametrize("body, fragment, error_type", [
     ({"source": "de", "target": "fr"}, "target: French (fr) is not available as a target language from German (de); "
      "this server translates de→en, en→de", "unsupported_language"),

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import xattn  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
-from xattn.serve.batcher import Batcher, Runner  # noqa: E402
+from xattn.serve.batcher import Batcher  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 from tests.test_serve_turns import until  # noqa: E402
 
@@ -146,7 +146,7 @@ def test_requests_waiting_for_a_step_join_in_one_encoder_pass_and_a_failing_one_
         running = asyncio.ensure_future(batcher.submit(first, "greedy"))
         await until(lambda: streams.rows)
         waiting = [asyncio.ensure_future(batcher.submit(q, "greedy")) for q in later]
-        await until(lambda: batcher.waiting == len(later))
+        await until(lambda: batcher.engine.waiting == len(later))
         streams.go.set()
         return await asyncio.gather(running, *waiting, return_exceptions=True)
 
@@ -164,47 +164,3 @@ def test_requests_waiting_for_a_step_join_in_one_encoder_pass_and_a_failing_one_
     assert together == [["A"], ["B", "C"], ["D"]]
     assert apart[0] == ["E"] and isinstance(apart[1], ValueError) and apart[2] == ["F"]
     assert streams.adds == [["a"], ["b", "c", "d"], ["e"], ["f"]]  # b, c, d in one pass; bad's failure alone
-
-
-def test_two_models_with_equal_settings_stream_in_batches_of_their_own():
-    """On one engine, the continuous batch is per model and settings: two models' greedy requests never share
-    a stream (each model's stream gets its own texts alone)."""
-    class Streams:
-        def __init__(self, name):
-            self.name, self.rows, self.added = name, [], []
-
-        def streamable(self, settings):
-            return True
-
-        def open_stream(self, settings):
-            return self
-
-        def add(self, texts, tags):
-            self.added += texts
-            self.rows += zip(tags, texts)
-
-        def __len__(self):
-            return len(self.rows)
-
-        def step(self):
-            ended, self.rows = [(tag, f"{self.name}:{text}") for tag, text in self.rows], []
-            return ended
-
-        def cancel(self, tag):
-            return False
-
-    de, fr = Streams("de"), Streams("fr")
-
-    async def main():
-        runner = Runner()
-        batchers = [Batcher(lambda texts, settings: texts, streams=s, runner=runner) for s in (de, fr)]
-        for b in batchers:
-            b.start()
-        try:
-            return await asyncio.gather(*(b.submit([t], "greedy") for t in ("eins", "zwei") for b in batchers))
-        finally:
-            for b in batchers:
-                await b.stop()
-
-    assert asyncio.run(main()) == [["de:eins"], ["fr:eins"], ["de:zwei"], ["fr:zwei"]]
-    assert de.added == ["eins", "zwei"] and fr.added == ["eins", "zwei"]

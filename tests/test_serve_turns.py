@@ -17,8 +17,9 @@ import xattn  # noqa: E402
 from xattn.decoding import done  # noqa: E402
 from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve import engine  # noqa: E402
-from xattn.serve.batcher import Batcher, QueueFull, Runner  # noqa: E402
+from xattn.serve.batcher import Batcher, QueueFull  # noqa: E402
 from xattn.serve.engine import Call, Job  # noqa: E402
+from xattn.serve.metrics import BatchMetrics  # noqa: E402
 from xattn.serve.limits import Limits  # noqa: E402
 
 
@@ -223,7 +224,7 @@ def test_a_long_call_whose_clients_left_does_not_count_towards_max_long(monkeypa
                 job.future.cancel()
             return Call(lambda: None, [job], Future())
         calls = [call(True), call(False), call(False)]
-        eng = engine.Engine(64)
+        eng = engine.Engine(None, 64, BatchMetrics())
         eng._refuse_crowded(calls)
         assert len(calls) == 3 and not any(c.future.done() for c in calls)
         fourth = call(False)  # now one too many: the one that turned long last is refused
@@ -620,39 +621,3 @@ def test_a_request_past_its_timeout_stops_decoding(numbers_model):
             time.sleep(0.01)
         assert batcher.dropped == 1
         assert c.post("/translate", json={"q": "drei", "beam_size": 2}).status_code == 200
-
-
-def test_the_models_of_a_server_take_fair_turns_on_one_thread():
-    """Two models' batchers on one Runner: a short request to one model is answered while a long call of the other
-    runs, each step of both on the one engine thread; the engine stops with the last batcher, not the first."""
-    fakes, threads = [Fake(), Fake()], set()
-
-    def on_thread(fake):
-        def translate(texts, settings):
-            threads.add(threading.get_ident())
-            yield from fake(texts, settings) if settings == "long" else ()
-            threads.add(threading.get_ident())
-            return [t.upper() for t in texts]
-        return translate
-
-    async def main():
-        runner = Runner()
-        first, second = (Batcher(on_thread(f), max_wait=0.0, long_work=100, runner=runner) for f in fakes)
-        first.start()
-        second.start()
-        try:
-            long = asyncio.ensure_future(first.submit(["a"], "long", work=101))
-            await until(lambda: fakes[0].steps > 0)
-            assert await asyncio.wait_for(second.submit(["b"], "short", work=1), 5) == ["B"]
-            assert not long.done() and fakes[0].steps > 1
-            fakes[0].release.set()
-            assert await asyncio.wait_for(long, 5) == ["A"]
-            assert threads == {runner.engine.thread.ident}
-            await first.stop()
-            assert runner.engine.thread.is_alive()
-            assert await asyncio.wait_for(second.submit(["c"], "short", work=1), 5) == ["C"]
-        finally:
-            fakes[0].release.set()
-            await second.stop()
-        assert not runner.engine.thread.is_alive()
-    asyncio.run(main())

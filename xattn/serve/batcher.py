@@ -29,9 +29,6 @@ random draws would then depend on its neighbours.
 
 Requests that `Streams.streamable` accepts (plain greedy search) skip the collector: they go straight to the
 engine, whose continuous batch answers each as soon as its last sentence ends.
-
-A server of several models has a batcher per model, all on one Runner: one engine thread, whose turns are fair
-across every model's requests, and one backlog, whose estimate counts the work admitted to any of them.
 """
 from __future__ import annotations
 
@@ -48,62 +45,25 @@ class QueueFull(Exception):
     """The queue holds `queue_size` requests already."""
 
 
-class Runner:
-    """The engine thread (serve/engine.py) and the backlog of the work admitted to it (serve/backlog.py), shared by
-    the batchers of a server's models: started by the first batcher to start, stopped with the last."""
-
-    def __init__(self, max_rows: int = 64, max_backlog: float | None = None):
-        self.engine = Engine(max_rows)
-        self.backlog = Backlog(max_backlog, lambda: (self.engine.busy, self.engine.rows),
-                               lambda: asyncio.get_running_loop().time())  # (the jobs' deadlines are on its clock)
-        self.users = 0
-        self._watch: asyncio.Task | None = None  # the backlog's checks (Backlog.shed)
-
-    def start(self) -> None:
-        self.users += 1
-        if self.users == 1:
-            self.engine.start()
-            if self.backlog.limit_s is not None:
-                self._watch = asyncio.get_running_loop().create_task(self._shed())
-
-    async def stop(self) -> None:
-        self.users -= 1
-        if self.users:
-            return
-        if self._watch is not None:
-            self._watch.cancel()
-            try:
-                await self._watch
-            except asyncio.CancelledError:
-                pass
-        await asyncio.to_thread(self.engine.stop)
-
-    async def _shed(self) -> None:
-        """Every CHECK_S seconds, the backlog refuses the work admitted that would end past its deadline
-        (Backlog.shed: the submit of its requests raises Overloaded)."""
-        while True:
-            await asyncio.sleep(CHECK_S)
-            self.backlog.shed()
-
-
 class Batcher:
     """Runs `translate(texts, settings) -> Steps of results` (one per text) for queued requests, batched; with
-    `streams`, the requests it can stream in continuous batches. On `runner`, the engine and backlog it shares with
-    the batchers of the server's other models (default: its own, of `max_batch` rows and `max_backlog`)."""
+    `streams`, the requests it can stream in continuous batches."""
 
     def __init__(self, translate: Callable[[list[str], Any], Steps[list]], max_batch: int = 64,
                  max_wait: float = 0.005, queue_size: int = 256, streams: Streams | None = None,
                  metrics: BatchMetrics | None = None, long_work: int = 4096, long_after: float = 0.1,
-                 max_backlog: float | None = None, runner: Runner | None = None):
+                 max_backlog: float | None = None):
         self.translate, self.max_batch, self.max_wait, self.queue_size = translate, max_batch, max_wait, queue_size
         self.long_work, self.long_after = long_work, long_after
         self.queue: asyncio.Queue[Job] = asyncio.Queue(queue_size)
         self.streams, self.metrics = streams, metrics or BatchMetrics()
-        self.runner = runner or Runner(max_batch, max_backlog)
-        self.engine, self.backlog = self.runner.engine, self.runner.backlog
+        self.engine = Engine(streams, max_batch, self.metrics)
+        self.backlog = Backlog(max_backlog, lambda: (self.engine.busy, self.engine.rows),
+                               lambda: asyncio.get_running_loop().time())  # (the jobs' deadlines are on its clock)
         self.calls = 0                  # translate calls made (tests compare it with requests)
         self.dropped = 0                # calls stopped between two steps, their clients gone
         self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None  # the backlog's checks (Backlog.shed)
         self._long: dict[asyncio.Task, int] = {}  # calls the collector does not wait for -> their requests
         self._held: Job | None = None   # taken from the queue, but over max_batch: it starts the next batch
 
@@ -113,28 +73,26 @@ class Batcher:
         return sum(self._long.values())
 
     @property
-    def waiting(self) -> int:
-        """Its streamed requests not yet in their batch."""
-        return self.engine.waiting[self.streams]
-
-    @property
     def depth(self) -> int:
         """Requests waiting: in the queue, and streamed ones not yet in their batch."""
-        return self.queue.qsize() + self.waiting
+        return self.queue.qsize() + self.engine.waiting
 
     def start(self) -> None:
-        self.runner.start()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.engine.start()
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        if self.backlog.limit_s is not None:
+            self._watch = loop.create_task(self._shed())
 
     async def stop(self) -> None:
-        for task in [self._task, *self._long]:
+        for task in [self._task, self._watch, *self._long]:
             if task is not None:
                 task.cancel()
                 try:
                     await task
                 except asyncio.CancelledError:
                     pass
-        await self.runner.stop()
+        await asyncio.to_thread(self.engine.stop)
 
     async def submit(self, texts: list[str], settings: Hashable, mergeable: bool = True, work: int = 0,
                      source: int = 0, least: int = 0, timeout: float | None = None) -> list:
@@ -150,10 +108,9 @@ class Batcher:
         loop = asyncio.get_running_loop()
         job = Job(texts, settings, mergeable and not self.alone(len(texts), work), loop.create_future(), work=work,
                   long=work > self.long_work, source=source, least=least,
-                  deadline=None if timeout is None else loop.time() + timeout, streams=self.streams,
-                  metrics=self.metrics)
+                  deadline=None if timeout is None else loop.time() + timeout)
         if streamed := self.streamed(settings, mergeable, len(texts), work):
-            if self.waiting >= self.queue_size:
+            if self.engine.waiting >= self.queue_size:
                 raise QueueFull
         elif self.queue.qsize() + self.beside >= self.queue_size:  # (also: arrivals faster than calls end)
             raise QueueFull
@@ -169,6 +126,13 @@ class Batcher:
             if expiry is not None:
                 expiry.cancel()
             self.backlog.leave(job)
+
+    async def _shed(self) -> None:
+        """Every CHECK_S seconds, the backlog refuses the work admitted that would end past its deadline
+        (Backlog.shed: the submit of its requests raises Overloaded)."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            self.backlog.shed()
 
     def alone(self, texts: int, work: int) -> bool:
         """Whether a request of `texts` texts and `work` runs alone: neither merged nor streamed."""

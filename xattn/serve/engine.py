@@ -1,5 +1,4 @@
-"""The engine: the one thread that runs the models for the batchers (serve/batcher.py: one per model, all sharing
-one engine), one decoder step at a time.
+"""The engine: the one thread that runs the model for the batcher (serve/batcher.py), one decoder step at a time.
 
 It runs translate calls (`Engine.run`: a call's decoding.Steps, dropped between two steps once every client of
 it has gone) and continuous batches of streamed requests (`Engine.submit`: plain greedy search, Translator.stream)
@@ -7,10 +6,7 @@ in fair turns: the next step is always one of the work that has had the least en
 Streamed sentences join their continuous batch between two decoder steps (those that arrived during a step in one
 encoder pass), up to `max_rows` sentences at a time, and each request is answered as soon as its last sentence
 ends, so a long sentence never holds up the others' answers and nobody waits for a batch to fill. A request
-whose client gave up leaves the batch at the next step. The turns are fair across models too: a server's models
-share this one thread, so a small request to one model waits for the step in progress of another, never for its
-whole request (with a thread per model, the threads shared the cores and the GIL by the operating system's turns
-and the interpreter's: benchmarks/README.md, Serving under load, "Several models").
+whose client gave up leaves the batch at the next step.
 """
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol
@@ -50,8 +46,6 @@ class Job:
     rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
     ended: bool = False               # its translation ended: its answer is on its way to the event loop
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
-    streams: Streams | None = field(default=None, repr=False)  # its model's streams (a streamed job's: Engine.submit)
-    metrics: BatchMetrics | None = field(default=None, repr=False)  # its model's batches (a streamed job's)
 
 
 class Streams(Protocol):
@@ -148,7 +142,6 @@ that arrivals share, which refills as the running work catches up."""
 class Streaming:
     """An open continuous batch on the engine: its stream and the rows of the streamed jobs in it."""
     stream: Any
-    metrics: BatchMetrics = field(default_factory=BatchMetrics)  # its model's
     rows: dict = field(default_factory=dict)  # tag -> (job, index of its text)
     used: float = 0.0                         # engine seconds spent on it per request (Engine's fair share)
     since: float = 0.0                        # the Engine's clock when it last became active
@@ -209,10 +202,10 @@ class Streaming:
 
 
 class Engine:
-    """The thread that runs the models: translate calls (`run`) and the continuous batches of streamed jobs
-    (`submit`), one decoder step at a time, in fair turns per request, whichever model it is for: a step of work
-    that serves n requests counts a n-th of its time towards that work's share (`used`), and the next step is
-    always one of the work with the least share. So one client's request gets as much of the engine as another's, whether it runs
+    """The thread that runs the model: translate calls (`run`) and the continuous batches of streamed jobs
+    (`submit`), one decoder step at a time, in fair turns per request: a step of work that serves n requests
+    counts a n-th of its time towards that work's share (`used`), and the next step is always one of the work
+    with the least share. So one client's request gets as much of the engine as another's, whether it runs
     alone or in a batch of many.
 
     Work that arrives starts CREDIT seconds below `clock` (the least share the running work has reached), so a
@@ -223,11 +216,11 @@ class Engine:
     already running for as long as it kept sending (on a fresh server, a batch of 31 clients' beam requests
     waited behind the 32nd client's one-sentence calls)."""
 
-    def __init__(self, max_rows: int):
-        self.max_rows = max_rows
+    def __init__(self, streams: Streams | None, max_rows: int, metrics: BatchMetrics):
+        self.streams, self.max_rows, self.metrics = streams, max_rows, metrics
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="xattn-translate", daemon=True)
-        self.waiting: Counter = Counter()  # streamed jobs submitted and not yet in a stream, by their model's streams
+        self.waiting = 0                # streamed jobs submitted and not yet in a stream
         self.clock = 0.0                # the least share the running work has reached, never decreasing (an
         #                                 arrival within its lead sits below it)
         self.floor = float("-inf")      # how far ahead arrivals have run: see the class docstring
@@ -253,12 +246,11 @@ class Engine:
         return call.future
 
     def submit(self, job: Job) -> None:
-        """Stream `job` (its `streams` and `metrics` set: its model's) in the continuous batch of its settings."""
-        self.waiting[job.streams] += 1
+        self.waiting += 1
         self.inbox.put(job)
 
     def _run(self) -> None:
-        open_: dict[tuple[Streams, Hashable], Streaming] = {}  # (its model's streams, settings) -> its batch
+        open_: dict[Hashable, Streaming] = {}  # settings -> its continuous batch
         held: deque[Job] = deque()             # streamed jobs waiting for room
         calls: list[Call] = []                 # running translate calls
         while True:
@@ -279,7 +271,7 @@ class Engine:
                     calls.append(item)
             for streaming in open_.values():
                 if stopped := streaming.drop_gone():
-                    streaming.metrics.stop(stopped)
+                    self.metrics.stop(stopped)
                     if not len(streaming) and len(active) > 1:  # emptied by its clients leaving
                         self.went_idle(streaming)
             self._admit(held, open_)
@@ -297,7 +289,7 @@ class Engine:
                     calls.remove(pick)
             else:
                 rows = len(pick)
-                pick.metrics.step(rows)
+                self.metrics.step(rows)
                 pick.advance()
                 over = not len(pick)
             ended = time.perf_counter()
@@ -309,8 +301,8 @@ class Engine:
             self.rows += rows
             if over and len(active) > 1:
                 self.went_idle(pick)
-            for key in [k for k, s in open_.items() if s.broken]:
-                del open_[key]
+            for settings in [k for k, s in open_.items() if s.broken]:
+                del open_[settings]
 
     def _refuse_crowded(self, calls: list[Call]) -> None:
         """Beyond MAX_LONG long calls whose clients are still there, those that turned long last are refused
@@ -345,28 +337,26 @@ class Engine:
             pass
         return items
 
-    def _admit(self, held: deque[Job], open_: dict[tuple[Streams, Hashable], Streaming]) -> None:
-        """Streamed jobs into their continuous batches (one per model and settings) while there is room
-        (`max_rows` sentences in all, over every model; one larger alone); a batch that was empty starts at
-        `start_share`."""
+    def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming]) -> None:
+        """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
+        larger alone); a batch that was empty starts at `start_share`."""
         rows = sum(len(s.rows) for s in open_.values())
-        joining: dict[tuple[Streams, Hashable], list[Job]] = {}
+        joining: dict[Hashable, list[Job]] = {}
         while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
             job = held.popleft()
-            self.waiting[job.streams] -= 1
+            self.waiting -= 1
             if job.future.done():
                 continue
-            key = (job.streams, job.settings)  # (two models' equal settings are two batches)
-            if key not in open_:
+            if job.settings not in open_:
                 try:
-                    open_[key] = Streaming(job.streams.open_stream(job.settings), job.metrics or BatchMetrics())
+                    open_[job.settings] = Streaming(self.streams.open_stream(job.settings))
                 except Exception as e:  # noqa: BLE001 - handed to the request that caused it
                     resolve(job, e)
                     continue
-            joining.setdefault(key, []).append(job)
+            joining.setdefault(job.settings, []).append(job)
             rows += len(job.texts)
-        for key, jobs in joining.items():
-            streaming = open_[key]
+        for settings, jobs in joining.items():
+            streaming = open_[settings]
             if not len(streaming):
                 streaming.used, streaming.since = self.start_share(), self.clock
             streaming.admit(jobs)

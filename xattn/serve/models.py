@@ -1,6 +1,5 @@
 """The models of `xattn serve`: each model directory is one language pair, loaded once in the background with its
-own batcher, all on one engine thread (batcher.Runner); `Models.route` picks the model for a request by its source
-and target.
+own batcher (and engine thread); `Models.route` picks the model for a request by its source and target.
 
 The pairs come from each directory's config.yaml, read at startup: two models with one pair are an error then,
 and /languages answers before any model has loaded. A request whose source is `auto` goes to the only model that
@@ -23,7 +22,7 @@ from xattn.decoding import Steps
 from xattn.errors import XattnError
 from xattn.serve import detect as identifier
 from xattn.serve.api import detected_source, with_alternatives
-from xattn.serve.batcher import Batcher, Runner
+from xattn.serve.batcher import Batcher
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import BatchMetrics, Metrics
 
@@ -38,9 +37,7 @@ Detect = Callable[[list[str], list[str]], list[tuple[str, float]]]
 class Model:
     """The translator and what the routes need of it, once loaded."""
 
-    def __init__(self, model_dir: str, device: str, limits: Limits, metrics: BatchMetrics | None = None,
-                 runner: Runner | None = None):
-        """`runner`: the engine and backlog of the server, shared with its other models (default: its own)."""
+    def __init__(self, model_dir: str, device: str, limits: Limits, metrics: BatchMetrics | None = None):
         from xattn.analysis.choice import settings_for
         from xattn.translator import Translator
 
@@ -52,7 +49,7 @@ class Model:
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
         self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
-                               metrics, limits.long_work, limits.long_after_s, limits.backlog_s, runner)
+                               metrics, limits.long_work, limits.long_after_s, limits.backlog_s)
 
     def streamable(self, settings) -> bool:
         """Whether requests with `settings` join the continuous batch (plain greedy, no attention or alternatives)."""
@@ -231,12 +228,11 @@ class Models:
 
     async def load(self, device: str, limits: Limits, metrics: Metrics,
                    on_error: Callable[[str], None] | None = None) -> None:
-        """Load each model in turn off the event loop; each serves as soon as it has loaded, all on one engine
-        thread. A model that fails keeps its reason (`error`), and `on_error(message)` is called."""
-        runner = Runner(limits.max_batch, limits.backlog_s)
+        """Load each model in turn off the event loop; each serves as soon as it has loaded. A model that fails
+        keeps its reason (`error`), and `on_error(message)` is called."""
         for one in self.served:
             try:
-                model = await asyncio.to_thread(Model, one.path, device, limits, metrics.model(one.pair), runner)
+                model = await asyncio.to_thread(Model, one.path, device, limits, metrics.model(one.pair))
             except Exception as e:  # noqa: BLE001 - answered by /health, and reported by `xattn serve`
                 one.error = " ".join(str(e).split()) or type(e).__name__
                 if on_error is not None:
