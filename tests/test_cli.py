@@ -259,8 +259,56 @@ def test_a_prefix_file_longer_than_the_input_on_stdin_is_named(numbers_model, tm
     prefix.write_text("a\nb\nc\n")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"drei\nvier\n")))
     assert main(["translate", str(numbers_model), "--prefix", str(prefix)]) == 2
-    assert capsys.readouterr().err.strip() == f"xattn translate: error: line counts differ: {prefix} has more lines " \
-        "than the input's 2"
+    assert capsys.readouterr().err.strip() == f"xattn translate: error: line counts differ: {prefix} has 3 lines, " \
+        "the input (stdin) has 2"
+
+
+def fifo(path, data: bytes):
+    """A named pipe at `path` that a thread writes `data` into once it is opened for reading."""
+    import threading
+
+    os.mkfifo(path)
+
+    def write():
+        with open(path, "wb") as f:
+            f.write(data)
+    threading.Thread(target=write, daemon=True).start()
+    return str(path)
+
+
+def test_inputs_from_pipes_and_stdin_are_read_once(numbers_model, tmp_path, capsys, monkeypatch):
+    """A pipe, a FIFO or stdin cannot be read twice: their lines were counted first and then read again, so
+    translate --prefix printed nothing with exit 0 and evaluate scored nothing (or a traceback: stdin cannot be
+    counted). Each is read once now, and a mismatch is found as it is read."""
+    import io
+
+    src, prefix, ref = b"drei\nvier hundert\n", b"three\nfour\n", b"three\nfour hundred\n"
+    for name, data in (("in.de", src), ("p.en", prefix), ("ref.en", ref)):
+        (tmp_path / name).write_bytes(data)
+    assert main(["translate", str(numbers_model), "-i", str(tmp_path / "in.de"), "--prefix", str(tmp_path / "p.en")]) == 0
+    expected = capsys.readouterr().out
+    assert len(expected.splitlines()) == 2
+    assert main(["translate", str(numbers_model), "-i", fifo(tmp_path / "f1", src), "--prefix",
+                 fifo(tmp_path / "f2", prefix)]) == 0
+    assert capsys.readouterr().out == expected
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(prefix)))
+    assert main(["translate", str(numbers_model), "-i", str(tmp_path / "in.de"), "--prefix", "-"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["evaluate", str(numbers_model), "--src", str(tmp_path / "in.de"), "--ref", str(tmp_path / "ref.en"),
+                 "--json"]) == 0
+    scores = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(src)))
+    assert main(["evaluate", str(numbers_model), "--src", "-", "--ref", str(tmp_path / "ref.en"), "--json"]) == 0
+    assert capsys.readouterr().out == scores
+    assert main(["evaluate", str(numbers_model), "--src", fifo(tmp_path / "f3", src), "--ref",
+                 fifo(tmp_path / "f4", ref + b"five\n"), "--json"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"line counts differ: {tmp_path / 'f3'} has 2 lines, "
+                                                    f"{tmp_path / 'f4'} has 3")
+    assert main(["evaluate", str(numbers_model), "--src", "-", "--ref", "-"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--src and --ref: both read stdin (-); give one of them as a file")
+    assert main(["translate", str(numbers_model), "--prefix", "-"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--prefix: reads stdin (-), as the input does; give one of them "
+                                                    "as a file")
 
 
 def test_an_output_named_as_standard_output_is_written_to_it(numbers_model, tmp_path, capsys):

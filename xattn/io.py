@@ -166,10 +166,12 @@ def read_line_chunks(path: str | Path | None, size: int | None = None, block: in
         raise XattnError(f"{path}: cannot read ({e})") from None
 
 
-def count_lines(path: str | Path) -> int:
-    """How many lines `read_lines(path)` gives, counted without decoding them (a quick first pass)."""
-    if path in (None, "-"):
-        raise ValueError("stdin cannot be counted before it is read")
+def count_lines(path: str | Path | None) -> int | None:
+    """How many lines `read_lines(path)` gives, counted without decoding them (a quick first pass); None for an
+    input that a first pass would use up (stdin, a pipe or FIFO, a process substitution such as <(cmd)): read
+    twice, its second reading found nothing, and a translation of it came out empty with exit 0."""
+    if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)):
+        return None
     count, last = 0, b"\n"
     try:
         with open_input(path) as f:
@@ -182,6 +184,32 @@ def count_lines(path: str | Path) -> int:
     except (OSError, EOFError) as e:
         raise XattnError(f"{path}: cannot read ({e})") from None
     return count + (last != b"\n")
+
+
+def paired_line_chunks(first: str | Path | None, second: str | Path | None, names: tuple[str, str] | None = None
+                       ) -> Iterator[tuple[list[str], list[str]]]:
+    """The chunks of two line-aligned inputs side by side (read_line_chunks of each, so bounded in memory). Lines
+    that do not pair up are an XattnError naming both counts (`names`: how it names the inputs, default their
+    paths): before anything is read when both can be counted first (count_lines), else once one runs out, the
+    other then read to its end for its count. Each input is read once, so either may be stdin or a pipe (not
+    both stdin)."""
+    names = names or (str(first), str(second))
+    if first in (None, "-") and second in (None, "-"):
+        raise XattnError(f"{names[0]} and {names[1]}: both read stdin; give one of them as a file")
+    counts = (count_lines(first), count_lines(second))
+    if None not in counts and counts[0] != counts[1]:
+        raise XattnError(f"line counts differ: {names[0]} has {counts[0]} lines, {names[1]} has {counts[1]}")
+    ones, others, done = read_line_chunks(first), read_line_chunks(second), 0
+    for one in ones:
+        other = next(others, [])
+        if len(other) != len(one):  # (both chunk alike: only the last chunks may be shorter)
+            rest = (sum(map(len, ones)), sum(map(len, others)))
+            raise XattnError(f"line counts differ: {names[0]} has {done + len(one) + rest[0]} lines, {names[1]} has "
+                             f"{done + len(other) + rest[1]}")
+        yield one, other
+        done += len(one)
+    if more := sum(map(len, others)):
+        raise XattnError(f"line counts differ: {names[0]} has {done} lines, {names[1]} has {done + more}")
 
 
 def _line_chunks(f, where: str, size: int, block_size: int) -> Iterator[list[str]]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_line_chunks
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
-from xattn.io import count_lines, json_text, read_line_chunks
+from xattn.io import json_text, paired_line_chunks
 
 
 def register(sub) -> None:
@@ -44,11 +44,13 @@ def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str]
         for flag in ("--split", "--data-dir"):
             if getattr(args, flag[2:].replace("-", "_")) is not None:
                 raise XattnError(f"{flag}: not used with --src and --ref, which give the pairs")
-        if (n := count_lines(args.src)) != (m := count_lines(args.ref)):
-            raise XattnError(f"line counts differ: {args.src} has {n} lines, {args.ref} has {m}")
-        if n == 0:
+        if args.src == args.ref == "-":
+            raise XattnError("--src and --ref: both read stdin (-); give one of them as a file")
+        read = 0
+        for read, chunk in enumerate(paired_line_chunks(args.src, args.ref), 1):  # (each read once: pipes too)
+            yield chunk
+        if not read:
             raise XattnError(f"{args.src}: no lines to translate and score")
-        yield from zip(read_line_chunks(args.src), read_line_chunks(args.ref))
         return
     if data_cfg.dataset is None:
         raise XattnError("the model's config names no dataset (it was trained on its own files, or imported); "

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, device_of,
                               output_arg, path_arg, settle_loaded, write_line_chunks)
 from xattn.errors import ItemError, XattnError
-from xattn.io import count_lines, read_line_chunks
+from xattn.io import paired_line_chunks, read_line_chunks
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
 DECODE_FLAGS = {
@@ -148,25 +148,18 @@ def run(args) -> int:
 
 def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[list[str]]:
     """The output lines of each chunk of the input, in input order (a chunk is length-sorted into batches
-    inside translate); the lines whose constraints were relaxed into `relaxed`. Two files' line counts are
-    compared first, by a quick pass, so a mismatch is reported before anything is translated."""
+    inside translate); the lines whose constraints were relaxed into `relaxed`. With --prefix, the line counts
+    of the two inputs are compared first where both are files, so a mismatch is reported before anything is
+    translated (io.paired_line_chunks: stdin or a pipe is read once, as it arrives)."""
     from xattn.decoding import seeded
 
-    prefixes = read_line_chunks(args.prefix) if args.prefix else None
-    if args.prefix and args.input not in (None, "-"):
-        if (n := count_lines(args.prefix)) != (m := count_lines(args.input)):
-            raise XattnError(f"line counts differ: {args.prefix} has {n} lines, the input {m}")
     count = 0
     generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
-    for texts in input_batches(args):
-        given = None
-        if prefixes is not None:
-            given = next(prefixes, [])
-            if len(given) < len(texts):
-                raise XattnError(f"line counts differ: {args.prefix} has {count + len(given)} lines, the input more")
-            if len(given) > len(texts):  # (the input's last chunk)
-                raise XattnError(f"line counts differ: {args.prefix} has more lines than the input's "
-                                 f"{count + len(texts)}")
+    if args.prefix == "-" and args.input in (None, "-"):
+        raise XattnError("--prefix: reads stdin (-), as the input does; give one of them as a file")
+    chunks = paired_line_chunks(args.prefix, args.input, (args.prefix, f"the input ({args.input or 'stdin'})")) \
+        if args.prefix else ((None, texts) for texts in input_batches(args))
+    for given, texts in chunks:
         try:
             results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
                                            attention_heads=links.heads if links else None, generator=generator)
@@ -177,8 +170,6 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
         yield output_lines(results, texts, count, args.scores, links)
         count += len(texts)
-    if prefixes is not None and (more := sum(map(len, prefixes))):
-        raise XattnError(f"line counts differ: {args.prefix} has {count + more} lines, the input {count}")
 
 
 def input_batches(args) -> Iterator[list[str]]:

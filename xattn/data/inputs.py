@@ -15,7 +15,7 @@ from xattn import corpora
 from xattn.config import DataConfig
 from xattn.data.text import Pair
 from xattn.errors import XattnError
-from xattn.io import count_lines, decode_line, open_input
+from xattn.io import decode_line, open_input
 
 BLOCK = 1 << 20
 """Bytes read from an input file at a time."""
@@ -65,8 +65,8 @@ class Inputs:
             for n, (src, tgt) in enumerate(lines, start=1):
                 if src is None or tgt is None:
                     longer, shorter = (cfg.train_src, cfg.train_tgt) if tgt is None else (cfg.train_tgt, cfg.train_src)
-                    raise XattnError(f"line counts differ: {longer} has {count_lines(longer)} lines, {shorter} has "
-                                     f"{n - 1}")  # (the longer one counted to its end: only on this error)
+                    raise XattnError(f"line counts differ: {longer} has {n + sum(1 for _ in lines)} lines, {shorter} "
+                                     f"has {n - 1}")  # (the longer one read on to its end: only on this error)
                 yield src, tgt
 
     def linked(self, cfg: DataConfig, prefix: str) -> Iterator[tuple[str, str, str | None]]:
