@@ -35,7 +35,8 @@ def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str
 
 def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str], list[str]]]:
     """The pairs of test_pairs CHUNK_LINES at a time: files of any length in bounded memory (their line
-    counts are compared first, by a quick pass, so a mismatch is reported before anything is translated)."""
+    counts compared first where both are files, so a mismatch is reported before anything is translated; a pipe
+    or stdin as it is read: io.paired_line_chunks)."""
     from xattn.data.splits import read_all
 
     if args.src or args.ref:
