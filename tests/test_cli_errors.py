@@ -336,6 +336,10 @@ CASES = {
     "diagnose output a directory": (["diagnose", M, "--src", "{space}/good.txt", "-o", "{space}"], "is a directory"),
     "importance output a directory": (["heads", "importance", M, "-o", "{space}"], "{space} is a directory"),
     "attention output a directory": (["attention", M, "eins", "-o", "{space}"], "{space} is a directory"),
+    "attention sentence not unicode": (["attention", M, "eins \udcff", "-o", "{space}/x.html"],
+                                       "error: SENTENCE: not valid Unicode"),  # (it said texts[0])
+    "attention reference not unicode": (["attention", M, "eins", "--reference", "one \udcff", "-o", "{space}/x.html"],
+                                        "error: --reference: not valid Unicode"),  # (it said targets[0])
     "prefix count differs": (["translate", M, "-i", "{space}/good.txt", "--prefix", "{space}/ref.txt"], "line counts differ"),
     "evaluate counts differ": (["evaluate", M, "--src", "{space}/src.txt", "--ref", "{space}/ref.txt"], "line counts differ"),
     "evaluate empty files": (["evaluate", M, "--src", "{space}/nothing.txt", "--ref", "{space}/nothing.txt"],
@@ -654,6 +658,20 @@ def test_a_model_that_samples_by_default_can_be_searched_with_no_sample(space, m
     code, _, err = run_main(["attention", str(sampling), "eins", "--reference", "one", "--no-sample", "-o",
                              str(space / "a.png")], b"", monkeypatch, capsys)
     assert code == 2 and "--no-sample: not used with --reference" in err
+
+
+def test_a_model_s_own_decode_setting_is_named_by_its_config_not_by_a_flag_not_given(space, monkeypatch, capsys):
+    """A model whose config.yaml sets min_len too high for a sentence: the error named --min-len, which was never
+    given; it names the config key now, and the flag only when the flag gave the value."""
+    model = space / "min-len-model"
+    if not model.exists():
+        shutil.copytree(space / "model", model)
+        config = (model / "config.yaml").read_text()
+        (model / "config.yaml").write_text(config.replace("  min_len: 0\n", "  min_len: 500\n"))
+    code, _, err = run_main(["translate", str(model)], b"eins\n", monkeypatch, capsys)
+    assert code == 2 and err.startswith(f"xattn translate: error: {model}/config.yaml: decode.min_len: 500 is above"), err
+    code, _, err = run_main(["translate", str(model), "--min-len", "400"], b"eins\n", monkeypatch, capsys)
+    assert code == 2 and err.startswith("xattn translate: error: --min-len: 400 is above"), err
 
 
 def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_path, monkeypatch, capsys):

@@ -28,8 +28,21 @@ def add_verb(sub, name: str, help: str, example: str, run) -> argparse.ArgumentP
 
 
 def flag_of(args, name: str) -> str | None:
-    """The flag of the verb that `args` were parsed for whose value is the library parameter `name`."""
-    return args.flags.get(name) or (f"--{name.replace('_', '-')}" if hasattr(args, name) else None)
+    """The flag of the verb that `args` were parsed for whose value is the library parameter `name`, when the
+    command line gave it: a value from elsewhere (the model's own decode settings) is not the flag's to answer
+    for (`--min-len: 500 is above ...` was said of a model's config.yaml with no --min-len given)."""
+    flag = args.flags.get(name) or (f"--{name.replace('_', '-')}" if hasattr(args, name) else None)
+    value = getattr(args, flag[2:].replace("-", "_"), None) if flag else None
+    return flag if value is not None and value is not False else None  # (0 is a value given: not `in (None, False)`)
+
+
+def setting_of(args, name: str) -> str | None:
+    """Where a decoding setting `name` that no flag gave comes from: the model directory's config.yaml."""
+    from xattn.config import DecodeConfig
+
+    if name in DecodeConfig.__dataclass_fields__ and isinstance(getattr(args, "model", None), str):
+        return f"{args.model.rstrip('/')}/config.yaml: decode.{name}"
+    return None
 
 
 def device_of(args):

@@ -82,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
         return args.run(args) or 0
-    except ItemError as e:  # an item of a list the command read (a verb that does not name its line itself)
-        return _fail(args.verb, str(e))
+    except ItemError as e:  # an item of a list the command read (a verb that does not name its line itself), or
+        named = args.flags.get(e.name)  # the one text an argument gave (the verb names it: SENTENCE, --reference)
+        return _fail(args.verb, f"{named}: {e.problem}" if named else str(e))
     except ParameterError as e:  # a library parameter the command line sets with a flag: name the flag
-        from xattn.cli.common import flag_of
+        from xattn.cli.common import flag_of, setting_of
 
-        return _fail(args.verb, f"{flag_of(args, e.name) or e.name}: {e.problem}")
+        return _fail(args.verb, f"{flag_of(args, e.name) or setting_of(args, e.name) or e.name}: {e.problem}")
     except XattnError as e:
         return _fail(args.verb, str(e))
     except BrokenPipeError:  # the reader went away (`| head`)
