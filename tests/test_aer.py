@@ -84,6 +84,15 @@ def test_cli_table_and_json(files, capsys):
                                              "possible": 5, "sentences": 2}
 
 
+def test_cli_precision_of_no_links_is_not_a_score(files, capsys):
+    """No link proposed: precision is undefined, n/a (null), not the library's conventional 100."""
+    (files / "none.align").write_text("\n\n")
+    code, out = aer(["--gold", str(files / "gold.talp"), "--hyp", str(files / "none.align"), "--gold-one-indexed",
+                     "--json"], capsys)
+    assert code == 0 and json.loads(out) == {"precision": None, "recall": 0.0, "aer": 100.0, "links": 0, "sure": 3,
+                                             "possible": 5, "sentences": 2}
+
+
 @pytest.mark.parametrize("text, reversed_text", [
     (["--pairs", "pairs.txt"], ["--pairs", "pairs-reversed.txt"]),
     (["--src", "src.txt", "--tgt", "tgt.txt"], ["--src", "tgt.txt", "--tgt", "src.txt"]),

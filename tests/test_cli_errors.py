@@ -39,7 +39,7 @@ def space(tmp_path_factory, numbers_model) -> Path:
              "bad.yaml": b"model: {d_model: [\n", "unknown.yaml": b"modle:\n  d_model: 16\n",
              "file-not-dir": b"I am a file\n", "nothing.txt": b"",
              "aer-gold.talp": b"1-1 2-2 2p3\n1-1 2p2\n", "aer-gold-bad.talp": b"1-1 2-2\n1-1 2x2\n",
-             "aer-gold-zero.talp": b"1-1 0-2\n1-1\n", "aer-gold-far.talp": b"1-1 2-2\n1-1 3-2\n",
+             "aer-gold-zero.talp": b"1-1 0-2\n1-1\n", "aer-gold-possible.talp": b"1p1\n\n", "aer-hyp-none.align": b"\n\n", "aer-gold-far.talp": b"1-1 2-2\n1-1 3-2\n",
              "aer-hyp.align": b"0-0 1-2 2-2\n1-1\n", "aer-hyp-far.align": b"0-0 1-3\n1-1\n", "aer-hyp-short.align": b"0-0\n",
              "aer-hyp-possible.align": b"0-0 1p2\n1-1\n", "aer-pairs.txt": b"a b c ||| x y z\nd e ||| u v\n",
              "aer-pairs-bad.txt": b"a b c ||| x y z\nd e u v\n", "aer-pairs-short.txt": b"a b c ||| x y z\n",
@@ -336,6 +336,8 @@ CASES = {
     "diagnose output a directory": (["diagnose", M, "--src", "{space}/good.txt", "-o", "{space}"], "is a directory"),
     "importance output a directory": (["heads", "importance", M, "-o", "{space}"], "{space} is a directory"),
     "attention output a directory": (["attention", M, "eins", "-o", "{space}"], "{space} is a directory"),
+    "aer gold without sure links": (["aer", "--gold", "{space}/aer-gold-possible.talp", "--hyp",
+                                     "{space}/aer-hyp-none.align"], "no sure links (i-j) on any line"),  # (100% before)
     "attention sentence not unicode": (["attention", M, "eins \udcff", "-o", "{space}/x.html"],
                                        "error: SENTENCE: not valid Unicode"),  # (it said texts[0])
     "attention reference not unicode": (["attention", M, "eins", "--reference", "one \udcff", "-o", "{space}/x.html"],

@@ -53,13 +53,16 @@ def run(args) -> int:
             raise XattnError(f"{args.hyp}: line {n + 1}: a hypothesis has links i-j only (ipj is for the gold)")
         hyps.append(sure)
     result = score(hyps, golds)
+    if not result.n_sure:  # (the library's convention, recall 1, would print a perfect score for nothing)
+        raise XattnError(f"{args.gold}: no sure links (i-j) on any line, so recall and AER are undefined")
     counts = {"links": result.n_links, "sure": result.n_sure, "possible": result.n_possible,
               "sentences": len(hyps)}
-    percent = {"precision": 100 * result.precision, "recall": 100 * result.recall, "AER": 100 * result.aer}
+    percent = {"precision": 100 * result.precision if result.n_links else None,  # (no link proposed: undefined)
+               "recall": 100 * result.recall, "AER": 100 * result.aer}
     if args.json:
-        print(json_text({k.lower(): round(v, 2) for k, v in percent.items()} | counts))
+        print(json_text({k.lower(): None if v is None else round(v, 2) for k, v in percent.items()} | counts))
     else:
-        cells = {k: f"{v:.1f}" for k, v in percent.items()} | {k: str(v) for k, v in counts.items()}
+        cells = {k: "n/a" if v is None else f"{v:.1f}" for k, v in percent.items()} | {k: str(v) for k, v in counts.items()}
         print("  ".join(f"{k:>{max(len(k), len(v))}}" for k, v in cells.items()))
         print("  ".join(f"{v:>{max(len(k), len(v))}}" for k, v in cells.items()))
     return 0
