@@ -415,6 +415,8 @@ CASES = {
                                       "analysis.yaml: alignment.heads: expected 'mean' or distinct head numbers, got []"),
     "analysis choice of a fractional layer": (["diagnose", "{damaged:layer-1.5}", "--src", "{space}/good.txt"],
                                               "analysis.yaml: alignment.layer: expected int, got 1.5"),
+    "analysis section misspelt": (["align", "{damaged:misspelt-section}", "--pairs", "{space}/aer-pairs.txt"],
+                                  "analysis.yaml: unknown section 'alignmnet' (did you mean 'alignment'?)"),
     "importance row twice": (["prune", M, "--fraction", "0.5", "--importance", "{space}/importance-twice.tsv", "--out",
                               "{space}/new-prune"],
                              "importance-twice.tsv: line 5: cross layer 0 head 1 is given twice (first on line 4)"),
@@ -464,6 +466,7 @@ DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmod
           "latin1": lambda d: (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# ä\n".encode("latin-1")),
           "no-heads": analysis("alignment: {layer: 0, heads: [], method: naive}\n"),
           "layer-1.5": analysis("alignment: {layer: 1.5, heads: mean, method: naive}\n"),
+          "misspelt-section": analysis("alignmnet: {layer: 0, heads: mean, method: naive}\n"),
           "no-cross-heads": pruned("cross: [[0, 0]]\n"),
           "no-weights": remove("model.safetensors"), "no-config": remove("config.yaml"), "no-state": remove("train_state")}
 
@@ -626,6 +629,11 @@ def test_python_api_names_its_own_parameters(space):
                            r"attention_heads: \(layer, heads\): a layer number and a tuple"),
                           (lambda: translator.translate(["eins"], return_attention=True, attention_heads=1),
                            r"attention_heads: \(layer, heads or None\), got 1"),
+                          (lambda: translator.translate(["eins"], return_attention=True, attention_heads=(0, (1, 1))),
+                           "attention_heads: head 1 of layer 0 is given twice"),  # (accepted: its mean counted it twice)
+                          (lambda: translator.translate(["eins"], attention_from="rescore"),
+                           "attention_from: applies with return_attention=True"),  # (silently unused)
+                          (lambda: xattn.load(space / "model", quantize="int4"), "quantize: int8 or None, got 'int4'"),
                           # a setting the search would ignore (the model's own settings are not the caller's)
                           (lambda: translator.translate(["eins"], xattn.DecodeConfig(beam_size=1, temperature=0.1)),
                            "decode.temperature: applies to sampling only"),

@@ -71,7 +71,8 @@ def one_of(*choices: str) -> Check:
 def head_problem(heads: typing.Sequence[int], layer: int, chosen: typing.Sequence[int] | None,
                  what: str = "attention") -> str | None:
     """What is wrong with reading heads `chosen` (None: all) of layer `layer` of an attention with `heads` heads per
-    layer (None: nothing): a layer or head the model lacks, or one whose heads were all pruned. Every choice of a
+    layer (None: nothing): a layer or head the model lacks, one whose heads were all pruned, or a head given twice.
+    Every choice of a
     layer and heads (analysis.maps.HeadChoice, decoding.Tracked) is checked here."""
     if not any(heads):
         return f"this model has no {what} heads left (all pruned): there is no attention to read"
@@ -82,6 +83,8 @@ def head_problem(heads: typing.Sequence[int], layer: int, chosen: typing.Sequenc
         return f"layer {layer} has no {what} heads left (pruned); layers with heads: {left}"
     if bad := [h for h in chosen or () if not 0 <= h < n]:
         return f"layer {layer} has no head {bad[0]} (its {what} heads: 0 to {n - 1})"
+    if (twice := next((h for i, h in enumerate(chosen or ()) if h in chosen[:i]), None)) is not None:
+        return f"head {twice} of layer {layer} is given twice; give distinct heads"
     return None
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.ao.nn.intrinsic import LinearReLU
 
-from xattn.errors import ParameterError, XattnError
+from xattn.errors import ParameterError
 from xattn.attention import MultiHeadAttention
 from xattn.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward
 from xattn.model import Transformer
@@ -37,7 +37,7 @@ class Speedups:
 
     def __post_init__(self):
         if self.quantize not in (None, "int8"):
-            raise XattnError(f"quantize must be int8, got {self.quantize!r}")
+            raise ParameterError("quantize", f"int8 or None, got {self.quantize!r}")
 
     def need_copy(self, device: torch.device) -> bool:
         """Whether decoding on `device` needs a rewritten copy at all (int8 off the CPU is an error)."""

@@ -205,6 +205,9 @@ class Translator:
                                  "cross-attention returned)")
         if attention_from not in ("search", "rescore"):
             raise ParameterError("attention_from", f"'search' or 'rescore', got {attention_from!r}")
+        if attention_from != "search" and not return_attention:  # (as attention_heads: not silently unused)
+            raise ParameterError("attention_from", "applies with return_attention=True (where the attention "
+                                 "returned comes from)")
         if prefixes is not None:
             prefixes = text_list("prefixes", prefixes, "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):

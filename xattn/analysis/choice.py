@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
+from difflib import get_close_matches as close_matches
 from pathlib import Path
 from typing import ClassVar
 
@@ -91,6 +92,10 @@ def read(model_dir: Path) -> dict:
     data = read_yaml(path)
     if data is not None and not isinstance(data, dict):
         raise XattnError(f"{path}: expected sections such as `alignment:`, found a {type(data).__name__}")
+    # other tools' sections are kept; one that reads as a misspelt `alignment` would be silently unread
+    if misspelt := next((key for key in data or {} if key != SECTION and close_matches(str(key), [SECTION], 1, 0.8)),
+                        None):
+        raise XattnError(f"{path}: unknown section {misspelt!r} (did you mean {SECTION!r}?)")
     return data or {}
 
 

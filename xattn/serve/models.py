@@ -62,7 +62,7 @@ class Model:
 
     def translate(self, texts, settings) -> Steps[list]:
         first = yield from self.translator.translate_steps(texts, settings.decode, return_attention=settings.attention,
-                                                           attention_from="rescore")
+                                                           attention_from="rescore" if settings.attention else "search")
         if settings.wider is None:
             return first
         wider = yield from self.translator.translate_steps(texts, settings.wider)
