@@ -5,7 +5,9 @@ temporary git worktree (removed at the end) and every timing runs in a fresh wor
 PYTHONPATH is one version's source root. A worker sets the C allocator as `xattn translate` does (where the
 version has xattn.allocator), loads `Translator.from_dir(model, device="cpu")`
 (with `quantize="int8"` for the int8 modes), translates the first 50 sentences untimed, then times
-the translation of all of them (in one call, or one call per sentence in the `_single` modes) and prints the seconds, a hash of the output texts and their BLEU
+the translation of all of them (in one call, or one call per sentence in the `_single` modes; in the `_attention`
+modes with the cross-attention returned, which the hash then covers, bit for bit; in the `_long` ones LONG
+sentences joined into one line, one line each) and prints the seconds, a hash of the output texts and their BLEU
 against the references (sacreBLEU 13a, cased). Within each of
 `--repeats` repetitions the two versions take turns on every mode, the first turn alternating
 between repetitions, so that slow spells of the machine hit both alike; figures are the medians.
@@ -34,8 +36,11 @@ from common import ROOT, cached_model, data_dir, model_fingerprint, write_result
 MODEL = ["train.max_minutes=20"]
 """The default model: Multi30k de->en trained for 20 minutes (in the benchmark cache, see common.py)."""
 MODES = {"greedy": (1, None), "beam5": (5, None), "greedy_int8": (1, "int8"), "beam5_int8": (5, "int8"),
-         "greedy_single": (1, None)}
-"""mode -> (beam size, quantize); `_single` modes translate one sentence per call (a server's lone client)."""
+         "greedy_single": (1, None), "beam5_attention": (5, None), "beam5_attention_long": (5, None)}
+"""mode -> (beam size, quantize); `_single` modes translate one sentence per call (a server's lone client),
+`_attention` ones return the cross-attention of every layer and head, `_long` ones join LONG sentences a line."""
+LONG = 30
+"""Sentences joined into one line in the `_long` modes (30 test sentences: about 480 source tokens)."""
 
 
 def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
@@ -52,19 +57,29 @@ def worker(model: str, texts_file: str, refs_file: str, mode: str) -> None:
         pass
     else:
         keep_freed_memory()
+    import numpy as np
+
     beam, quantize = MODES[mode]
     texts = Path(texts_file).read_text(encoding="utf-8").splitlines()
+    refs = Path(refs_file).read_text(encoding="utf-8").splitlines()
+    if mode.endswith("_long"):
+        texts, refs = ([" ".join(lines[i: i + LONG]) for i in range(0, len(lines), LONG)] for lines in (texts, refs))
     translator = Translator.from_dir(model, device="cpu", quantize=quantize)
     cfg = DecodeConfig(beam_size=beam, n_best=1)
-    translator.translate(texts[:50], cfg)
+    attention = "_attention" in mode
+    translator.translate(texts[:50] if len(texts) > 50 else texts[:1], cfg, return_attention=attention)
     start = time.perf_counter()
     if mode.endswith("_single"):
-        out = [translator.translate([text], cfg)[0].text for text in texts]
+        results = [translator.translate([text], cfg)[0] for text in texts]
     else:
-        out = [t.text for t in translator.translate(texts, cfg)]
+        results = translator.translate(texts, cfg, return_attention=attention)
     seconds = time.perf_counter() - start
-    digest = hashlib.sha256("\n".join(out).encode("utf-8")).hexdigest()[:16]
-    bleu = evaluate(out, Path(refs_file).read_text(encoding="utf-8").splitlines())["bleu"].score
+    out = [t.text for t in results]
+    digest = hashlib.sha256("\n".join(out).encode("utf-8"))
+    for t in results if attention else ():
+        digest.update(np.asarray(t.cross_attention, dtype=np.float32).tobytes())
+    digest = digest.hexdigest()[:16]
+    bleu = evaluate(out, refs)["bleu"].score
     print(json.dumps({"seconds": seconds, "hash": digest, "bleu": round(bleu, 2), "sentences": len(texts),
                       "threads": torch.get_num_threads(), "xattn": xattn.__file__}))
 
@@ -125,7 +140,8 @@ def main() -> None:
     parser.add_argument("--against", default="3cdbd37", help="the git revision to compare with")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=[m for m in MODES if not m.endswith("_single")])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES),
+                        default=[m for m in MODES if not m.endswith(("_single", "_attention", "_long"))])
     parser.add_argument("--result", default="decode_speed_versions", help="results/NAME.json to write")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)

@@ -46,32 +46,29 @@ class Beam:
     sentence: Tensor                # (N,) index into the batch
     log_prob: Tensor                # (N, K) cumulative, -inf = dead slot
     tokens: Tensor                  # (N, K, T) generated so far, pad after
-    attention: Tensor | None        # (N, K, t, L, H, S) cross-attention of the t steps so far, when tracked
     coverage: Tensor | None         # (N, K, S) attention mass per source token, with a coverage penalty
     greedy: Tensor                  # (N,) bool: slot 0 is the greedy path, still active
 
     def keep(self, index: Tensor) -> Beam:
         pick = lambda x: x[index] if x is not None else None  # noqa: E731
-        return Beam(self.sentence[index], self.log_prob[index], self.tokens[index], pick(self.attention),
-                    pick(self.coverage), self.greedy[index])
+        return Beam(self.sentence[index], self.log_prob[index], self.tokens[index], pick(self.coverage),
+                    self.greedy[index])
 
-    def stepped(self, attn: Tensor | None, cover: Tensor | None) -> Beam:
-        """The same slots with this step's attention (N, K, L, H, S) appended and its mass (N, K, S) added to the
-        coverage: what both the finished and the continuing children of a step extend (made once a step)."""
-        attention = torch.cat([self.attention, attn.unsqueeze(2)], dim=2) if self.attention is not None else None
+    def stepped(self, cover: Tensor | None) -> Beam:
+        """The same slots with this step's attention mass (N, K, S) added to the coverage: what both the finished
+        and the continuing children of a step extend (made once a step)."""
         coverage = self.coverage + cover if self.coverage is not None else None
-        return Beam(self.sentence, self.log_prob, self.tokens, attention, coverage, self.greedy)
+        return Beam(self.sentence, self.log_prob, self.tokens, coverage, self.greedy)
 
     def extend(self, parent: Tensor, token: Tensor, log_prob: Tensor, t: int, greedy: Tensor,
                sentences: Tensor | None = None) -> Beam:
-        """Children of slots `parent` (N, C) adding `token` at position t (of a `stepped` beam: attention and
-        coverage already hold this step's); with `sentences` (M,), of those sentences only (parent (M, C))."""
+        """Children of slots `parent` (N, C) adding `token` at position t (of a `stepped` beam: the coverage
+        already holds this step's); with `sentences` (M,), of those sentences only (parent (M, C))."""
         rows = slot_rows(parent, self.log_prob.shape[1], sentences)
         tokens = gather_slots(self.tokens, parent, rows)  # a new tensor
         tokens[:, :, t] = token
         sentence = self.sentence if sentences is None else self.sentence[sentences]
-        return Beam(sentence, log_prob, tokens, gather_slots(self.attention, parent, rows),
-                    gather_slots(self.coverage, parent, rows), greedy)
+        return Beam(sentence, log_prob, tokens, gather_slots(self.coverage, parent, rows), greedy)
 
 
 def in_parents_slots(pick: Tensor, parent: Tensor) -> Tensor:
@@ -96,11 +93,12 @@ class Finished:
     log_prob: Tensor                # (B, K)
     penalty: Tensor                 # (B, K) coverage penalty included in the score
     relaxed: Tensor                 # (B, K) bool: ended by the constraints' last resort
-    attention: Tensor | None        # (B, K, T, L, H, S); a slot's positions past its hypothesis' end are stale
+    end: Tensor | None              # (B, K) with tracked attention: the step at which each hypothesis ended, and
+    slot: Tensor | None             # (B, K) the slot it ended from then (its attention: Trail.trace)
 
-    def add(self, candidates: Beam, score: Tensor, penalty: Tensor, relaxed: Tensor) -> None:
-        """Merge finished candidates (their sentences' rows of `candidates`) ranked by score (N, C); on equal
-        scores the ones kept already come first."""
+    def add(self, candidates: Beam, score: Tensor, penalty: Tensor, relaxed: Tensor, slot: Tensor, t: int) -> None:
+        """Merge finished candidates (their sentences' rows of `candidates`, which ended at step t from the slots
+        `slot`) ranked by score (N, C); on equal scores the ones kept already come first."""
         rows, K = candidates.sentence, self.score.shape[1]
         merged = torch.cat([self.score[rows], score], dim=1)  # (N, K + C)
         index = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]  # (N, K)
@@ -109,10 +107,9 @@ class Finished:
         self.penalty[rows] = torch.cat([self.penalty[rows], penalty], 1).gather(1, index)
         self.relaxed[rows] = torch.cat([self.relaxed[rows], relaxed], 1).gather(1, index)
         self.tokens[rows] = gather_slots(torch.cat([self.tokens[rows], candidates.tokens], 1), index)
-        if self.attention is not None:  # every hypothesis finished so far is at most as long as the candidates
-            t = candidates.attention.shape[2]
-            merged = torch.cat([self.attention[rows, :, :t], candidates.attention], 1)
-            self.attention[rows, :, :t] = gather_slots(merged, index)
+        if self.end is not None:
+            self.end[rows] = torch.cat([self.end[rows], torch.full_like(slot, t)], 1).gather(1, index)
+            self.slot[rows] = torch.cat([self.slot[rows], slot], 1).gather(1, index)
 
     def kth(self, rows: Tensor, k: int) -> Tensor:
         """(N,) the k-th best kept score of sentences `rows` (-inf while fewer than k have finished)."""
@@ -121,6 +118,26 @@ class Finished:
     def count(self, rows: Tensor) -> Tensor:
         """(N,) number of finished hypotheses of sentences `rows`."""
         return self.score[rows].isfinite().sum(dim=1)
+
+
+@dataclass
+class Trail:
+    """The tracked cross-attention of a search, a step at a time: each slot's attention at step t and the slot at
+    step t - 1 it extends. A hypothesis' attention is read once, at the end, by following its parents back
+    (`trace`): copying every slot's whole history at each step instead cost a time growing with the square of the
+    steps, which long inputs felt (benchmarks/README.md, Translation speed)."""
+    attention: Tensor               # (B, K, T, L, H, S): step t's of slot k of sentence b
+    parent: Tensor                  # (B, K, T): the slot at step t - 1 that slot k at step t extends (t >= 1)
+
+    def trace(self, sentence: Tensor, slot: Tensor, end: Tensor) -> Tensor:
+        """sentence, slot, end (M,): hypotheses that ended at step `end` from `slot` -> (M, T, L, H, S) their
+        attention at each step (zeros past their end)."""
+        out = self.attention.new_zeros(sentence.shape[0], *self.attention.shape[2:])
+        for t in range(int(end.max()) if end.numel() else -1, -1, -1):  # (M,) slots at step t, of those long enough
+            live = end >= t
+            out[live, t] = self.attention[sentence[live], slot[live], t]
+            slot = torch.where(live, self.parent[sentence, slot, t], slot)
+        return out
 
 
 CHUNK = 32  # vocabulary entries per chunk in best_extensions
@@ -170,21 +187,23 @@ def coverage_layer(cfg: ModelConfig) -> int:
 
 
 def start(model: Transformer, src: Tensor, K: int, T: int, *, track: bool, cover: bool,
-          tracked: Tracked | None = None) -> tuple[Beam, Finished]:
+          tracked: Tracked | None = None) -> tuple[Beam, Finished, Trail | None]:
     B, device, pad = src.shape[0], src.device, model.cfg.pad_id
     first = torch.tensor([0.0] + [NEG_INF] * (K - 1), device=device)  # one live slot: no duplicates
     L, H = model.cfg.n_decoder_layers, max(model.cfg.heads_per_layer("cross"))  # H: as model.stack_layers
     if tracked is not None:  # one layer's heads' mean
         L, H = 1, 1
-    so_far = torch.zeros(B, K, 0, L, H, src.shape[1], device=device) if track else None  # grows a step at a time
     coverage = torch.zeros(B, K, src.shape[1], device=device) if cover else None
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
     greedy = torch.ones(B, dtype=torch.bool, device=device)
-    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, so_far, coverage, greedy)
+    beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, coverage, greedy)
+    ended = torch.zeros(B, K, dtype=torch.long, device=device) if track else None
     finished = Finished(tokens.clone(), torch.full((B, K), NEG_INF, device=device), torch.zeros(B, K, device=device),
                         torch.zeros(B, K, device=device), torch.zeros(B, K, dtype=torch.bool, device=device),
-                        torch.zeros(B, K, T, L, H, src.shape[1], device=device) if track else None)
-    return beam, finished
+                        ended, ended.clone() if track else None)
+    trail = Trail(torch.zeros(B, K, T, L, H, src.shape[1], device=device),
+                  torch.zeros(B, K, T, dtype=torch.long, device=device)) if track else None
+    return beam, finished, trail
 
 
 @dataclass
@@ -235,7 +254,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
                      track=track if beta == 0 else None)
     cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
-    beam, finished = start(model, src, K, T, track=need_attention, cover=beta > 0, tracked=track)
+    beam, finished, trail = start(model, src, K, T, track=need_attention, cover=beta > 0, tracked=track)
     read = coverage_layer(model.cfg) if beta > 0 else None
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     columns = Columns.of(vocab.ids, model.cfg.tgt_vocab_size) if vocab is not None else None
@@ -259,11 +278,15 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         ended = is_eos & c.score.isfinite() & c.listed
         ended[:, K:2 * K] = False  # an EOS finishes a hypothesis only when it ranks among the K best
         ended |= is_eos & c.greedy  # or ends the greedy path
-        stepped = beam.stepped(attn, cover)
+        if trail is not None:
+            trail.attention[beam.sentence, :, t] = attn
+        stepped = beam.stepped(cover)
         if ended.any():
             finish_ended(finished, stepped, c, ended, exhausted=exhausted, t=t, alpha=alpha, beta=beta,
                          src_mask=src_mask)
         beam, parent = going_on(stepped, c, is_eos, K, t)
+        if trail is not None and t + 1 < T:
+            trail.parent[beam.sentence, :, t + 1] = parent
         done = (max_len[beam.sentence] <= t) | beam.log_prob.isinf().all(dim=1) | stopped(beam, finished, cfg, max_len)
         keep = filling(done)  # (N',) the sentences that go on, those that move last
         if keep.numel() == 0:
@@ -272,7 +295,7 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
         beam = beam.keep(keep)
         last = beam.tokens[:, :, t].reshape(-1, 1)  # (N' * K, 1)
         yield N * K
-    return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha)
+    return collect(finished, cfg.n_best, {eos, model.cfg.pad_id}, alpha, trail)
 
 
 def going_on(stepped: Beam, c: Candidates, is_eos: Tensor, K: int, t: int) -> tuple[Beam, Tensor]:
@@ -292,14 +315,14 @@ def finish_ended(finished: Finished, stepped: Beam, c: Candidates, ended: Tensor
                  t: int, alpha: float, beta: float, src_mask: Tensor) -> None:
     """Add the candidates `ended` (N, C) at step t to `finished`, scored with the length and coverage penalties.
     Only the sentences where one ended take part: for the others `add` would change nothing, at the cost of
-    copying their tokens (and tracked attention) all the same."""
+    copying their tokens all the same."""
     some = ended.any(dim=1).nonzero().squeeze(1)  # (M,)
     N, K = stepped.log_prob.shape
     parent, score = c.parent[some], c.score[some]
     done = stepped.extend(parent, c.token[some], score, t, stepped.greedy[some], sentences=some)
     cp = coverage_penalty(done.coverage, src_mask[done.sentence], beta) if beta > 0 else torch.zeros_like(score)
     cut = exhausted.view(N, K)[some].gather(1, parent) if exhausted is not None else torch.zeros_like(ended[some])
-    finished.add(done, torch.where(ended[some], score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut)
+    finished.add(done, torch.where(ended[some], score / gnmt_penalty(t + 1, alpha) + cp, NEG_INF), cp, cut, parent, t)
 
 
 def stopped(beam: Beam, finished: Finished, cfg: DecodeConfig, max_len: Tensor) -> Tensor:
@@ -317,18 +340,22 @@ def stopped(beam: Beam, finished: Finished, cfg: DecodeConfig, max_len: Tensor) 
     return bound <= finished.kth(beam.sentence, cfg.n_best)
 
 
-def collect(finished: Finished, n_best: int, stop: set[int], alpha: float) -> list[list[Hypothesis]]:
-    """The n_best finished hypotheses of each sentence as Python objects, best first."""
+def collect(finished: Finished, n_best: int, stop: set[int], alpha: float,
+            trail: Trail | None = None) -> list[list[Hypothesis]]:
+    """The n_best finished hypotheses of each sentence as Python objects, best first (with `trail`, each with its
+    cross-attention, traced for the hypotheses returned only)."""
     tokens, scores, log_probs, penalties, relaxed = (x.cpu().tolist() for x in (
         finished.tokens, finished.score, finished.log_prob, finished.penalty, finished.relaxed))
-    attention = finished.attention.cpu() if finished.attention is not None else None
-    out = []
+    out, returned = [], []
     for b, row in enumerate(zip(tokens, scores, log_probs, penalties, relaxed)):
         slots = [(hypothesis(i, stop, lp, alpha, cp, None, cut), k)
                  for k, (i, s, lp, cp, cut) in enumerate(zip(*row)) if s != NEG_INF]
         kept = sorted(slots, key=lambda slot: -slot[0].score)[:n_best]
-        if attention is not None:  # only for the hypotheses returned: a few tensor calls each
-            for hyp, k in kept:
-                hyp.cross_attention = in_steps(attention[b, k], len(hyp.tokens) + 1)
+        returned += [(b, k, hyp) for hyp, k in kept]
         out.append([hyp for hyp, _ in kept])
+    if trail is not None and returned:
+        b, k = (torch.tensor(x, device=finished.score.device) for x in zip(*[(b, k) for b, k, _ in returned]))
+        attention = trail.trace(b, finished.slot[b, k], finished.end[b, k]).cpu()  # (M, T, L, H, S)
+        for m, (_, _, hyp) in enumerate(returned):
+            hyp.cross_attention = in_steps(attention[m], len(hyp.tokens) + 1)
     return out
