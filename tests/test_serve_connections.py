@@ -159,6 +159,13 @@ def test_a_head_over_the_limit_and_broken_framing_are_json_errors_that_close_the
     text = log.read_text()  # one short line of xattn's, not uvicorn's warning
     assert "not valid HTTP/1.1; answered 400 and closed" in text and "Invalid HTTP request received" not in text
     assert ask(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    # both lengths: a proxy going by Content-Length would pass on the rest as a request of its own (it was answered)
+    smuggled = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4\r\n" \
+        b"Transfer-Encoding: chunked\r\n\r\nd\r\n{\"q\": \"drei\"}\r\n0\r\n\r\n"
+    head, body = ask(port, smuggled).split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(body) == {
+        "error": "the request has both Transfer-Encoding and Content-Length; send one", "error_type": "bad_request"}
+    assert ask(port, smuggled.replace(b"Content-Length: 4\r\n", b"")).startswith(b"HTTP/1.1 200")  # chunked alone
 
 
 def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):

@@ -164,8 +164,7 @@ class Guarded(H11Protocol):
             reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
                            "bytes, the server's limit", "too_large")
         else:
-            problem = f"the request body arrives in more than {MAX_PIECES} pieces" if self.conn.pieces > MAX_PIECES \
-                else "the request is not valid HTTP/1.1"
+            problem = self.conn.problem or "the request is not valid HTTP/1.1"
             if scope is not None:  # its body broke off: the app's access line says 400 (metrics.Observed)
                 scope["xattn.bad_request"] = problem
             else:
@@ -253,11 +252,14 @@ class Bounded(h11.Connection):
     """h11's server side, with a bound on every request head: h11 bounds a head only while it is incomplete, so one
     that arrives whole in a single read (or behind another, pipelined) would be taken at any size. A head over
     `max_head` bytes (request line and header lines, as sent) is a protocol error of status 431, as h11's own for an
-    incomplete one; the last error is kept (`error`) for the answer, which uvicorn writes without it."""
+    incomplete one; the last error is kept (`error`) for the answer, which uvicorn writes without it, and a 400 of
+    the guard's own says why (`problem`). A request with both Transfer-Encoding and Content-Length is a 400 too:
+    h11 goes by Transfer-Encoding, a proxy in front may go by Content-Length, and the bytes between are a request
+    smuggled past it (RFC 9112, 6.3, lets a server refuse it; it must close the connection either way)."""
 
     def __init__(self, max_head: int):
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
-        self.max_head, self.error, self.pieces = max_head, None, 0
+        self.max_head, self.error, self.pieces, self.problem = max_head, None, 0, None
 
     def next_event(self):
         try:
@@ -266,10 +268,15 @@ class Bounded(h11.Connection):
                 self.pieces = 0
                 if head_size(event) > self.max_head:
                     raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                names = {name for name, _ in event.headers}
+                if b"transfer-encoding" in names and b"content-length" in names:
+                    self.problem = "the request has both Transfer-Encoding and Content-Length; send one"
+                    raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
             elif isinstance(event, h11.Data):
                 self.pieces += 1
                 if self.pieces > MAX_PIECES:
-                    raise h11.RemoteProtocolError("request body in too many pieces", error_status_hint=400)
+                    self.problem = f"the request body arrives in more than {MAX_PIECES} pieces"
+                    raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
             return event
         except h11.RemoteProtocolError as e:
             self.error = e
