@@ -84,13 +84,20 @@ def test_cli_table_and_json(files, capsys):
                                              "possible": 5, "sentences": 2}
 
 
-def test_cli_precision_of_no_links_is_not_a_score(files, capsys):
-    """No link proposed: precision is undefined, n/a (null), not the library's conventional 100."""
+def test_cli_precision_of_no_links_and_recall_of_no_sure_links_are_not_scores(files, capsys):
+    """No link proposed: precision is undefined, n/a (null), not the library's conventional 100; no sure link in the
+    gold: recall likewise."""
     (files / "none.align").write_text("\n\n")
     code, out = aer(["--gold", str(files / "gold.talp"), "--hyp", str(files / "none.align"), "--gold-one-indexed",
                      "--json"], capsys)
     assert code == 0 and json.loads(out) == {"precision": None, "recall": 0.0, "aer": 100.0, "links": 0, "sure": 3,
                                              "possible": 5, "sentences": 2}
+    (files / "possible.talp").write_text("1p1\n\n")  # no sure links: recall is undefined, AER is not
+    (files / "one.align").write_text("0-0\n\n")
+    code, out = aer(["--gold", str(files / "possible.talp"), "--hyp", str(files / "one.align"), "--gold-one-indexed",
+                     "--json"], capsys)
+    assert code == 0 and json.loads(out) == {"precision": 100.0, "recall": None, "aer": 0.0, "links": 1, "sure": 0,
+                                             "possible": 1, "sentences": 2}
 
 
 @pytest.mark.parametrize("text, reversed_text", [

@@ -295,3 +295,20 @@ def test_the_view_opens_on_the_layer_its_links_come_from(tmp_path, capsys):
     assert initial() == (1, 1)  # the links' layer (the second-to-last: the alignment default)
     assert initial("--no-links") == (2, None)  # no links: the last layer, as before
     assert initial("--layer", "0") == (0, 1)  # asked for: that layer, the links' still named
+
+
+def test_a_misspelt_alignment_section_is_refused_and_other_tools_sections_are_kept(tmp_path):
+    """A section that reads as a misspelt `alignment` where there is none was silently unread; other tools'
+    sections, and ones beside an `alignment` section, are kept."""
+    from xattn.analysis import choice
+    from xattn.errors import XattnError
+
+    record = {"layer": 0, "heads": "mean", "method": "naive"}
+    for sections in ({"alignment": record, "alignment_old": record}, {"alignment": record, "alignments": record},
+                     {"assignment": {"who": "me"}}, {"pruning": {"note": "kept"}}):
+        (tmp_path / "analysis.yaml").write_text(yaml.safe_dump(sections))
+        assert choice.read(tmp_path) == sections
+    for misspelt in ("alignmnet", "Alignment", "alignments"):
+        (tmp_path / "analysis.yaml").write_text(yaml.safe_dump({misspelt: record}))
+        with pytest.raises(XattnError, match=f"unknown section '{misspelt}' \\(did you mean 'alignment'\\?\\)"):
+            choice.read(tmp_path)

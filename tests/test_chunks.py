@@ -94,3 +94,11 @@ def test_an_error_late_in_the_input_leaves_the_output_file_as_it_was(numbers_mod
 @pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="no Multi30k copy")
 def test_count_lines_agrees_with_read_lines_on_multi30k():
     assert count_lines(MULTI30K / "val.en.gz") == len(read_lines(MULTI30K / "val.en.gz")) == 1014
+
+
+@pytest.mark.parametrize("data, lines", [(b"\xef\xbb\xbf", 0), (b"\xef\xbb\xbf\n", 1), (b"\xef\xbb\xbfa", 1), (b"", 0)])
+def test_count_lines_drops_a_leading_bom_as_read_lines_does(tmp_path, data, lines):
+    """A file of a BOM alone was counted as one line and read as none (a line-count mismatch out of nothing)."""
+    path = tmp_path / "t.txt"
+    path.write_bytes(data)
+    assert count_lines(path) == len(read_lines(path)) == lines

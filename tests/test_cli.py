@@ -304,6 +304,10 @@ def test_inputs_from_pipes_and_stdin_are_read_once(numbers_model, tmp_path, caps
                  fifo(tmp_path / "f4", ref + b"five\n"), "--json"]) == 2
     assert capsys.readouterr().err.strip().endswith(f"line counts differ: {tmp_path / 'f3'} has 2 lines, "
                                                     f"{tmp_path / 'f4'} has 3")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(src + b"sieben\n")))
+    assert main(["evaluate", str(numbers_model), "--src", "-", "--ref", str(tmp_path / "ref.en")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"line counts differ: stdin has 3 lines, {tmp_path / 'ref.en'} "
+                                                    "has 2")  # (it named stdin `-`)
     assert main(["evaluate", str(numbers_model), "--src", "-", "--ref", "-"]) == 2
     assert capsys.readouterr().err.strip().endswith("--src and --ref: both read stdin (-); give one of them as a file")
     assert main(["translate", str(numbers_model), "--prefix", "-"]) == 2

@@ -337,9 +337,11 @@ CASES = {
     "importance output a directory": (["heads", "importance", M, "-o", "{space}"], "{space} is a directory"),
     "attention output a directory": (["attention", M, "eins", "-o", "{space}"], "{space} is a directory"),
     "aer gold without sure links": (["aer", "--gold", "{space}/aer-gold-possible.talp", "--hyp",
-                                     "{space}/aer-hyp-none.align"], "no sure links (i-j) on any line"),  # (100% before)
+                                     "{space}/aer-hyp-none.align"], "no links in the hypothesis: nothing to score"),
     "attention sentence not unicode": (["attention", M, "eins \udcff", "-o", "{space}/x.html"],
                                        "error: SENTENCE: not valid Unicode"),  # (it said texts[0])
+    "attention sentence not unicode with a reference": (["attention", M, "eins \udcff", "--reference", "one", "-o",
+                                                         "{space}/x.html"], "error: SENTENCE: not valid Unicode"),
     "attention reference not unicode": (["attention", M, "eins", "--reference", "one \udcff", "-o", "{space}/x.html"],
                                         "error: --reference: not valid Unicode"),  # (it said targets[0])
     "prefix count differs": (["translate", M, "-i", "{space}/good.txt", "--prefix", "{space}/ref.txt"], "line counts differ"),

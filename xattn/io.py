@@ -143,6 +143,8 @@ def open_input(path: str | Path):
     return open(path, "rb")
 
 
+BOM = b"\xef\xbb\xbf"
+"""UTF-8's byte order mark, dropped at the start of a text."""
 CHUNK_LINES = 10_000
 """Lines of a file that translate -i and evaluate read, translate and write at a time: bounded memory."""
 
@@ -172,11 +174,12 @@ def count_lines(path: str | Path | None) -> int | None:
     twice, its second reading found nothing, and a translation of it came out empty with exit 0."""
     if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)):
         return None
-    count, last = 0, b"\n"
+    count, last, first = 0, b"\n", True
     try:
         with open_input(path) as f:
             while block := f.read(1 << 20):
-                count, last = count + block.count(b"\n"), block[-1:]
+                block, first = block.removeprefix(BOM) if first else block, False  # (a file of a BOM alone: 0 lines)
+                count, last = count + block.count(b"\n"), block[-1:] or last
     except FileNotFoundError:
         raise XattnError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -193,7 +196,7 @@ def paired_line_chunks(first: str | Path | None, second: str | Path | None, name
     paths): before anything is read when both can be counted first (count_lines), else once one runs out, the
     other then read to its end for its count. Each input is read once, so either may be stdin or a pipe (not
     both stdin)."""
-    names = names or (str(first), str(second))
+    names = names or tuple("stdin" if path in (None, "-") else str(path) for path in (first, second))
     if first in (None, "-") and second in (None, "-"):
         raise XattnError(f"{names[0]} and {names[1]}: both read stdin; give one of them as a file")
     counts = (count_lines(first), count_lines(second))
@@ -233,7 +236,7 @@ class Lines:
     def feed(self, data: bytes) -> None:
         data = self.pending + data
         if self.number == 0:
-            data = data.removeprefix(b"\xef\xbb\xbf")
+            data = data.removeprefix(BOM)
         *complete, self.pending = data.split(b"\n")
         for line in complete:
             self.number += 1

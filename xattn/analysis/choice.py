@@ -92,9 +92,10 @@ def read(model_dir: Path) -> dict:
     data = read_yaml(path)
     if data is not None and not isinstance(data, dict):
         raise XattnError(f"{path}: expected sections such as `alignment:`, found a {type(data).__name__}")
-    # other tools' sections are kept; one that reads as a misspelt `alignment` would be silently unread
-    if misspelt := next((key for key in data or {} if key != SECTION and close_matches(str(key), [SECTION], 1, 0.8)),
-                        None):
+    # other tools' sections are kept; without an `alignment` section, one that reads as a misspelt one would be
+    # silently unread (`alignmnet:`, `Alignment:`)
+    if SECTION not in (data or {}) and (misspelt := next((key for key in data or {} if close_matches(
+            str(key).lower(), [SECTION], 1, 0.85)), None)) is not None:
         raise XattnError(f"{path}: unknown section {misspelt!r} (did you mean {SECTION!r}?)")
     return data or {}
 

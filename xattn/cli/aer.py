@@ -53,12 +53,14 @@ def run(args) -> int:
             raise XattnError(f"{args.hyp}: line {n + 1}: a hypothesis has links i-j only (ipj is for the gold)")
         hyps.append(sure)
     result = score(hyps, golds)
-    if not result.n_sure:  # (the library's convention, recall 1, would print a perfect score for nothing)
-        raise XattnError(f"{args.gold}: no sure links (i-j) on any line, so recall and AER are undefined")
+    if not result.n_sure and not result.n_links:  # (by the library's conventions, a perfect score for nothing)
+        raise XattnError(f"{args.gold} and {args.hyp}: no sure links (i-j) in the gold and no links in the "
+                         "hypothesis: nothing to score")
     counts = {"links": result.n_links, "sure": result.n_sure, "possible": result.n_possible,
               "sentences": len(hyps)}
-    percent = {"precision": 100 * result.precision if result.n_links else None,  # (no link proposed: undefined)
-               "recall": 100 * result.recall, "AER": 100 * result.aer}
+    percent = {"precision": 100 * result.precision if result.n_links else None,  # undefined: n/a, not the
+               "recall": 100 * result.recall if result.n_sure else None,     # library's conventional 100
+               "AER": 100 * result.aer}
     if args.json:
         print(json_text({k.lower(): None if v is None else round(v, 2) for k, v in percent.items()} | counts))
     else:

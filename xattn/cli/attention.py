@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("model", type=path_arg, help="model directory")
     p.add_argument("sentence", help="the source sentence")
     p.add_argument("--reference", help="a translation to read teacher-forced instead of the model's own")
-    p.set_defaults(flags={"texts": "SENTENCE", "targets": "--reference"})  # (what the library's items come from)
+    p.set_defaults(flags={"texts": "SENTENCE", "sources": "SENTENCE",  # (what the library's items come from:
+                          "targets": "--reference"})      # translate's texts, or teacher_forced's sources and targets)
     p.add_argument("--output", "-o", type=output_arg, required=True, help="FILE.png, .svg, .pdf or .html")
     p.add_argument("--kind", choices=ATTENTION_KINDS, default="cross",
                    help="which attention (decoder-self: the masked future cells are hatched, unlike a zero weight)")

@@ -32,7 +32,9 @@ def flag_of(args, name: str) -> str | None:
     command line gave it: a value from elsewhere (the model's own decode settings) is not the flag's to answer
     for (`--min-len: 500 is above ...` was said of a model's config.yaml with no --min-len given)."""
     flag = args.flags.get(name) or (f"--{name.replace('_', '-')}" if hasattr(args, name) else None)
-    value = getattr(args, flag[2:].replace("-", "_"), None) if flag else None
+    if flag is None or not flag.startswith("--"):  # (a positional argument, SENTENCE: always given)
+        return flag
+    value = getattr(args, flag[2:].replace("-", "_"), None)
     return flag if value is not None and value is not False else None  # (0 is a value given: not `in (None, False)`)
 
 

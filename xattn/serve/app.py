@@ -167,6 +167,10 @@ def add_error_handlers(app: FastAPI) -> None:
         return answer(request, {"error": str(e.detail), "error_type": names.get(e.status_code, "http_error")},
                       e.status_code, headers)
 
+    @app.exception_handler(Exception)  # Starlette's last resort, for a bug in a middleware outside Internal
+    async def internal_error(request: Request, e: Exception):
+        return answer(request, {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
         first = e.errors()[0]
