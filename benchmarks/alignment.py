@@ -49,7 +49,7 @@ from xattn.analysis.alignment import AlignSettings, align_pairs, attention_links
 from xattn.analysis.heads import candidates, rank_alignment_heads
 from xattn.analysis.maps import HeadChoice, PairAttention
 from xattn.datasets import load_pairs
-from xattn.io import read_lines
+from xattn.lines import read_lines
 
 MODEL = ["train.max_steps=1600", "train.max_minutes=0", "train.warmup=600", "train.eval_every=400"]
 """Both directions: 1,600 steps of 4,096 tokens (about 40 minutes each on 1 thread of the 2-core CPU)."""

@@ -49,7 +49,8 @@ from xattn.cli.common import ALIGNMENT_FLAGS, settle_loaded
 from xattn.cli.translate import alignment_of
 from xattn.datasets import load_pairs
 from xattn.evaluation import bleu
-from xattn.io import atomic_write_text, read_lines
+from xattn.io import atomic_write_text
+from xattn.lines import read_lines
 from xattn.words import split_words
 
 GUIDE_SYM = "grow-diag-final-and"

@@ -6,12 +6,12 @@ import tracemalloc
 import pytest
 import sacrebleu
 
-import xattn.io
+import xattn.lines
 from tests.conftest import MULTI30K
 from xattn.cli.main import main
 from xattn.errors import XattnError
 from xattn.evaluation import Scorer, evaluate
-from xattn.io import count_lines, read_line_chunks, read_lines
+from xattn.lines import count_lines, read_line_chunks, read_lines
 
 TRICKY = "\ufeffeins\r\nzwei\x0cdrei\nvier\u2028fünf\n\n  sechs  \nsieben"
 
@@ -66,7 +66,7 @@ def test_translate_and_evaluate_work_a_chunk_at_a_time(numbers_model, tmp_path, 
     src = [f"{w} {v}" for w in ("eins", "zwei", "drei", "vier", "fünf") for v in ("sechs", "sieben", "acht", "neun", "zehn")]
     (tmp_path / "in.txt").write_text("\n".join(src) + "\n")
     assert main(["translate", str(numbers_model), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "whole.txt")]) == 0
-    monkeypatch.setattr(xattn.io, "CHUNK_LINES", 4)
+    monkeypatch.setattr(xattn.lines, "CHUNK_LINES", 4)
     assert main(["translate", str(numbers_model), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "chunked.txt")]) == 0
     assert (tmp_path / "chunked.txt").read_text() == (tmp_path / "whole.txt").read_text()
     assert len((tmp_path / "chunked.txt").read_text().splitlines()) == 25
@@ -79,7 +79,7 @@ def test_translate_and_evaluate_work_a_chunk_at_a_time(numbers_model, tmp_path, 
 
 
 def test_an_error_late_in_the_input_leaves_the_output_file_as_it_was(numbers_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(xattn.io, "CHUNK_LINES", 4)
+    monkeypatch.setattr(xattn.lines, "CHUNK_LINES", 4)
     (tmp_path / "in.txt").write_bytes(b"eins\n" * 9 + b"vier\xffzig\n")
     (tmp_path / "out.txt").write_text("kept\n")
     assert main(["translate", str(numbers_model), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt")]) == 2

@@ -239,7 +239,7 @@ def test_a_quickstart_cut_by_its_time_cap_says_so_and_how_to_go_on(tmp_path, cap
 def test_sampling_draws_anew_for_each_chunk_of_a_file(numbers_model, tmp_path, capsys, monkeypatch):
     """A file is translated CHUNK_LINES at a time; one generator for the whole run, so a chunk does not repeat
     the draws of the one before (translate and evaluate)."""
-    monkeypatch.setattr("xattn.io.CHUNK_LINES", 2)
+    monkeypatch.setattr("xattn.lines.CHUNK_LINES", 2)
     src, ref = tmp_path / "in.de", tmp_path / "ref.en"
     src.write_text("drei hundert\n" * 4)
     ref.write_text("three hundred\n" * 4)

@@ -527,7 +527,7 @@ def test_lines_split_at_newline_only(space, monkeypatch, capsys):
     lines = ["eins\x0czwei", "drei\u2028vier", "fünf\x85", "", "sechs\x1c\x1d\x1eneun\x0b", "sieben", "acht"]
     data = ("\n".join(lines[:-2]) + "\nsieben\r\nacht").encode()  # CRLF on one line, no final newline
     (space / "ff.txt").write_bytes(data)
-    from xattn.io import read_lines
+    from xattn.lines import read_lines
     assert read_lines(space / "ff.txt") == lines
     code, out, _ = run_main(["translate", str(space / "model"), "--scores"], data, monkeypatch, capsys)
     assert code == 0 and out.count("\n") == len(lines) and len(out.split("\n")) == len(lines) + 1

@@ -11,7 +11,7 @@ from xattn.corpus import prepare_corpus
 from xattn.data.prepare import prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.lines import read_lines
 
 NUMBERS = DataConfig(dataset="numbers", numbers_size=2000, vocab_size=120, max_ratio=10.0)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xattn.errors import XattnError
-from xattn.io import read_lines
+from xattn.lines import read_lines
 from xattn.words import split_words
 
 Links = set[tuple[int, int]]

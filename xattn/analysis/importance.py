@@ -19,7 +19,7 @@ import torch
 from xattn.data import TokenBatchSampler, tokenize_pairs
 from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha256_hex, validate
 from xattn.errors import ParameterError, XattnError
-from xattn.io import read_lines
+from xattn.lines import read_lines
 from xattn.losses import label_smoothed_loss
 from xattn.model import Transformer
 from xattn.registry import IMPORTANCE_METHODS, PLACES, place_problem

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from xattn.cli.common import add_verb, path_arg, read_sentence_pairs
 from xattn.errors import XattnError
-from xattn.io import json_text, read_lines
+from xattn.io import json_text
+from xattn.lines import read_lines
 from xattn.words import split_words
 
 HANSARDS = "../shared/data/alignment/hansards-en-fr"

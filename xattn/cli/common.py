@@ -157,7 +157,7 @@ def alignment_settings(args, model_dir, cfg):
 def read_sentence_pairs(pairs: str | None, src: str | None, tgt: str | None) -> tuple[list[str], list[str]]:
     """(first sides, second sides) from --pairs (`first ||| second` lines) or the line-aligned --src/--tgt."""
     from xattn.errors import XattnError
-    from xattn.io import read_lines
+    from xattn.lines import read_lines
     from xattn.words import strip_separators
 
     if pairs and (src or tgt):

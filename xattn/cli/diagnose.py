@@ -7,7 +7,8 @@ from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg, wri
 from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.checks import ConfigError, build
 from xattn.errors import XattnError
-from xattn.io import json_text, read_lines
+from xattn.io import json_text
+from xattn.lines import read_lines
 
 
 def register(sub) -> None:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_line_chunks
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
-from xattn.io import json_text, paired_line_chunks
+from xattn.io import json_text
+from xattn.lines import paired_line_chunks
 
 
 def register(sub) -> None:
@@ -36,7 +37,7 @@ def test_pairs(args, data_cfg, split: str = "test") -> tuple[list[str], list[str
 def test_chunks(args, data_cfg, split: str = "test") -> Iterator[tuple[list[str], list[str]]]:
     """The pairs of test_pairs CHUNK_LINES at a time: files of any length in bounded memory (their line
     counts compared first where both are files, so a mismatch is reported before anything is translated; a pipe
-    or stdin as it is read: io.paired_line_chunks)."""
+    or stdin as it is read: lines.paired_line_chunks)."""
     from xattn.data.splits import read_all
 
     if args.src or args.ref:

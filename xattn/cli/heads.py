@@ -8,7 +8,8 @@ from xattn.cli.align import read_pairs
 from xattn.cli.common import add_verb, device_of, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
-from xattn.io import json_text, read_lines
+from xattn.io import json_text
+from xattn.lines import read_lines
 from xattn.registry import IMPORTANCE_METHODS
 from xattn.words import split_words
 

@@ -64,7 +64,7 @@ def run(args) -> int:
 def chunks(args, data) -> Iterator[tuple[list[str], list[str]]]:
     """(sources, targets) a chunk of lines at a time, at most --max-pairs in all: --src/--tgt, or the data the
     model was trained on (a named dataset, or the config's training files)."""
-    from xattn.io import CHUNK_LINES, read_line_chunks
+    from xattn.lines import CHUNK_LINES, read_line_chunks
 
     left = args.max_pairs
     if args.src:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, device_of,
                               output_arg, path_arg, settle_loaded, write_line_chunks)
 from xattn.errors import ItemError, XattnError
-from xattn.io import paired_line_chunks, read_line_chunks
+from xattn.lines import paired_line_chunks, read_line_chunks
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
 DECODE_FLAGS = {
@@ -150,7 +150,7 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
     """The output lines of each chunk of the input, in input order (a chunk is length-sorted into batches
     inside translate); the lines whose constraints were relaxed into `relaxed`. With --prefix, the line counts
     of the two inputs are compared first where both are files, so a mismatch is reported before anything is
-    translated (io.paired_line_chunks: stdin or a pipe is read once, as it arrives)."""
+    translated (lines.paired_line_chunks: stdin or a pipe is read once, as it arrives)."""
     from xattn.decoding import seeded
 
     count = 0
@@ -177,7 +177,7 @@ def input_batches(args) -> Iterator[list[str]]:
     translated at once), else (a file, or with --prefix) CHUNK_LINES at a time, in bounded memory."""
     import sys
 
-    from xattn.io import is_interactive, stream_lines
+    from xattn.lines import is_interactive, stream_lines
 
     if args.input in (None, "-") and args.prefix is None and is_interactive(sys.stdin):
         yield from stream_lines(sys.stdin)

@@ -1,5 +1,5 @@
 """The training corpora of a DataConfig as text: their pairs read a block at a time, with the line rules of
-xattn.io.read_lines, each pair with its line of word links, and a record of every file read (its SHA-256 as
+xattn.lines.read_lines, each pair with its line of word links, and a record of every file read (its SHA-256 as
 read, size and time), which the prepared directory's manifest keeps and data.prepared is checked against."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from xattn import corpora
 from xattn.config import DataConfig
 from xattn.data.text import Pair
 from xattn.errors import XattnError
-from xattn.io import decode_line, open_input
+from xattn.lines import decode_line, open_input
 
 BLOCK = 1 << 20
 """Bytes read from an input file at a time."""
@@ -35,7 +35,7 @@ def parts(cfg: DataConfig) -> list[tuple[DataConfig, str]]:
 
 @dataclass
 class Inputs:
-    """The training pairs of a DataConfig, read line by line with the rules of xattn.io.read_lines."""
+    """The training pairs of a DataConfig, read line by line with the rules of xattn.lines.read_lines."""
     cfg: DataConfig
     records: dict[str, dict] = field(default_factory=dict)  # file (or dataset) -> its SHA-256 as read, size, mtime
 
@@ -96,7 +96,7 @@ class Inputs:
     def lines(self, path: str, key: str, tsv: bool = False) -> Iterator[str]:
         """The lines of a plain or gzip file (config key `key`), trailing whitespace stripped, read a block at
         a time; its record into `records`: the key, the SHA-256 of its text as read (decompressed), the
-        file's size and time. The rules and messages are xattn.io.read_lines'."""
+        file's size and time. The rules and messages are xattn.lines.read_lines'."""
         if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # a pipe, a device
             raise XattnError(f"data.{key.replace('.train_', '.')}: {path} is not a regular file; a corpus is read "
                              "twice (counted, then encoded), so give a file (for a pipe or <(...), save its lines to "

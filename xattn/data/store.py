@@ -20,7 +20,8 @@ from xattn.data.prepare import SETTINGS, prepare
 from xattn.data.prepared import MappedCorpus
 from xattn.distributed import Context
 from xattn.errors import XattnError
-from xattn.io import json_text, open_input, sha256_file
+from xattn.io import json_text, sha256_file
+from xattn.lines import open_input
 
 SHAPING = ("vocab_size", "joint_vocab", "max_len", "max_ratio", "spm_sample", "dedup", "train_subset", "subset_seed")
 """Settings a prepared directory must share with the config that trains on it, whatever names its inputs."""

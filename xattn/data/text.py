@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xattn.io import read_lines as read_text_lines
+from xattn.lines import read_lines as read_text_lines
 from xattn.errors import XattnError
 from xattn.words import split_words
 
@@ -14,7 +14,7 @@ Pair = tuple[str, str]
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a plain or `.gz` UTF-8 corpus file (see `xattn.io.read_lines`), trailing whitespace stripped."""
+    """Lines of a plain or `.gz` UTF-8 corpus file (see `xattn.lines.read_lines`), trailing whitespace stripped."""
     return [line.rstrip() for line in read_text_lines(path)]
 
 

@@ -150,7 +150,7 @@ def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Document:
-    """A text as lines, by the rule every verb reads text with (io.read_lines): a line ends at \n (a \r before it
+    """A text as lines, by the rule every verb reads text with (lines.read_lines): a line ends at \n (a \r before it
     is part of its ending) and nowhere else, so a \r elsewhere stays in its line, and a text whose lines end in \r
     alone is refused. Each line: the text to translate (stripped; "" for a blank line) with what surrounds it (its
     leading and trailing whitespace, its line ending), which the translation keeps as they are."""
