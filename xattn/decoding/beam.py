@@ -125,7 +125,7 @@ class Trail:
     """The tracked cross-attention of a search, a step at a time: each slot's attention at step t and the slot at
     step t - 1 it extends. A hypothesis' attention is read once, at the end, by following its parents back
     (`trace`): copying every slot's whole history at each step instead cost a time growing with the square of the
-    steps, which long inputs felt (benchmarks/README.md, Translation speed)."""
+    steps, which long inputs felt (benchmarks/README.md, Decoding speed against an earlier version)."""
     attention: Tensor               # (B, K, T, L, H, S): step t's of slot k of sentence b
     parent: Tensor                  # (B, K, T): the slot at step t - 1 that slot k at step t extends (t >= 1)
 
@@ -133,7 +133,7 @@ class Trail:
         """sentence, slot, end (M,): hypotheses that ended at step `end` from `slot` -> (M, T, L, H, S) their
         attention at each step (zeros past their end)."""
         out = self.attention.new_zeros(sentence.shape[0], *self.attention.shape[2:])
-        for t in range(int(end.max()) if end.numel() else -1, -1, -1):  # (M,) slots at step t, of those long enough
+        for t in range(int(end.max()), -1, -1):  # slot (M,): each one's at step t, where it has got that far
             live = end >= t
             out[live, t] = self.attention[sentence[live], slot[live], t]
             slot = torch.where(live, self.parent[sentence, slot, t], slot)
@@ -197,10 +197,10 @@ def start(model: Transformer, src: Tensor, K: int, T: int, *, track: bool, cover
     tokens = torch.full((B, K, T), pad, dtype=torch.long, device=device)
     greedy = torch.ones(B, dtype=torch.bool, device=device)
     beam = Beam(torch.arange(B, device=device), first.repeat(B, 1), tokens, coverage, greedy)
-    ended = torch.zeros(B, K, dtype=torch.long, device=device) if track else None
+    end = torch.zeros(B, K, dtype=torch.long, device=device) if track else None  # (and slot: alike)
     finished = Finished(tokens.clone(), torch.full((B, K), NEG_INF, device=device), torch.zeros(B, K, device=device),
                         torch.zeros(B, K, device=device), torch.zeros(B, K, dtype=torch.bool, device=device),
-                        ended, ended.clone() if track else None)
+                        end, None if end is None else end.clone())
     trail = Trail(torch.zeros(B, K, T, L, H, src.shape[1], device=device),
                   torch.zeros(B, K, T, dtype=torch.long, device=device)) if track else None
     return beam, finished, trail
@@ -354,7 +354,9 @@ def collect(finished: Finished, n_best: int, stop: set[int], alpha: float,
         returned += [(b, k, hyp) for hyp, k in kept]
         out.append([hyp for hyp, _ in kept])
     if trail is not None and returned:
-        b, k = (torch.tensor(x, device=finished.score.device) for x in zip(*[(b, k) for b, k, _ in returned]))
+        device = finished.score.device
+        b, k = torch.tensor([b for b, _, _ in returned], device=device), torch.tensor([k for _, k, _ in returned],
+                                                                                       device=device)
         attention = trail.trace(b, finished.slot[b, k], finished.end[b, k]).cpu()  # (M, T, L, H, S)
         for m, (_, _, hyp) in enumerate(returned):
             hyp.cross_attention = in_steps(attention[m], len(hyp.tokens) + 1)

@@ -143,8 +143,12 @@ class Internal:
             record["error"] = "internal"
             log_line(logging.getLogger("xattn.serve"), {"event": "internal_error", "id": record.get("id"),
                                                         "path": scope.get("path"), "traceback": traceback.format_exc()})
-            body = {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}
-            await JSONResponse(body, 500)(scope, receive, send)
+            await JSONResponse(internal_error_body(e), 500)(scope, receive, send)
+
+
+def internal_error_body(e: Exception) -> dict:
+    """The answer to a bug of the server (never a client's mistake): its exception's type, nothing more."""
+    return {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -169,7 +173,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)  # Starlette's last resort, for a bug in a middleware outside Internal
     async def internal_error(request: Request, e: Exception):
-        return answer(request, {"error": f"internal error ({type(e).__name__})", "error_type": "internal"}, 500)
+        return answer(request, internal_error_body(e), 500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
