@@ -183,6 +183,27 @@ def test_a_head_over_the_limit_and_broken_framing_are_json_errors_that_close_the
     assert ask(port, smuggled.replace(b"Content-Length: 4\r\n", b"")).startswith(b"HTTP/1.1 200")  # chunked alone
 
 
+def test_a_target_in_absolute_form_is_the_same_request_as_its_path(server):
+    """RFC 9112, 3.2.2: a server must accept `GET http://host/path` (sent by clients configured for a proxy); it got
+    404, uvicorn taking the whole URL for the path."""
+    port, log = server
+    mark = newer(port, log)
+    for target in (b"http://x/health", b"HTTP://user@x:80/health?verbose=1"):
+        assert ask(port, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target).startswith(
+            b"HTTP/1.1 200")
+    direct, absolute = (ask(port, translate_request("drei").replace(b"/translate", target, 1)).split(b"\r\n\r\n", 1)
+                        for target in (b"/translate", b"http://localhost:1/translate"))
+    assert absolute[0].startswith(b"HTTP/1.1 200") and json.loads(absolute[1]) == json.loads(direct[1])
+    assert ask(port, b"GET ftp://x/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 404")
+    for _ in range(100):  # a bound against hanging, not a timing check
+        lines = [json.loads(line) for line in log.read_text().splitlines() if '"route"' in line]
+        routes = sorted(line["route"] for line in lines if line["id"] > mark)
+        if len(routes) >= 5:
+            break
+        time.sleep(0.05)
+    assert routes == ["/health", "/health", "/translate", "/translate", "other"]
+
+
 def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):
     """100,000 one-byte chunks took the event loop about 1 s (/health waited); a chunk-size line that is not one
     was logged twice, as the guard's 400 and as the app's 499 client_gone."""

@@ -255,7 +255,8 @@ class Bounded(h11.Connection):
     incomplete one; the last error is kept (`error`) for the answer, which uvicorn writes without it, and a 400 of
     the guard's own says why (`problem`). A request with both Transfer-Encoding and Content-Length is a 400 too:
     h11 goes by Transfer-Encoding, a proxy in front may go by Content-Length, and the bytes between are a request
-    smuggled past it (RFC 9112, 6.3, lets a server refuse it; it must close the connection either way)."""
+    smuggled past it (RFC 9112, 6.3, lets a server refuse it; it must close the connection either way). A target in
+    absolute form is passed on in origin form (`origin_form`)."""
 
     def __init__(self, max_head: int):
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
@@ -272,6 +273,7 @@ class Bounded(h11.Connection):
                 if b"transfer-encoding" in names and b"content-length" in names:
                     self.problem = "the request has both Transfer-Encoding and Content-Length; send one"
                     raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
+                event = origin_form(event)
             elif isinstance(event, h11.Data):
                 self.pieces += 1
                 if self.pieces > MAX_PIECES:
@@ -281,6 +283,20 @@ class Bounded(h11.Connection):
         except h11.RemoteProtocolError as e:
             self.error = e
             raise
+
+
+def origin_form(request: h11.Request) -> h11.Request:
+    """A request whose target is in absolute form (`GET http://host/health`, as sent to a proxy), which a server
+    must accept (RFC 9112, 3.2.2), as the same request in origin form: the path and query after the authority, and
+    the authority as its Host (which the target's overrides). uvicorn would take the whole URL for the path."""
+    scheme, sep, rest = request.target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return request
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, target = rest[:end].rpartition(b"@")[2], rest[end:]  # (user information is no part of a Host)
+    target = target if target.startswith(b"/") else b"/" + target  # no path: http://host or http://host?x=/y
+    headers = [(name, authority if name == b"host" else value) for name, value in request.headers]
+    return h11.Request(method=request.method, target=target, headers=headers, http_version=request.http_version)
 
 
 def head_size(request: h11.Request) -> int:
