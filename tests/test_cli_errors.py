@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 import xattn
 from xattn.cli.main import main
-from xattn.errors import ItemError
+from xattn.errors import ItemError, ParameterError
 from tests.conftest import NUMBERS_TINY
 
 IMPORTANCE_TOP = b"# weights: " + b"f" * 64 + b"\n# method: gradient\nlayer\tplace\thead\tscore\n"
@@ -681,9 +681,38 @@ def test_a_model_s_own_decode_setting_is_named_by_its_config_not_by_a_flag_not_g
         config = (model / "config.yaml").read_text()
         (model / "config.yaml").write_text(config.replace("  min_len: 0\n", "  min_len: 500\n"))
     code, _, err = run_main(["translate", str(model)], b"eins\n", monkeypatch, capsys)
-    assert code == 2 and err.startswith(f"xattn translate: error: {model}/config.yaml: decode.min_len: 500 is above"), err
+    assert code == 2 and err.startswith(f"xattn translate: error: stdin: line 1: {model}/config.yaml: decode.min_len: "
+                                        "500 is above"), err
     code, _, err = run_main(["translate", str(model), "--min-len", "400"], b"eins\n", monkeypatch, capsys)
-    assert code == 2 and err.startswith("xattn translate: error: --min-len: 400 is above"), err
+    assert code == 2 and err.startswith("xattn translate: error: stdin: line 1: --min-len: 400 is above"), err
+
+
+def test_a_line_whose_length_a_setting_cannot_meet_is_named_by_file_and_line(space, monkeypatch, capsys):
+    """--min-len above what the maximum output length allows the shortest lines: the error said "a sentence of 3
+    source tokens" but not which line, in every verb that translates lines, and in the library which text."""
+    src = space / "lengths.de"
+    src.write_text("dreihundert vier und zwanzig tausend\n\nvier\nsieben und achtzig\n")
+    ref = space / "lengths.en"
+    ref.write_text("324000\n\n4\n87\n")
+    too_long = ["--min-len", "8", "--max-len-a", "1", "--max-len-b", "0"]  # allows a line its tokens: "vier" has 6
+    for argv in (["translate", str(space / "model"), "-i", str(src)],
+                 ["evaluate", str(space / "model"), "--src", str(src), "--ref", str(ref)],
+                 ["diagnose", str(space / "model"), "--src", str(src)]):
+        code, out, err = run_main([*argv, *too_long], b"", monkeypatch, capsys)
+        assert code == 2 and out == "" and err == f"xattn {argv[0]}: error: {src}: line 3: --min-len: 8 is above the " \
+            "6 output tokens the maximum output length allows a sentence of 6 source tokens (</s> included); lower " \
+            "it or raise the maximum\n", err
+    code, _, err = run_main(["translate", str(space / "model"), *too_long], src.read_bytes(), monkeypatch, capsys)
+    assert code == 2 and err.startswith("xattn translate: error: stdin: line 3: --min-len: 8 is above"), err
+    code, _, err = run_main(["attention", str(space / "model"), "vier", "-o", str(space / "a.png"), *too_long], b"",
+                            monkeypatch, capsys)
+    assert code == 2 and err.startswith("xattn attention: error: SENTENCE: --min-len: 8 is above"), err
+    settings = xattn.DecodeConfig(min_len=8, max_len_a=1, max_len_b=0)
+    with pytest.raises(ParameterError, match=r"^texts\[1\]: min_len: 8 is above the 6 output tokens") as e:
+        xattn.load(space / "model").translate(["sieben und achtzig", "vier"], settings)
+    assert (e.value.name, e.value.item) == ("min_len", ("texts", 1))
+    with pytest.raises(ParameterError, match=r"^texts\[0\]: max_len_b: the maximum output length leaves"):
+        xattn.load(space / "model").translate(["vier"], xattn.DecodeConfig(max_len_a=0.1, max_len_b=0))
 
 
 def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_path, monkeypatch, capsys):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from xattn.errors import ItemError, XattnError
+from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.io import atomic_write_bytes, read_json, sha256_file
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -137,6 +137,19 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def text_list(name: str, value: object, one_string: str) -> list[str]:
+    """`value`, a list or tuple of strings, as a list; anything else is a ParameterError naming `name` (`one_string`:
+    what a lone string gets), not a mapping's keys or a string's characters read as texts, and an item that is not
+    a string an ItemError naming it (`name`[i]). The tokenizer checks what is in each string."""
+    if isinstance(value, str):
+        raise ParameterError(name, one_string)
+    if not isinstance(value, (list, tuple)):
+        raise ParameterError(name, f"a list of strings, got {type(value).__name__}")
+    if (bad := next((i for i, text in enumerate(value) if not isinstance(text, str)), None)) is not None:
+        raise ItemError(name, bad, f"expected a string, got {type(value[bad]).__name__}")
+    return list(value)
 
 
 def check_texts(texts: Sequence[object], name: str) -> None:

@@ -17,12 +17,14 @@ from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, encode_in_parts, finish, search_steps, seeded
+from xattn.decoding.step import length_problem
 from xattn.decoding.stream import Stream, stream_problem
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
 from xattn.registry import kind_problem
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
+from xattn.tokenizer import text_list
 from xattn.workers import THREADS, part_generators, run_parts
 
 if TYPE_CHECKING:
@@ -47,19 +49,6 @@ class Translation:
 def copy_mask(mask: HeadMask | None) -> HeadMask | None:
     return None if mask is None else {place: [None if f is None else f.detach().clone() for f in layers]
                                       for place, layers in mask.items()}
-
-
-def text_list(name: str, value: object, one_string: str) -> list[str]:
-    """`value`, a list or tuple of strings, as a list; anything else is a ParameterError naming `name` (`one_string`:
-    what a lone string gets), not a mapping's keys or a string's characters read as texts, and an item that is not
-    a string an ItemError naming it (`name`[i]). The tokenizer checks what is in each string."""
-    if isinstance(value, str):
-        raise ParameterError(name, one_string)
-    if not isinstance(value, (list, tuple)):
-        raise ParameterError(name, f"a list of strings, got {type(value).__name__}")
-    if (bad := next((i for i, text in enumerate(value) if not isinstance(text, str)), None)) is not None:
-        raise ItemError(name, bad, f"expected a string, got {type(value[bad]).__name__}")
-    return list(value)
 
 
 @dataclass
@@ -218,6 +207,9 @@ class Translator:
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
         forced = self.tokenizers.tgt.encode_batch(prefixes, "prefixes") if prefixes is not None else None
+        for i, source in enumerate(ids):  # named here, not in a batch of the search: the text too
+            if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0):
+                raise ParameterError(problem.name, problem.problem, item=("texts", i))
         if attention_heads is not None and (not isinstance(attention_heads, (tuple, list))
                                             or len(attention_heads) != 2):
             raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")

@@ -282,9 +282,8 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
                         kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
                         progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
     """teacher_forced one pair at a time, (index, PairAttention) in batch order: memory for one batch only."""
-    from xattn.tokenizer import check_texts
+    from xattn.tokenizer import check_texts, text_list
     from xattn.batching import pad_batch, token_batches
-    from xattn.translator import text_list
 
     sources = text_list("sources", sources, "a list of source sentences, got one string; pass [text]")
     targets = text_list("targets", targets, "a list of target sentences, got one string; pass [text]")

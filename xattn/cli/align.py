@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from xattn.analysis.alignment import SYMMETRISATIONS
-from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, device_of, output_arg, path_arg,
-                              read_sentence_pairs, settle_loaded, write_output_lines)
-from xattn.errors import ItemError, XattnError
+from xattn.cli.common import (add_alignment_flags, add_verb, alignment_settings, device_of, lines_of, output_arg,
+                              path_arg, read_sentence_pairs, settle_loaded, write_output_lines)
+from xattn.errors import XattnError
+
 
 def register(sub) -> None:
     p = add_verb(sub, "align", "Align the words of given sentence pairs, teacher-forced, from the cross-attention. "
@@ -62,13 +63,11 @@ def run(args) -> int:
         check_reverse(args, forward.config.data, backward.config.data)
         back_settings = alignment_settings(args, args.backward, backward.model.cfg)
     settle_loaded()
-    try:
+    with lines_of(args, args.pairs or f"{args.src}, {args.tgt}", items=("sources", "targets")):  # one pair's line
         links = align_pairs(forward, src, tgt, settings, args.max_tokens, f"aligning with {args.model}")
         if args.backward:
             back = [flip(x) for x in align_pairs(backward, tgt, src, back_settings, args.max_tokens,
                                                  f"aligning with {args.backward}")]
-    except ItemError as e:  # one pair: name its line
-        raise XattnError(f"{args.pairs or f'{args.src}, {args.tgt}'}: line {e.index + 1}: {e.problem}") from None
     if args.backward:
         links = [symmetrise(f, b, args.sym, len(split_words(s)), len(split_words(t)))
                  for f, b, s, t in zip(links, back, src, tgt)]

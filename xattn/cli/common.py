@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from xattn.errors import XattnError
+from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.io import atomic_write, atomic_write_text, one_line
 
 
@@ -45,6 +46,32 @@ def setting_of(args, name: str) -> str | None:
     if name in DecodeConfig.__dataclass_fields__ and isinstance(getattr(args, "model", None), str):
         return f"{args.model.rstrip('/')}/config.yaml: decode.{name}"
     return None
+
+
+def problem_of(args, e: ParameterError, item: bool = True) -> str:
+    """A library error as the command line says it: the flag that set its parameter, or the model's setting that
+    did; an item of a list as the flag or argument that gave that one text (SENTENCE, --reference), else by the
+    library's name for it (`texts[3]`), which a caller that names its file and line leaves out (`item`)."""
+    if isinstance(e, ItemError):
+        if e.name in args.flags:
+            return f"{args.flags[e.name]}: {e.problem}"
+        return f"{e.name}[{e.index}]: {e.problem}" if item else e.problem
+    said = f"{flag_of(args, e.name) or setting_of(args, e.name) or e.name}: {e.problem}"
+    if not item or e.item is None:
+        return said
+    return f"{args.flags.get(e.item[0]) or f'{e.item[0]}[{e.item[1]}]'}: {said}"
+
+
+@contextmanager
+def lines_of(args, source: str, offset: int = 0, items: tuple[str, ...] = ("texts",)) -> Iterator[None]:
+    """Inside, an error about one of `items` of a call whose texts are the lines offset + 1, ... of `source` (a file,
+    or stdin) is one line naming the file and line: a text the library refused, or a setting it cannot meet."""
+    try:
+        yield
+    except ParameterError as e:
+        if e.item is None or e.item[0] not in items:
+            raise
+        raise XattnError(f"{source}: line {offset + e.item[1] + 1}: {problem_of(args, e, item=False)}") from None
 
 
 def device_of(args):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg, write_output_lines
+from xattn.cli.common import add_head_flags, add_verb, lines_of, output_arg, path_arg, write_output_lines
 from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
 from xattn.checks import ConfigError, build
 from xattn.errors import XattnError
@@ -57,13 +57,15 @@ def run(args) -> int:
     cfg = translator.model.cfg
     choice = settings_for(args.model, cfg, args.layer, args.heads).choice
     if hyps is None:
-        results = translator.translate(sources, decode_config(args, translator.decode_config),
-                                       return_attention=True, attention_from="rescore")
+        with lines_of(args, args.src):
+            results = translator.translate(sources, decode_config(args, translator.decode_config),
+                                           return_attention=True, attention_from="rescore")
         hyps = [r.text for r in results]
         pairs = PairAttention.from_translations(results, sources, translator.tokenizers.src,
                                                 range(1, len(sources) + 1))
     else:
-        pairs = teacher_forced(translator, sources, hyps, ("cross",))
+        with lines_of(args, args.src, items=("sources",)), lines_of(args, args.hyp, items=("targets",)):
+            pairs = teacher_forced(translator, sources, hyps, ("cross",))
     diagnoses = [diagnose(pair, choice, thresholds) for pair in pairs]
     chrf = sentence_chrf(hyps, refs) if refs is not None else None
     lines = []

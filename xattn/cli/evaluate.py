@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from xattn.cli.common import add_verb, check_data_dir, output_arg, path_arg, write_line_chunks
+from xattn.cli.common import add_verb, check_data_dir, lines_of, output_arg, path_arg, write_line_chunks
 from xattn.cli.translate import add_decode_flags, decode_config, load_translator
 from xattn.errors import XattnError
 from xattn.io import json_text
@@ -75,9 +75,12 @@ def run(args) -> int:
     generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
 
     def hypotheses() -> Iterator[list[str]]:
+        count = 0
         for src, refs in test_chunks(args, translator.config.data):
-            hyps = [t.text for t in translator.translate(src, cfg, generator=generator)]
+            with lines_of(args, args.src or f"the {args.split or 'test'} split's sources", count):
+                hyps = [t.text for t in translator.translate(src, cfg, generator=generator)]
             scorer.add(hyps, refs)
+            count += len(src)
             yield hyps
     if args.output:
         write_line_chunks(args.output, hypotheses())

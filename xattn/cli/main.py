@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from xattn.errors import ItemError, ParameterError, XattnError
+from xattn.errors import ParameterError, XattnError
 
 VERBS = ("quickstart", "prepare", "train", "translate", "evaluate", "export", "import", "attention", "align", "aer", "heads",
          "diagnose", "finetune", "compose", "prune", "shortlist", "serve")
@@ -82,13 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
         return args.run(args) or 0
-    except ItemError as e:  # an item of a list the command read (a verb that does not name its line itself), or
-        named = args.flags.get(e.name)  # the one text an argument gave (the verb names it: SENTENCE, --reference)
-        return _fail(args.verb, f"{named}: {e.problem}" if named else str(e))
-    except ParameterError as e:  # a library parameter the command line sets with a flag: name the flag
-        from xattn.cli.common import flag_of, setting_of
+    except ParameterError as e:  # named as the command line gives it: by its flag, say (a verb that knows the line
+        from xattn.cli.common import problem_of  # of a text says so itself: common.lines_of)
 
-        return _fail(args.verb, f"{flag_of(args, e.name) or setting_of(args, e.name) or e.name}: {e.problem}")
+        return _fail(args.verb, problem_of(args, e))
     except XattnError as e:
         return _fail(args.verb, str(e))
     except BrokenPipeError:  # the reader went away (`| head`)

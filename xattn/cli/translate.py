@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Iterator
 
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, device_of,
-                              output_arg, path_arg, settle_loaded, write_line_chunks)
-from xattn.errors import ItemError, XattnError
+                              lines_of, output_arg, path_arg, settle_loaded, write_line_chunks)
+from xattn.errors import XattnError
 from xattn.lines import paired_line_chunks, read_line_chunks
 
 # flag -> (DecodeConfig field, type, help); unset flags keep the model directory's decode settings
@@ -160,13 +160,9 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
     chunks = paired_line_chunks(args.prefix, args.input, (args.prefix, f"the input ({args.input or 'stdin'})")) \
         if args.prefix else ((None, texts) for texts in input_batches(args))
     for given, texts in chunks:
-        try:
+        with lines_of(args, args.input or "stdin", count):  # a line of the input: name the file and line
             results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
                                            attention_heads=links.heads if links else None, generator=generator)
-        except ItemError as e:  # one line of the input: name the file and line
-            if e.name != "texts":
-                raise
-            raise XattnError(f"{args.input or 'stdin'}: line {count + e.index + 1}: {e.problem}") from None
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
         yield output_lines(results, texts, count, args.scores, links)
         count += len(texts)

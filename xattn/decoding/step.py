@@ -216,6 +216,24 @@ def in_steps(attention: Tensor, steps: int) -> Tensor:
     return attention[:steps].permute(1, 2, 0, 3).contiguous()
 
 
+def length_problem(cfg: DecodeConfig, src_len: int, prefix_len: int = 0) -> ParameterError | None:
+    """What `cfg`'s lengths cannot do for a source of `src_len` tokens (its </s> included) whose translation is
+    forced to start with `prefix_len` tokens: leave it no output token (max_len_b), or fewer than min_len (either
+    would be a silently empty or short translation); None if they can. A source of </s> alone (an empty sentence)
+    has no problem: its translation is empty, and the limit never cuts a prefix."""
+    if src_len <= 1:
+        return None
+    limit = max(cfg.max_output_tokens(src_len), prefix_len)
+    if limit < 1:
+        return ParameterError("max_len_b", f"the maximum output length leaves a sentence of {src_len} source tokens "
+                              "(</s> included) no token; raise it")
+    if limit < cfg.min_len:
+        return ParameterError("min_len", f"{cfg.min_len} is above the {limit} output tokens the maximum output length "
+                              f"allows a sentence of {src_len} source tokens (</s> included); lower it or raise the "
+                              "maximum")
+    return None
+
+
 def max_lengths(src: Tensor, cfg: DecodeConfig, model_cfg: ModelConfig, prefix: Tensor | None = None) -> Tensor:
     """(B, S) -> (B,) cfg.max_output_tokens(src_len), src_len counting non-pad tokens (EOS included), within what
     the model's learned positions hold (BOS and the tokens before EOS).
@@ -230,16 +248,9 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, model_cfg: ModelConfig, prefix: 
     limit = torch.where(src_len > 1, limit, torch.zeros_like(limit))
     if prefix is not None:
         limit = torch.maximum(limit, prefix.ne(pad_id).sum(dim=1).to(limit.device))
-    no_room = (limit < 1) & (src_len > 1)  # a source that would silently get an empty translation
-    if bool(no_room.any()):
-        raise ParameterError("max_len_b", f"the maximum output length leaves a sentence of {int(src_len[no_room].min())} "
-                             "source tokens (</s> included) no token; raise it")
-    too_short = (limit < cfg.min_len) & (src_len > 1)  # else the minimum would silently not hold
-    if bool(too_short.any()):
-        raise ParameterError("min_len", f"{cfg.min_len} is above the {int(limit[too_short].min())} output tokens the "
-                             "maximum output length allows a sentence of "
-                             f"{int(src_len[too_short][limit[too_short].argmin()])} source tokens (</s> included); "
-                             "lower it or raise the maximum")
+    if bool(((src_len > 1) & (limit < max(1, cfg.min_len))).any()):  # (length_problem names it)
+        forced = prefix.ne(pad_id).sum(dim=1).tolist() if prefix is not None else [0] * len(src)
+        raise next(problem for n, p in zip(src_len.tolist(), forced) if (problem := length_problem(cfg, n, p)))
     if model_cfg.positions == "learned":  # BOS + the tokens before EOS must fit the position table
         limit = limit.clamp(max=model_cfg.max_positions - 1)
     return limit
