@@ -249,17 +249,26 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
     with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
         assert client.post("/translate", json={"q": ["drei", "vier"], "beam_size": 1}).status_code == 200
         assert client.post("/translate", json={"q": "drei", "beam_size": 0}).status_code == 422
+        # a malformed field, refused before the others were read: its line had neither texts nor characters
+        assert client.post("/translate", json={"q": "vier", "beam_size": "3"}).status_code == 422
+        assert client.post("/detect", json={"q": ["vier", "sechs"], "colour": "red"}).status_code == 422
+        assert client.post("/translate_file", data={"colour": "red"}, files={"file": ("b.txt", b"acht\n")}).status_code \
+            == 422
+        assert client.post("/translate", json={"q": 5}).status_code == 422  # no text: neither
         assert client.get("/no/such/page").status_code == 404
         assert client.post("/detect", json={"q": ["drei", "vier"]}).status_code == 200
         assert client.post("/translate", json={"q": ["x" * 3000] * 2}).status_code == 413
         big = "Ein\x0cHund.\n\n" + "x" * 6000  # two lines: a line ends at \n alone (not at \x0c, as splitlines)
         assert client.post("/translate_file", files={"file": ("a.txt", big.encode())}).status_code == 413
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "xattn.serve.access"]
-    refused_file = next(x for x in lines if x["route"] == "/translate_file")
+    refused_file = next(x for x in lines if x["route"] == "/translate_file" and x["status"] == 413)
     assert refused_file["status"] == 413 and refused_file["texts"] == 2 and refused_file["characters"] == len(big)
-    refused = next(x for x in lines if x["status"] == 422)  # the texts and characters of every line, refused too
-    assert refused["texts"] == 1 and refused["characters"] == 4 and "batch" not in refused
-    detected = next(x for x in lines if x["route"] == "/detect")
+    refused = [x for x in lines if x["status"] == 422]  # the texts and characters of every line, refused too
+    assert [(x["route"], x.get("texts"), x.get("characters")) for x in refused] == [
+        ("/translate", 1, 4), ("/translate", 1, 4), ("/detect", 2, 9), ("/translate_file", 1, 5),
+        ("/translate", None, None)]
+    assert not any("batch" in x for x in refused)
+    detected = next(x for x in lines if x["route"] == "/detect" and x["status"] == 200)
     assert detected["texts"] == 2 and detected["characters"] == 8
     large = next(x for x in lines if x["status"] == 413)
     assert large["texts"] == 2 and large["characters"] == 6000

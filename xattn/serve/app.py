@@ -225,8 +225,9 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
 
     @app.post("/translate", openapi_extra=openapi_body(TranslateRequest))
     async def translate(request: Request):
-        req = parse_request(*await read_request(request, limits))
-        record = noted(request, req.q)
+        fields, text = await read_request(request, limits)
+        record = noted(request, fields.get("q"))  # before the fields are checked: a refused request's line has it
+        req = parse_request(fields, text)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         route = models.route(req.source, req.target, request_texts(req.q, limits))
         record["model"] = route.served.pair
@@ -237,20 +238,23 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
 
     @app.post("/detect", openapi_extra=openapi_body(DetectRequest))
     async def detect_language(request: Request):
-        req = parse_request(*await read_request(request, limits), kind=DetectRequest)
-        noted(request, req.q)
+        fields, text = await read_request(request, limits)
+        noted(request, fields.get("q"))
+        req = parse_request(fields, text, kind=DetectRequest)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         return detection(request_texts(req.q, limits))
 
 
-def noted(request: Request, q: str | list[str], characters: int | None = None) -> dict:
+def noted(request: Request, q: object, characters: int | None = None) -> dict:
     """The access log's fields of a request (metrics.Observed writes them), with the texts and characters of its
-    `q` (`characters`: a file's, blank lines and all): on its line whatever its answer, a 413 for too many
-    characters above all."""
+    `q` as sent, before any other field is checked (`characters`: a file's, blank lines and all): on its line
+    whatever its answer, a 413 for too many characters or a 422 for a malformed setting too. A `q` that is not
+    text (or a list of texts) adds neither."""
     record = request.scope.setdefault("xattn", {})
-    texts = [q] if isinstance(q, str) else list(q)
-    record["texts"] = len(texts)
-    record["characters"] = sum(len(t) for t in texts) if characters is None else characters
+    texts = [q] if isinstance(q, str) else q if isinstance(q, list) and all(isinstance(t, str) for t in q) else None
+    if texts is not None:
+        record["texts"] = len(texts)
+        record["characters"] = sum(len(t) for t in texts) if characters is None else characters
     return record
 
 
@@ -310,13 +314,13 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
     @app.post("/translate_file", openapi_extra=openapi_body(FileRequest))
     async def translate_file(request: Request):
         fields, text = await read_request(request, limits, files=1)
-        req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
         if isinstance(upload := fields.get("file"), Upload):  # its size on its line, a refused one's too
             sent = upload.data.decode("utf-8", "replace").removeprefix("\ufeff")
             # (its lines by Document's rule: a line ends at \n alone; splitlines also broke at \x0c and \u2028)
             record = noted(request, [line for line in sent.split("\n") if line.strip()], len(sent))
         else:
             record = request.scope.setdefault("xattn", {})
+        req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         filename, content = file_text(upload, limits)
         document = Document.parse(content)
