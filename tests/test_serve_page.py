@@ -154,7 +154,14 @@ def test_a_new_answer_or_an_error_leaves_nothing_of_the_last(open_page, server):
         assert page.locator("#result").is_hidden() and page.text_content("#translation") == ""
         assert page.locator("#attention").is_hidden() and page.locator("#xa-map").count() == 0
         assert page.locator("#links text").count() == 0 and page.locator("#copy").is_disabled()
+        assert page.locator("#error-stale").is_hidden()
     page.unroute("**/translate")
+    page.fill("#text", "vier")  # the error was the text's before this edit (it stayed as if it were this one's)
+    assert "stale" in page.get_attribute("#error", "class") and page.locator("#error-stale").is_visible()
+    assert page.text_content("#error-stale") == "The text has changed since: translate again to see whether it " \
+        "still holds."
+    translate(page, "drei")
+    assert page.locator("#error").is_hidden() and page.locator("#error-stale").is_hidden()
 
 
 def arrived(page, held: list) -> None:
@@ -192,6 +199,27 @@ def test_while_it_translates_the_page_says_so_and_greys_the_last_answer(open_pag
     page.unroute("**/translate")
 
 
+def test_a_setting_changed_while_it_translates_leaves_the_answer_out_of_date(open_page):
+    """The settings an answer was made with are those sent, not those found when it arrives: a beam narrowed while
+    the answer of the wider one was coming showed it as the narrower one's."""
+    page = open_page()
+    held = []
+    page.route("**/translate", lambda route: held.append(route))
+    page.fill("#beam", "3")
+    page.fill("#text", "drei")
+    page.click("#go")
+    arrived(page, held)
+    assert page.locator("#stale").is_hidden()
+    page.fill("#beam", "2")
+    held[0].continue_()
+    page.wait_for_selector("#busy", state="hidden")
+    assert page.text_content("#translation") and page.locator("#stale").is_visible()
+    assert page.text_content("#stale") == "The settings have changed since: translate again to update this."
+    page.fill("#beam", "3")  # back to what was sent: current
+    assert page.locator("#stale").is_hidden() and page.locator("#copy").is_enabled()
+    page.unroute("**/translate")
+
+
 def test_a_lone_model_s_page_says_when_the_text_reads_as_another_language(open_page):
     """The page sent the model's source language, so an English text went to a German model and came back as
     nonsense, silently: it asks the server to check (source auto), says what the text reads as, and translates it
@@ -211,6 +239,12 @@ def test_a_lone_model_s_page_says_when_the_text_reads_as_another_language(open_p
     assert page.locator("#error").is_hidden() and page.locator("#detected").is_hidden()
     translate(page, english + " ")  # another text: checked again
     assert page.text_content("#error").startswith("The text reads as English")
+    page.route("**/translate", lambda route: route.fulfill(status=400, content_type="application/json", body=json.dumps(
+        {"error": "source: auto, and q[0] reads as es (confidence 83.0), not de; give source: de to translate it as de",
+         "error_type": "unsupported_language"})))  # a language no model serves: named by the browser, not as "es"
+    translate(page, "Un hombre con una camisa azul.")
+    assert page.text_content("#error").startswith("The text reads as Spanish (confidence 83%), and this server ")
+    page.unroute("**/translate")
 
 
 def test_the_keyboard_hint_is_left_out_on_a_phone(open_page, browser, server, guard):
@@ -513,8 +547,8 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
     with serving(numbers_model, tmp_path / "log", "--api-key", "k3y", "--max-attention-values", "10") as url:
         page = open_page(1280, url)
         assert page.locator("#key-field").is_visible()
-        translate(page, "drei")
-        assert "API key is required" in page.text_content("#error")
+        translate(page, "drei")  # in the page's words, with where to give it (the API's named its fields)
+        assert page.text_content("#error") == "This server needs an API key: enter it under Settings (API key)."
         page.fill("#key", "k3y")
         translate(page, "drei")  # full attention is over this server's limit: the page falls back to the mean
         assert page.locator("#xa-head option").all_text_contents() == ["mean of heads"]
@@ -522,7 +556,8 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
         assert page.locator("td.xa-cell").count() > 0
         page.fill("#key", "wrong")
         translate(page, "drei")
-        assert "Invalid API key" in page.text_content("#error") and page.locator("#result").is_hidden()
+        assert page.text_content("#error") == "The server does not take this API key: check the API key under " \
+            "Settings." and page.locator("#result").is_hidden()
 
 
 def test_a_text_too_long_for_each_heads_map_shows_the_mean_and_keeps_the_head(open_page, server, numbers_model,

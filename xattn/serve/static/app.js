@@ -14,10 +14,15 @@ let chosen = null;   // the model of the pair picked; null to detect the languag
 let anyway = null;   // a text the lone model is to translate although its language was detected as another
 let names = {};      // language names by code (GET /languages)
 let shown = null;    // what the page shows: {text, result, model}; null when nothing is
+let about = null;    // the text and settings the answer or error shown was asked with: {text, settings}; or null
 let heatmap = null;  // the heatmap last drawn and its model: {viewer, model} (its layer and head open the next one)
 let ticket = 0;      // the latest translation asked for: an answer to an earlier one is dropped
 
-const name = (code) => names[code] || code;
+const DISPLAY = typeof Intl.DisplayNames === "function" ? new Intl.DisplayNames(["en"], {type: "language"}) : null;
+const name = (code) => names[code] || known(code) || code;  // the server's names, else the browser's (a language
+function known(code) {  //                                      detected that no model served: Spanish, not es)
+  try { const n = DISPLAY && DISPLAY.of(code); return n !== code ? n : null; } catch (e) { return null; }
+}
 const candidates = () => chosen ? [chosen] : server.models;  // the models that may answer
 const attends = (model) => model.heads.some((n) => n > 0);   // a model whose every cross head was pruned has none
 
@@ -109,14 +114,20 @@ function counted() {  // the character counter, and whether what is shown is sti
     ` \u00b7 at most ${server.limits.max_source_tokens} tokens`;  // (a token: a word or a piece of one)
   $("copy").textContent = "Copy";  // what was copied is no longer what the text would give
   $("count").classList.toggle("over", most !== null && chars > most);
-  const edited = shown !== null && text !== shown.text, changed = shown !== null && settings() !== shown.settings;
-  const stale = edited || changed;
-  $("result").classList.toggle("stale", stale);
-  $("stale").hidden = !stale;
+  // what is shown, an answer or an error, is greyed and said to be out of date once the text or a setting it was
+  // asked with has changed (not while the next one is coming: it is greyed as pending then)
+  const edited = about !== null && text !== about.text, changed = about !== null && settings() !== about.settings;
+  const stale = edited || changed, pending = $("target-pane").classList.contains("pending");
   const what = edited && changed ? "The text and the settings have" : edited ? "The text has" : "The settings have";
-  $("stale").textContent = `${what} changed since: translate again to update this.`;
+  $("result").classList.toggle("stale", stale);
+  $("error").classList.toggle("stale", stale);
+  for (const [id, shows, end] of [["stale", shown !== null, "update this"], ["error-stale", !$("error").hidden,
+                                                                           "see whether it still holds"]]) {
+    $(id).hidden = !(stale && shows && !pending);
+    $(id).textContent = `${what} changed since: translate again to ${end}.`;
+  }
   // only the text's own translation is copied: not one greyed while the next is coming, nor one of an older text
-  $("copy").disabled = shown === null || stale || $("target-pane").classList.contains("pending");
+  $("copy").disabled = shown === null || stale || pending;
 }
 
 // ---------------------------------------------------------------------------------------------- translating
@@ -136,8 +147,8 @@ function request(text) {  // to detect the language: attention only if every mod
 
 async function translate(event) {
   event.preventDefault();
-  const text = $("text").value, wrong = problem(text);
-  if (wrong) {
+  const text = $("text").value, wrong = problem(text), sent = settings();  // (the settings as sent, not as found
+  if (wrong) {                                                              //  when the answer comes)
     fail(wrong.message);
     $(wrong.field).focus();
     return;
@@ -154,16 +165,16 @@ async function translate(event) {
     const other = chosen && data.error_type === "unsupported_language";  // a lone model: the text reads as another
     if (other) {
       anyway = text;
-      fail(otherLanguage(data.error || ""));
+      fail(otherLanguage(data.error || ""), text, sent);
     } else if (!reply.ok) {
       fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
-           (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""));
+           (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""), text, sent);
     } else {
-      show(text, data, body, answering(data));
+      show(text, sent, data, body, answering(data));
     }
     if (reply.status === 503 && data.error_type === "unavailable") untilReady(mine);
   } catch (e) {
-    if (mine === ticket) fail(`The server cannot be reached (${e.message}).`);
+    if (mine === ticket) fail(`The server cannot be reached (${e.message}).`, text, sent);
   } finally {
     if (mine === ticket) busy(false);
   }
@@ -214,6 +225,8 @@ function plain(data, status, retry) {  // the server's message, with the page's 
     (/long requests/.test(data.error || "") ? ", or with a shorter text." : ".");
   if (data.error_type === "timeout") return "The translation took longer than the server waits for one: try a " +
     "shorter text, or fewer other translations.";
+  if (data.error_type === "unauthorized") return $("key").value ? "The server does not take this API key: check " +
+    "the API key under Settings." : "This server needs an API key: enter it under Settings (API key).";
   if (!data.error) return `The server answered with an error (HTTP ${status}) and no message` +
     (status === 408 || status === 429 || status >= 500 ? `; try again ${again}.` : ".");  // (else: the same again)
   const message = data.error.replace(/^([a-z_]+)(\[\d+\])?: /,
@@ -235,7 +248,7 @@ function busy(on) {  // what is shown stays greyed until its replacement (or an 
 }
 
 function clear() {  // nothing of the last answer stays: text, alternatives, heatmap, readout, links
-  shown = null;
+  shown = about = null;
   $("result").hidden = true;
   $("translation").textContent = "";
   $("alts").replaceChildren();
@@ -250,19 +263,23 @@ function clear() {  // nothing of the last answer stays: text, alternatives, hea
   counted();
 }
 
-function fail(message) {
+function fail(message, text = $("text").value, sent = settings()) {  // an error about `text` asked with `sent`
   clear();
+  about = {text, settings: sent};
   $("placeholder").hidden = true;
   $("error").textContent = message;
   $("error").hidden = false;
+  counted();
 }
 
-// The answer to the request `asked` (its body) about `text`, from `model` (the one that answered; null before /info)
-function show(text, data, asked, model) {
+// The answer to the request `asked` (its body) about `text` with the settings `sent`, from `model` (the one that
+// answered; null before /info)
+function show(text, sent, data, asked, model) {
   clear();
   const kind = asked.attention;
   const result = data.results[0], detected = data.detectedLanguage;
-  shown = {text, result, model, settings: settings()};
+  shown = {text, result, model};
+  about = {text, settings: sent};
   $("placeholder").hidden = true;
   $("result").hidden = false;
   if (detected && !chosen) {  // (a lone model's check of the language: no news when it passed)
