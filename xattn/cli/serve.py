@@ -107,6 +107,15 @@ default, up to 5 ms each time; many greedy clients got less at 0.5 ms than at th
 Serving under load: the switch interval)."""
 
 
+def address(host: str, port: int) -> str:
+    """The address to open for a server listening on `host`: one on every interface (0.0.0.0, ::) is reached on this
+    machine at the loopback's (http://0.0.0.0:8000/ is no address to open), and from elsewhere at the machine's."""
+    if host in ("0.0.0.0", "::"):
+        loopback = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+        return f"http://{loopback}:{port}/ (every interface: from another machine, this one's name or address)"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
 def run(args) -> int:
     try:
         import uvicorn
@@ -145,9 +154,9 @@ def run(args) -> int:
     http = guarded(read_timeout, write_timeout, limit, app.state.metrics)
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                                  loop="asyncio", http=http, ws="none", **connections)))
-    host = f"[{args.host}]" if ":" in args.host else args.host
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
-    print(f"serving {models} at http://{host}:{args.port}/ (the API and the attention page); Ctrl+C stops", flush=True)
+    print(f"serving {models} at {address(args.host, args.port)} (the API and the attention page); Ctrl+C stops",
+          flush=True)
     try:
         servers[0].run(sockets=[sock])
     finally:
