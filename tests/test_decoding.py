@@ -336,6 +336,21 @@ def test_forced_prefix_is_continued(options):
         assert hyps[0][0].log_prob == pytest.approx(ref, abs=1e-4)
 
 
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4), dict(sampling=True, seed=1)])
+def test_a_forced_prefix_is_kept_whole_whatever_the_rules_say(options):
+    """no_repeat_ngram_size banned the prefix's own repeated n-gram, and the translation ended there, cut short
+    (relaxed); a prefix is the caller's: it is continued whole, and the rules hold after it."""
+    model, src = eos_model(), random_src(12, batch=2)
+    prefix = torch.tensor([[7, 8, 7, 8, 7], [5, 5, 5, 0, 0]])
+    hyps = search(model, src, DecodeConfig(no_repeat_ngram_size=1, **options), prefix=prefix)
+    assert hyps[0][0].tokens[:5] == [7, 8, 7, 8, 7] and hyps[1][0].tokens[:3] == [5, 5, 5]
+    for row, hyp in enumerate(h[0] for h in hyps):
+        after = hyp.tokens[5 if row == 0 else 3:]
+        assert len(set(after)) == len(after) and not set(after) & set(prefix[row].tolist()) - {0}  # the rule after it
+    if options.get("beam_size", 1) == 1 and not options.get("sampling"):  # scored at the model's log-probability
+        assert hyps[0][0].log_prob == pytest.approx(sequence_log_prob(model, src[0], hyps[0][0].tokens), abs=1e-4)
+
+
 def forced_cross(model, src, hyps, rows):
     """The cross-attention of a teacher-forced pass over `hyps` (Translator.forced_attention, on the plain model)."""
     from xattn.inference import Speedups

@@ -1,9 +1,8 @@
-import math
-
 import pytest
 import torch
 
-from xattn.decoding.processors import (StepState, forced_prefix, max_length, min_length, no_repeat_ngram, temperature, top_k,
+from xattn.config import DecodeConfig, ModelConfig
+from xattn.decoding.processors import (StepState, constraints, max_length, min_length, no_repeat_ngram, temperature, top_k,
                               top_p)
 
 NEG = float("-inf")
@@ -49,10 +48,12 @@ def test_lengths_and_prefix():
     forced = max_length(2)(lp(), StepState(3, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 5])))
     assert forced[0].tolist() == [NEG, NEG, 0, NEG, NEG] and forced[1].eq(0).all()
     prefix = torch.tensor([[4, 3], [4, 0]])
-    out = forced_prefix(0)(lp(), StepState(1, torch.zeros(2, 1, dtype=torch.long), torch.tensor([9, 9]), prefix))
-    assert out[0].tolist() == [NEG, NEG, NEG, 0, NEG] and out[1].eq(0).all()
-    assert math.isinf(forced_prefix(0)(lp(), StepState(0, torch.zeros(2, 0, dtype=torch.long), torch.tensor([9, 9]),
-                                                       prefix))[1, 3])
+    rules = constraints(DecodeConfig(no_repeat_ngram_size=1), ModelConfig(src_vocab_size=5, tgt_vocab_size=5))
+    out, _ = rules(lp(), StepState(1, torch.tensor([[3], [3]]), torch.tensor([9, 9]), prefix))
+    assert out[0].tolist() == [NEG, NEG, NEG, 0, NEG]  # its prefix token, though no_repeat_ngram bans a second 3
+    assert out[1].tolist() == [NEG, NEG, 0, NEG, 0]  # past its prefix: the rules (pad, BOS and the repeated 3 banned)
+    out, _ = rules(lp(), StepState(0, torch.zeros(2, 0, dtype=torch.long), torch.tensor([9, 9]), prefix))
+    assert out[1].tolist() == [NEG, NEG, NEG, NEG, 0]
     scores = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]])
     kept = max_length(1)(scores.clone(), StepState(2, torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 7])))
     assert kept.tolist() == [[NEG, -2.0, NEG], [-4.0, -5.0, -6.0]]  # the forced token keeps its own log-prob

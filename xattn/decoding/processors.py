@@ -86,26 +86,25 @@ def min_length(n: int, eos_id: int) -> Processor:
     return apply
 
 
-def only(lp: Tensor, rows: Tensor, token: Tensor, state: StepState) -> Tensor:
+def only(lp: Tensor, rows: Tensor, token: Tensor, state: StepState, values: Tensor | None = None) -> Tensor:
     """(N, V), rows (N,) bool, token (N,) ids (listed ones) -> rows that may produce nothing but their `token`,
-    in place."""
+    in place, at its log-probability in `lp` (or at `values`, (n,), one per row of `rows`)."""
     index = rows.nonzero().squeeze(1)  # (n,)
     if index.numel():
         token = state.column(token[index]).unsqueeze(1)  # (n, 1)
-        kept = lp[index].gather(1, token)
+        kept = lp[index].gather(1, token) if values is None else values.unsqueeze(1)
         lp[index] = NEG_INF
         lp[index.unsqueeze(1), token] = kept
     return lp
 
 
-def forced_prefix(pad_id: int) -> Processor:
-    """Rows whose prefix reaches position t must produce the prefix token there."""
-    def apply(lp: Tensor, state: StepState) -> Tensor:
-        if state.prefix is None or state.t >= state.prefix.shape[1]:
-            return lp
-        token = state.prefix[:, state.t]  # (N,)
-        return only(lp, token.ne(pad_id), token, state)
-    return apply
+def prefix_due(state: StepState, pad_id: int) -> tuple[Tensor, Tensor] | None:
+    """(rows (N,) bool whose forced prefix reaches position t, the prefix tokens there (N,)); None past every
+    prefix."""
+    if state.prefix is None or state.t >= state.prefix.shape[1]:
+        return None
+    token = state.prefix[:, state.t]  # (N,)
+    return token.ne(pad_id), token
 
 
 def max_length(eos_id: int) -> Processor:
@@ -169,7 +168,10 @@ def top_p(p: float) -> Processor:
 
 @dataclass(frozen=True)
 class Constraints:
-    """The hard rules every strategy obeys, in the order they apply; scores are taken after these.
+    """The hard rules every strategy obeys, in the order they apply; scores are taken after these. Then a row whose
+    forced prefix reaches this step produces its prefix token, at the model's log-probability, whatever the rules
+    said of it: a prefix is the caller's (no_repeat_ngram_size 2 banned the second "a dog" of the prefix "a dog and
+    a dog", which ended there, cut short).
 
     Settings that are each in range can together forbid every token of a row (no_repeat_ngram_size 1 with
     a min_len beyond what the vocabulary can fill). Such a row keeps end-of-sentence as a last resort, at
@@ -178,13 +180,19 @@ class Constraints:
     """
     rules: tuple[Processor, ...]
     eos_id: int
+    pad_id: int
     can_exhaust: bool
 
     def __call__(self, raw: Tensor, state: StepState) -> tuple[Tensor, Tensor | None]:
         """raw (N, V) log-probs, overwritten -> (constrained (N, V), relaxed (N,) bool or None)."""
         column = state.column_of(self.eos_id)
         eos = raw[:, column].clone() if self.can_exhaust else None  # (N,) before any rule
+        if (due := prefix_due(state, self.pad_id)) is not None:
+            index = due[0].nonzero().squeeze(1)
+            forced = raw[index, state.column(due[1][index])]  # (n,) their model log-probabilities, before any rule
         lp = apply_all(list(self.rules), raw, state)
+        if due is not None:
+            lp = only(lp, *due, state, forced)
         if eos is None:
             return lp, None
         relaxed = lp.amax(dim=1).isneginf()  # (N,) rows with nothing allowed
@@ -200,8 +208,9 @@ def constraints(cfg: DecodeConfig, model: ModelConfig) -> Constraints:
         out.append(no_repeat_ngram(cfg.no_repeat_ngram_size))
     if cfg.min_len:
         out.append(min_length(cfg.min_len, model.eos_id))
-    out += [forced_prefix(model.pad_id), max_length(model.eos_id)]
-    return Constraints(tuple(out), model.eos_id, can_exhaust=bool(cfg.no_repeat_ngram_size or cfg.min_len))
+    out.append(max_length(model.eos_id))
+    return Constraints(tuple(out), model.eos_id, model.pad_id,
+                       can_exhaust=bool(cfg.no_repeat_ngram_size or cfg.min_len))
 
 
 def warpers(cfg: DecodeConfig) -> list[Processor]:
