@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ def settle_loaded() -> None:
 def add_verb(sub, name: str, help: str, example: str, run) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(run=run, flags={})
+    parser.set_defaults(run=run, flags={}, parser=parser)
     return parser
 
 
@@ -120,7 +121,29 @@ def output_arg(value: str) -> str:
         return "-"
     if value != "-" and Path(value).is_dir():
         raise argparse.ArgumentTypeError(f"{value} is a directory; name a file")
+    if value.endswith(("/", os.sep)):  # (pathlib drops it: `-o out/` wrote a file named out)
+        raise argparse.ArgumentTypeError(f"{value} names a directory (it ends in /); name a file")
     return value
+
+
+def overwritten(args) -> str | None:
+    """What is wrong when an output file of the verb `args` were parsed for is one of its input files: it would be
+    replaced by what was made from it (`translate -i corpus.de -o corpus.de`, `evaluate --src x -o x`: the
+    corpus was lost, exit 0); None when none is. Inputs are the arguments naming existing files."""
+    parser = getattr(args, "parser", None)
+    actions = parser._actions if parser is not None else []  # (argparse keeps a parser's arguments there)
+    outputs = [(a, getattr(args, a.dest, None)) for a in actions if a.type is output_arg]
+    for out_action, out in outputs:
+        if not isinstance(out, str) or out == "-" or not os.path.isfile(out):
+            continue
+        for action in actions:
+            value = getattr(args, action.dest, None)
+            if action.type is not output_arg and isinstance(value, str) and value != "-" and os.path.isfile(value) \
+                    and os.path.samefile(value, out):
+                name = "/".join(action.option_strings) or action.metavar or action.dest.upper()
+                return f"{'/'.join(out_action.option_strings)} {out}: is the input {name} too; the output would " \
+                    "replace what it is made from: write it elsewhere"
+    return None
 
 
 def write_output_lines(path: str | None, lines: list[str]) -> None:

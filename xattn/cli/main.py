@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     stops = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
+        from xattn.cli.common import overwritten
+
+        if problem := overwritten(args):  # (an output that is an input would replace it)
+            return _fail(args.verb, problem)
         return args.run(args) or 0
     except ParameterError as e:  # named as the command line gives it: by its flag, say (a verb that knows the line
         from xattn.cli.common import problem_of  # of a text says so itself: common.lines_of)
