@@ -288,6 +288,8 @@ CASES = {
     "unknown key": ([*TRAIN, "train.max_step=3"], "did you mean 'max_steps'"),
     "unknown section": ([*TRAIN, "trian.lr=3"], "unknown section"),
     "override without section": ([*TRAIN, "lr=3"], "expected section.key=value"),
+    "prune a place given twice": (["prune", M, "--fraction", "0.5", "--places", "cross,cross", "--out",
+                                   "{space}/new-pruned"], "--places: cross is given twice"),
     "decode n_best above beam (config)": ([*TRAIN, "decode.n_best=4"], "decode.n_best"),
     "config section scalar": (["train", "{space}/scalar.yaml"], "section 'model' must be a mapping"),
     "config a list": (["train", "{space}/list.yaml"], "expected a mapping"),

@@ -54,6 +54,8 @@ def run(args) -> int:
             raise XattnError(f"--places: names no place; one or more of {', '.join(PLACES)}")
         if problems := [problem for p in places if (problem := place_problem(p))]:
             raise XattnError(f"--places: {problems[0]}")
+        if twice := next((p for i, p in enumerate(places) if p in places[:i]), None):  # as --heads 0,0 is
+            raise XattnError(f"--places: {twice} is given twice")
         table = Path(args.importance or Path(args.model) / IMPORTANCE_FILE)
         if not table.is_file():
             raise XattnError(f"{table}: no importance table; run `xattn heads importance {args.model}` first, "
