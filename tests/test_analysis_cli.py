@@ -220,8 +220,8 @@ def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
     (["heads"], "the following arguments are required: SUBCOMMAND"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--ref", "{w}/short.txt"], "line counts differ"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--under", "-1"], "--under: must be >= 0"),
-    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be >= 0, got inf"),
-    (["diagnose", "{m}", "--src", "{w}/src.txt", "--over", "nan"], "--over: must be >= 0, got nan"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be a finite number >= 0, got inf"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--over", "nan"], "--over: must be a finite number >= 0, got nan"),
 ])
 def test_errors_are_one_line(work, capsys, argv, message):
     (work / "short.txt").write_text("one\n")
@@ -244,7 +244,7 @@ def test_errors_are_one_line(work, capsys, argv, message):
     (b"alignment: {layer: 1.5, heads: mean, method: naive}\n", "alignment.layer: expected int, got 1.5"),
     (b"alignment: {layer: 0, heads: [0, 0], method: naive}\n", "alignment.heads: expected 'mean' or distinct"),
     (b"alignment: {layer: 0, heads: [9], method: naive}\n", "alignment: layer 0 has no head 9"),
-    (b"alignment: {layer: 0, heads: mean, method: naive, threshold: .inf}\n", "alignment.threshold: must be in"),
+    (b"alignment: {layer: 0, heads: mean, method: naive, threshold: .inf}\n", "alignment.threshold: must be a finite number in"),
     (b"alignment: {layer: 0, heads: mean, method: naive, layers: 2}\n", "unknown key alignment.layers"),
     (b"alignment: {layer: 0, heads: mean}\n", "alignment.method: missing"),
     (b"alignment: {layer: 0, layer: 1, heads: mean, method: naive}\n", "line 1: invalid YAML ('layer' is given twice)"),

@@ -257,7 +257,7 @@ CASES = {
     "d_model not divisible": ([*TRAIN, "model.d_model=30", "model.n_heads=4"], "divisible"),
     "eval_every 0": ([*TRAIN, "train.eval_every=0"], "train.eval_every"),
     "log_every 0": ([*TRAIN, "train.log_every=0"], "train.log_every"),
-    "lr nan": ([*TRAIN, "train.lr=nan"], "train.lr: must be > 0, got nan"),
+    "lr nan": ([*TRAIN, "train.lr=nan"], "train.lr: must be a finite number > 0, got nan"),
     "lr negative": ([*TRAIN, "train.lr=-1e-3"], "train.lr"),
     "threads negative": ([*TRAIN, "train.threads=-1"], "train.threads"),
     "device tpu (config)": ([*TRAIN, "train.device=tpu"], "train.device"),
@@ -443,7 +443,7 @@ CASES = {
     "head mask factor above 1": (["translate", M, "--head-mask", "{space}/mask-above-1.yaml"],
                                  "mask-above-1.yaml: cross: must be in [0, 1], got 2"),
     "diagnose threshold infinite": (["diagnose", M, "--src", "{space}/good.txt", "--detached", "inf"],
-                                    "--detached: must be >= 0, got inf"),
+                                    "--detached: must be a finite number >= 0, got inf"),
     # output directories
     "train out is a file": ([*TRAIN, "--out", "{space}/file-not-dir"], "exists and is not a directory"),
     "train out holds a model": ([*TRAIN, "--out", "{damaged:no-state}"], "holds a model but no training state"),

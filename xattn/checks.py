@@ -52,9 +52,10 @@ def within(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
         want = f"in {'(' if lo_open else '['}{bound(lo)}, {bound(hi)}{')' if hi_open else ']'}"
 
     def check(value: float) -> str | None:  # an int of any size is compared exactly (as a float it may overflow)
-        ok = (isinstance(value, int) or math.isfinite(value)) \
-            and (lo is None or (value > lo if lo_open else value >= lo)) \
-            and (hi is None or (value < hi if hi_open else value <= hi))
+        if not isinstance(value, int) and not math.isfinite(value):  # (inf is >= 0: say why it is refused)
+            return f"must be a finite number {want}, got {value!r}"
+        ok = (lo is None or (value > lo if lo_open else value >= lo)) and \
+            (hi is None or (value < hi if hi_open else value <= hi))
         return None if ok else f"must be {want}, got {value!r}"
     return check
 
