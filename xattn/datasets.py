@@ -41,20 +41,23 @@ def multi30k_files(split: str, lang: str, data_dir: str | Path | None = None) ->
     if lang not in MULTI30K_LANGS:
         raise XattnError(f"unknown Multi30k language {lang!r}; valid: {', '.join(MULTI30K_LANGS)}")
     name = f"{split}.{lang}.gz"
-    for origin, folder in (("data_dir", data_dir), ("XATTN_DATA", os.environ.get("XATTN_DATA"))):
-        if folder:
-            return _find_local(Path(folder), name, origin)
+    if data_dir:
+        return _find_local(Path(data_dir), name, lambda problem: ParameterError("data_dir", problem))
+    if folder := os.environ.get("XATTN_DATA"):
+        return _find_local(Path(folder), name, lambda problem: XattnError(f"XATTN_DATA={problem}"))
     path = _cache_dir() / name
     if not path.is_file():
         _download(MULTI30K_URL.format(name=name), path)
     return path
 
 
-def _find_local(folder: Path, name: str, origin: str) -> Path:
+def _find_local(folder: Path, name: str, error: Callable[[str], XattnError]) -> Path:
+    """`folder`/`name`, or `folder`/multi30k/`name`; else the error `error` makes of what is missing (a
+    ParameterError naming data_dir, which the CLI names as --data-dir or the config key that gave it)."""
     for candidate in (folder / name, folder / "multi30k" / name):
         if candidate.is_file():
             return candidate
-    raise XattnError(f"{folder} (from {origin}): no {name} there or in {folder / 'multi30k'}")
+    raise error(f"{folder}: no {name} there or in {folder / 'multi30k'}")
 
 
 def _cache_dir() -> Path:

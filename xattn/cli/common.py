@@ -41,12 +41,17 @@ def flag_of(args, name: str) -> str | None:
 
 
 def setting_of(args, name: str) -> str | None:
-    """Where a decoding setting `name` that no flag gave comes from: the model directory's config.yaml."""
-    from xattn.config import DecodeConfig
+    """Where a setting `name` that no flag gave comes from: a decoding or data setting of the model directory's
+    config.yaml (`MODEL/config.yaml: decode.min_len`), or of the config a run is made from (`data.data_dir`)."""
+    from xattn.config import DataConfig, DecodeConfig
 
-    if name in DecodeConfig.__dataclass_fields__ and isinstance(getattr(args, "model", None), str):
-        return f"{args.model.rstrip('/')}/config.yaml: decode.{name}"
-    return None
+    section = "decode" if name in DecodeConfig.__dataclass_fields__ else "data" \
+        if name in DataConfig.__dataclass_fields__ else None
+    if section is None:
+        return None
+    if isinstance(model := getattr(args, "model", None), str):
+        return f"{model.rstrip('/')}/config.yaml: {section}.{name}"
+    return f"{section}.{name}"
 
 
 def problem_of(args, e: ParameterError, item: bool = True) -> str:
