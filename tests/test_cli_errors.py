@@ -654,6 +654,17 @@ def test_python_api_names_its_own_parameters(space):
                            "attention_heads: head 1 of layer 0 is given twice"),  # (accepted: its mean counted it twice)
                           (lambda: translator.translate(["eins"], attention_from="rescore"),
                            "attention_from: applies with return_attention=True"),  # (silently unused)
+                          # any true value returned attention; an int generator was torch's TypeError in the
+                          # search; one given to a search that draws nothing was silently unused
+                          (lambda: translator.translate(["eins"], return_attention="no"),
+                           "return_attention: True or False, got 'no'"),
+                          (lambda: translator.translate(["eins"], return_self_attention=[0]),
+                           r"return_self_attention: True or False, got \[0\]"),
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(sampling=True), generator=5),
+                           "generator: a torch.Generator, got int"),
+                          (lambda: translator.translate(["eins"], xattn.DecodeConfig(beam_size=2),
+                                                        generator=__import__("torch").Generator()),
+                           r"generator: applies to sampling \(cfg.sampling\): this search draws nothing"),
                           (lambda: xattn.load(space / "model", quantize="int4"), "quantize: int8 or None, got 'int4'"),
                           # a setting the search would ignore (the model's own settings are not the caller's)
                           (lambda: translator.translate(["eins"], xattn.DecodeConfig(beam_size=1, temperature=0.1)),

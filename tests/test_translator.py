@@ -131,6 +131,12 @@ def test_cross_attention_crops_padding(translator):
     np.testing.assert_allclose(forced.cross[1].sum(-1), 1.0, atol=1e-5)
     with pytest.raises(ParameterError, match="kinds: 'self' is not one of cross, decoder-self, encoder-self"):
         translator.forced_attention(src, [[9]], kinds=("self",))
+    for targets, rows, message in (([[99999]], None, r"targets\[0\]: an id outside the target vocabulary"),
+                                   ([[9], [9, -1]], None, r"targets\[1\]: an id outside"),
+                                   ([[9]], [3], r"rows\[0\]: 3 is not a row of src, which has 2"),
+                                   ([[9], [9]], [0], "rows: 1 rows for 2 targets")):  # (an IndexError before)
+        with pytest.raises(ParameterError, match=message):
+            translator.forced_attention(src, targets, rows)
 
 
 def test_n_best_alternatives(translator):

@@ -16,12 +16,13 @@ from xattn.batching import pad_batch, shares, token_batches
 from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
 from xattn.errors import ItemError, ParameterError, XattnError
-from xattn.decoding import Hypothesis, Steps, Tracked, Vocab, encode_in_parts, finish, search_steps, seeded
+from xattn.decoding import Hypothesis, Steps, Vocab, encode_in_parts, finish, search_steps, seeded
 from xattn.decoding.step import length_problem
 from xattn.decoding.stream import Stream, stream_problem
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
 from xattn.model import EncoderOutput, HeadMask, Transformer, stack_layers
+from xattn.options import Options
 from xattn.registry import kind_problem
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
 from xattn.tokenizer import text_list
@@ -164,7 +165,7 @@ class Translator:
         search runs in that many parts at once.
         """
         ids, forced, cfg, options = self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
-                                                   prefixes, attention_heads)
+                                                   prefixes, attention_heads, generator)
         if self._workers > 1 and len(ids) > 1:
             return self._in_parts(ids, forced, cfg, options, generator)
         return finish(self._steps(ids, forced, cfg, options, generator))
@@ -177,11 +178,11 @@ class Translator:
         """`translate` one decoder step per `next()` (decoding.Steps), for a caller that runs several in turns
         (the server); the arguments are checked and the texts tokenized at the call."""
         return self._steps(*self._prepared(texts, cfg, return_attention, attention_from, return_self_attention,
-                                           prefixes, attention_heads), generator)
+                                           prefixes, attention_heads, generator), generator)
 
     def _prepared(self, texts: list[str], cfg: DecodeConfig | None, return_attention: bool, attention_from: str,
                   return_self_attention: bool, prefixes: list[str] | None,
-                  attention_heads: tuple[int, tuple[int, ...] | None] | None
+                  attention_heads: tuple[int, tuple[int, ...] | None] | None, generator: torch.Generator | None
                   ) -> tuple[list[list[int]], list[list[int]] | None, DecodeConfig, Options]:
         """translate's arguments checked, and its texts (and prefixes) as ids."""
         texts = text_list("texts", texts, "translate() takes a list of sentences, got one string; pass [text]")
@@ -189,14 +190,8 @@ class Translator:
         if not isinstance(cfg, DecodeConfig):
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__} (DecodeConfig(**settings) makes one)")
         cfg.refuse_unused(cfg.set_besides(self.decode_config))  # a setting this search would ignore, named
-        if attention_heads is not None and not return_attention:
-            raise ParameterError("attention_heads", "applies with return_attention=True (the heads of the "
-                                 "cross-attention returned)")
-        if attention_from not in ("search", "rescore"):
-            raise ParameterError("attention_from", f"'search' or 'rescore', got {attention_from!r}")
-        if attention_from != "search" and not return_attention:  # (as attention_heads: not silently unused)
-            raise ParameterError("attention_from", "applies with return_attention=True (where the attention "
-                                 "returned comes from)")
+        options = Options.of(self.model.cfg, cfg, return_attention, attention_from, return_self_attention,
+                             attention_heads, generator)
         if prefixes is not None:
             prefixes = text_list("prefixes", prefixes, "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):
@@ -210,11 +205,7 @@ class Translator:
         for i, source in enumerate(ids):  # named here, not in a batch of the search: the text too
             if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0):
                 raise ParameterError(problem.name, problem.problem, item=("texts", i))
-        if attention_heads is not None and (not isinstance(attention_heads, (tuple, list))
-                                            or len(attention_heads) != 2):
-            raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")
-        tracked = Tracked(*attention_heads).checked(self.model.cfg) if attention_heads is not None else None
-        return ids, forced, cfg, Options(return_attention, attention_from, return_self_attention, tracked)
+        return ids, forced, cfg, options
 
     def _in_parts(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
                   generator: torch.Generator | None) -> list[Translation]:
@@ -259,6 +250,13 @@ class Translator:
             raise ParameterError("kinds", problem)
         model, cfg = self.inference.current(), self.model.cfg
         rows = list(range(len(targets))) if rows is None else list(rows)
+        if len(rows) != len(targets):
+            raise ParameterError("rows", f"{len(rows)} rows for {len(targets)} targets; give one per target")
+        if (bad := next((i for i, r in enumerate(rows) if not 0 <= r < src.shape[0]), None)) is not None:
+            raise ItemError("rows", bad, f"{rows[bad]} is not a row of src, which has {src.shape[0]}")
+        if (bad := next((i for i, t in enumerate(targets) if t and not 0 <= min(t) <= max(t) < cfg.tgt_vocab_size),
+                        None)) is not None:  # (an IndexError from the embedding named nothing)
+            raise ItemError("targets", bad, f"an id outside the target vocabulary (0 to {cfg.tgt_vocab_size - 1})")
         with torch.inference_mode():
             if enc is None or ("encoder-self" in kinds and enc.self_attn is None):
                 enc = model.encode(src, need_weights="encoder-self" in kinds, head_mask=self._head_mask)
@@ -375,14 +373,6 @@ class TranslationStream:
     def cancel(self, tag) -> bool:
         self.sources.pop(tag, None)
         return self.stream.cancel(tag)
-
-
-@dataclass(frozen=True)
-class Options:
-    cross: bool          # return cross-attention
-    source: str          # "search" or "rescore"
-    self_: bool          # return decoder self-attention
-    tracked: Tracked | None = None  # keep only the mean of these heads of one layer
 
 
 def load(path: str | Path, device: str | torch.device | None = None, quantize: str | None = None,
