@@ -34,9 +34,10 @@ def test_a_record_is_built_from_typed_values():
     ({"count": -1}, "part.count: must be >= 0, got -1"),
     ({"count": 1, "heads": [0, "x"]}, "part.heads: expected a list of int or str, got [0, 'x']"),
     ({"count": 1, "heads": "all"}, "part.heads: expected 'mean' or head numbers, got 'all'"),
-    ({"count": 1, "factors": [[0.5, 2]]}, "part.factors: must be in [0, 1], got 2"),
-    ({"count": 1, "factors": [[0.5, float("nan")]]}, "part.factors: must be a finite number in [0, 1], got nan"),
-    ({"count": 1, "factors": [0.5]}, "part.factors: expected a list of float, got 0.5"),
+    ({"count": 1, "factors": [[0.5, 2]]}, "part.factors[0][1]: must be in [0, 1], got 2"),  # (the item named)
+    ({"count": 1, "factors": [[0.5, float("nan")]]}, "part.factors[0][1]: must be a finite number in [0, 1], got nan"),
+    ({"count": 1, "factors": [None, [0.5, "abc"]]}, "part.factors[1][1]: expected float, got 'abc'"),
+    ({"count": 1, "factors": [0.5]}, "part.factors[0]: expected a list of float, got 0.5"),
     ({"heads": "mean"}, "part.count: missing"),
     ({"count": 1, "cuont": 2}, "unknown key part.cuont (did you mean 'count'?)"),
     ([1, 2], "part: expected a mapping with the keys count, heads, factors, note, got [1, 2]"),

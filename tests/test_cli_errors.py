@@ -445,7 +445,7 @@ CASES = {
                                      "--out", "{space}/new-prune"],
                                     "importance-other.tsv: measured on other weights than this model's"),
     "head mask factor above 1": (["translate", M, "--head-mask", "{space}/mask-above-1.yaml"],
-                                 "mask-above-1.yaml: cross: must be in [0, 1], got 2"),
+                                 "mask-above-1.yaml: cross[0][1]: must be in [0, 1], got 2"),
     "diagnose threshold infinite": (["diagnose", M, "--src", "{space}/good.txt", "--detached", "inf"],
                                     "--detached: must be a finite number >= 0, got inf"),
     # output directories

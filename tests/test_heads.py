@@ -134,9 +134,10 @@ def test_confidence_is_the_mean_largest_weight():
     ("cros: [[1, 1, 1, 1], null]", "unknown key cros (did you mean 'cross'?)"),
     ("cross: [[1, 1, 1, 1]]", "cross: expected a list of 2 layers"),
     ("cross: [[1, 1, 1], null]", "cross layer 0: expected 4 factors"),
-    ("cross: [[1, 1, 2, 1], null]", "cross: must be in [0, 1], got 2"),
-    ("cross: [[1, true, 1, 1], null]", "cross: expected float, got True"),
-    ("cross: [[1, .nan, 1, 1], null]", "cross: must be a finite number in [0, 1], got nan"),
+    ("cross: [[1, 1, 2, 1], null]", "cross[0][2]: must be in [0, 1], got 2"),  # layer 0, head 2 (it named neither)
+    ("cross: [[1, true, 1, 1], null]", "cross[0][1]: expected float, got True"),
+    ("cross: [null, [1, 1, abc, 1]]", "cross[1][2]: expected float, got 'abc'"),
+    ("cross: [[1, .nan, 1, 1], null]", "cross[0][1]: must be a finite number in [0, 1], got nan"),
     ("cross: {0: [1, 1, 1, 1]}", "cross: expected a list of a list of float"),
     ("[1, 2]", "expected a mapping with the keys enc_self, dec_self, cross"),
     ("", "expected a mapping with the keys enc_self, dec_self, cross"),

@@ -110,25 +110,27 @@ POSITIVE, NON_NEGATIVE, FRACTION = within(1), within(0), within(0, 1, hi_open=Tr
 
 def validate(config: Any, section: str) -> None:
     """Check each field's type and its entry in the class's CHECKS table (applied to each item of a tuple or
-    list, nested lists included, None items left out); raise ConfigError on the first miss."""
+    list, nested lists included, None items left out); raise ConfigError on the first miss, naming the item of a
+    list or tuple by its place (`cross[0][2]: expected float`, where `cross:` left the layer and head to find)."""
     for name, hint in hints(type(config)).items():
         key, value = _key(section, name), getattr(config, name)
-        problem = _type_problem(value, hint)
-        if problem is None and value is not None and name in config.CHECKS:
-            problem = next((p for p in map(config.CHECKS[name], _items(value)) if p), None)
-        if problem:
-            raise ConfigError(key, problem)
+        found = _type_problem(value, hint)
+        if found is None and value is not None and name in config.CHECKS:
+            found = next(((at, p) for at, item in _items(value) if (p := config.CHECKS[name](item))), None)
+        if found:
+            raise ConfigError(key + found[0], found[1])
 
 
 def _key(section: str, name: str) -> str:
     return f"{section}.{name}" if section else name
 
 
-def _items(value: Any) -> list:
-    """The items a CHECKS entry sees: a tuple's or (nested) list's items, else the value itself."""
+def _items(value: Any, at: str = "") -> list[tuple[str, Any]]:
+    """The items a CHECKS entry sees, each with its place (`[0][2]`): a tuple's or (nested) list's items, else the
+    value itself."""
     if not isinstance(value, (tuple, list)):
-        return [value]
-    return [item for v in value if v is not None for item in _items(v)]
+        return [(at, value)]
+    return [pair for i, v in enumerate(value) if v is not None for pair in _items(v, f"{at}[{i}]")]
 
 
 @functools.cache
@@ -137,29 +139,33 @@ def hints(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _type_problem(value: Any, hint: Any) -> str | None:
+def _type_problem(value: Any, hint: Any, at: str = "") -> tuple[str, str] | None:
+    """(The place of the item of `value` that is not of type `hint`, `[0][2]` or "" for the value itself, what is
+    wrong with it), or None."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None
         arms = [a for a in typing.get_args(hint) if a is not type(None)]
-        problems = [_type_problem(value, a) for a in arms]
+        problems = [_type_problem(value, a, at) for a in arms]
         if all(problems):
-            return problems[0] if len(arms) == 1 else f"expected {type_name(hint)}, got {value!r}"
+            return problems[0] if len(arms) == 1 else (at, f"expected {type_name(hint)}, got {value!r}")
         return None
     if origin is tuple:
         args = typing.get_args(hint)
         if not isinstance(value, tuple) or len(value) != len(args):
-            return f"expected {len(args)} values, got {value!r}"
-        return next((p for v, a in zip(value, args) if (p := _type_problem(v, a))), None)
+            return at, f"expected {len(args)} values, got {value!r}"
+        return next((p for i, (v, a) in enumerate(zip(value, args)) if (p := _type_problem(v, a, f"{at}[{i}]"))),
+                    None)
     if origin is list or hint is list:
         if not isinstance(value, list):
-            return f"expected {type_name(hint)}, got {value!r}"
+            return at, f"expected {type_name(hint)}, got {value!r}"
         item = (typing.get_args(hint) or (None,))[0]
-        return None if item is None else next((p for v in value if (p := _type_problem(v, item))), None)
+        return None if item is None else next((p for i, v in enumerate(value)
+                                               if (p := _type_problem(v, item, f"{at}[{i}]"))), None)
     kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,), dict: (dict,)}[origin or hint]
     if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
-        return f"expected {type_name(hint)}, got {value!r}"
+        return at, f"expected {type_name(hint)}, got {value!r}"
     return None
 
 
@@ -193,8 +199,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             try:
                 return _coerce(value, arm, where)
             except ConfigError as e:
-                problems.append(e.problem)
-        raise ConfigError(where, problems[0] if len(arms) == 1 else f"expected {type_name(hint)}, got {value!r}")
+                problems.append(e)
+        if len(arms) == 1:  # (its own error: the item it names, `cross[0][2]`)
+            raise problems[0]
+        raise ConfigError(where, f"expected {type_name(hint)}, got {value!r}")
     if value is None:
         raise ConfigError(where, f"expected {type_name(hint)}, got null")
     if origin is list or hint is list:
@@ -203,7 +211,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(where, f"expected {type_name(hint)}, got {value!r}")
         item = (typing.get_args(hint) or (None,))[0]
-        return list(value) if item is None else [_coerce(v, item, where) for v in value]
+        return list(value) if item is None else [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if hint is dict or origin is dict:  # from YAML, or an override written as YAML: model.heads={cross: [8, 1, 8]}
         value = _yaml_value(value, where) if isinstance(value, str) else value
         if not isinstance(value, dict):
