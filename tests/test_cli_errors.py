@@ -542,6 +542,26 @@ def test_the_installed_entry_point_behaves_the_same(args, stdin, message, space)
     assert result.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+def test_an_output_that_is_the_input_read_from_stdin_is_refused(space, tmp_path):
+    """`translate -o corpus.de < corpus.de` replaced the corpus with its translation, exit 0; stdin is an input
+    only where the verb reads it (here: no -i)."""
+    corpus, other = tmp_path / "corpus.de", tmp_path / "other.de"
+    corpus.write_text("eins\n")
+    other.write_text("zwei\n")
+    for args, code in ((["-o", str(corpus)], 2), (["-i", "-", "-o", str(corpus)], 2),
+                       (["-i", str(other), "-o", str(corpus)], 0)):  # stdin is the output, but is not read
+        with corpus.open("rb") as stdin:
+            result = subprocess.run([sys.executable, "-m", "xattn", "translate", str(space / "model"), *args],
+                                    stdin=stdin, capture_output=True, timeout=120,
+                                    env=os.environ | {"OMP_NUM_THREADS": "1"})
+        err = result.stderr.decode()
+        assert result.returncode == code, err
+        if code == 2:
+            assert err == f"xattn translate: error: --output/-o {corpus}: is the input --input/-i (read from stdin) " \
+                "too; the output would replace what it is made from: write it elsewhere\n"
+            assert corpus.read_text() == "eins\n"
+
+
 def test_lines_split_at_newline_only(space, monkeypatch, capsys):
     lines = ["eins\x0czwei", "drei\u2028vier", "fünf\x85", "", "sechs\x1c\x1d\x1eneun\x0b", "sieben", "acht"]
     data = ("\n".join(lines[:-2]) + "\nsieben\r\nacht").encode()  # CRLF on one line, no final newline

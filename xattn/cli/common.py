@@ -133,22 +133,32 @@ def output_arg(value: str) -> str:
 
 def overwritten(args) -> str | None:
     """What is wrong when an output file of the verb `args` were parsed for is one of its input files: it would be
-    replaced by what was made from it (`translate -i corpus.de -o corpus.de`, `evaluate --src x -o x`: the
-    corpus was lost, exit 0); None when none is. Inputs are the arguments naming existing files."""
-    parser = getattr(args, "parser", None)
-    actions = parser._actions if parser is not None else []  # (argparse keeps a parser's arguments there)
-    outputs = [(a, getattr(args, a.dest, None)) for a in actions if a.type is output_arg]
-    for out_action, out in outputs:
+    replaced by what was made from it (`translate -i corpus.de -o corpus.de`, or `-o corpus.de < corpus.de`: the
+    corpus was lost, exit 0); None when none is. Inputs are the arguments of files (`path_arg`), and stdin where one
+    of them reads it (`-`, or left out where that means stdin: `reads_stdin` on its action)."""
+    actions = args.parser._actions if hasattr(args, "parser") else []  # (argparse keeps a parser's arguments there)
+    for out_action in (a for a in actions if a.type is output_arg):
+        out = getattr(args, out_action.dest, None)
         if not isinstance(out, str) or out == "-" or not os.path.isfile(out):
             continue
-        for action in actions:
+        for action in (a for a in actions if a.type is path_arg):
             value = getattr(args, action.dest, None)
-            if action.type is not output_arg and isinstance(value, str) and value != "-" and os.path.isfile(value) \
-                    and os.path.samefile(value, out):
+            stdin = value == "-" or (value is None and getattr(action, "reads_stdin", False))
+            if (stdin and is_stdin(out)) or (isinstance(value, str) and not stdin and os.path.isfile(value)
+                                             and os.path.samefile(value, out)):
                 name = "/".join(action.option_strings) or action.metavar or action.dest.upper()
-                return f"{'/'.join(out_action.option_strings)} {out}: is the input {name} too; the output would " \
-                    "replace what it is made from: write it elsewhere"
+                return f"{'/'.join(out_action.option_strings)} {out}: is the input {name}" + \
+                    (" (read from stdin)" if stdin else "") + \
+                    " too; the output would replace what it is made from: write it elsewhere"
     return None
+
+
+def is_stdin(path: str) -> bool:
+    """Whether standard input is the file `path` (`< path`)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's stream, a closed stdin)
+        return False
 
 
 def write_output_lines(path: str | None, lines: list[str]) -> None:

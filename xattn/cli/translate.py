@@ -37,7 +37,7 @@ def register(sub) -> None:
                  "  xattn translate runs/multi30k-de-en -i test.de --sample --top-p 0.9 --num-samples 3 --seed 1",
                  run)
     p.add_argument("model", type=path_arg, help="model directory")
-    p.add_argument("--input", "-i", type=path_arg, help="input file (default: stdin)")
+    p.add_argument("--input", "-i", type=path_arg, help="input file (default: stdin)").reads_stdin = True
     p.add_argument("--output", "-o", type=output_arg, help="output file, written atomically (default: stdout)")
     p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
     p.add_argument("--scores", action="store_true", help="print text ||| score")
