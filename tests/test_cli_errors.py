@@ -779,6 +779,14 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
     code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
                             b"", monkeypatch, capsys)
     assert code == 2 and len(err.splitlines()) == 1 and ": line 3: its " in err and "on the source side" in err, err
+    # the heads verbs too (heads importance said "a sequence of 21 positions is longer than ...", naming no line)
+    (tmp_path / "gold.talp").write_text("0-0\n0-0\n0-0\n0-0\n")
+    for argv, where in ((["heads", "importance", str(model), "--src", str(tmp_path / "in.de"), "--ref",
+                          str(tmp_path / "in.en"), "-o", "-"], f"{tmp_path / 'in.de'}: line 3: its "),
+                        (["heads", "align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en"),
+                          "--gold", str(tmp_path / "gold.talp"), "--no-store"], ": line 3: its ")):
+        code, _, err = run_main(argv, b"", monkeypatch, capsys)
+        assert code == 2 and len(err.splitlines()) == 1 and where in err and "on the source side" in err, err
 
 
 def test_training_into_a_folder_of_someone_elses_files_refuses_and_keeps_them(tmp_path, monkeypatch, capsys):
@@ -878,6 +886,9 @@ def test_a_translation_stream_names_its_parameters(space):
                                  (["eins"], [["x"]], r"tags\[0\]: a tag must be hashable")):
         with pytest.raises(ParameterError, match=message):
             stream.add(texts, tags)
+    with pytest.raises(ParameterError, match=r"^texts\[1\]: max_len_b: the maximum output length leaves") as e:
+        translator.stream(xattn.DecodeConfig(beam_size=1, max_len_a=0.1, max_len_b=0)).add(["", "eins"], ["p", "q"])
+    assert e.value.item == ("texts", 1)  # as translate() names it (the stream's own check named no text)
     stream.add([], [])
     stream.add(["eins"], ["a"])
     with pytest.raises(ParameterError, match="one of a sentence still in the stream"):

@@ -196,16 +196,23 @@ class Translator:
             prefixes = text_list("prefixes", prefixes, "a list of one prefix per text (\"\" for none), got one string")
         if prefixes is not None and len(prefixes) != len(texts):
             raise ParameterError("prefixes", f"{len(prefixes)} prefixes for {len(texts)} texts; give one per text")
-        eos, mc = self.model.cfg.eos_id, self.model.cfg
-        ids = [s + [eos] for s in self.tokenizers.src.encode_batch(texts)]
-        if (long := mc.beyond_positions(ids)) is not None:  # named here, not in a batch's encoder
+        forced = self.tokenizers.tgt.encode_batch(prefixes, "prefixes") if prefixes is not None else None
+        return self._source_ids(texts, cfg, forced), forced, cfg, options
+
+    def _source_ids(self, texts: list[str], cfg: DecodeConfig, forced: list[list[int]] | None = None
+                    ) -> list[list[int]]:
+        """`texts` as ids, </s> added, each checked here rather than in a batch of the search, where its error would
+        name no text: one too long for learned positions (an ItemError), and one whose length a setting of `cfg`
+        cannot meet with its forced prefix (a ParameterError naming the setting and the text)."""
+        mc = self.model.cfg
+        ids = [s + [mc.eos_id] for s in self.tokenizers.src.encode_batch(texts)]
+        if (long := mc.beyond_positions(ids)) is not None:
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
-        forced = self.tokenizers.tgt.encode_batch(prefixes, "prefixes") if prefixes is not None else None
-        for i, source in enumerate(ids):  # named here, not in a batch of the search: the text too
+        for i, source in enumerate(ids):
             if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0):
                 raise ParameterError(problem.name, problem.problem, item=("texts", i))
-        return ids, forced, cfg, options
+        return ids
 
     def _in_parts(self, ids: list[list[int]], forced: list[list[int]] | None, cfg: DecodeConfig, options: Options,
                   generator: torch.Generator | None) -> list[Translation]:
@@ -336,7 +343,7 @@ class TranslationStream:
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__}")
         if problem := stream_problem(cfg, translator.model):
             raise ParameterError("cfg", problem)
-        self.translator = translator
+        self.translator, self.cfg = translator, cfg
         self.stream = Stream(translator.inference.current(), cfg, translator._head_mask)
         self.sources: dict = {}  # tag -> source ids
 
@@ -360,7 +367,7 @@ class TranslationStream:
         if not texts:
             return
         t = self.translator
-        ids = [s + [t.model.cfg.eos_id] for s in t.tokenizers.src.encode_batch(texts)]
+        ids = t._source_ids(texts, self.cfg)  # (each text named: texts[i])
         self.stream.add(pad_batch(ids, t.model.cfg.pad_id, t.device), tags)
         self.sources.update(zip(tags, ids))
 

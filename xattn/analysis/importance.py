@@ -16,6 +16,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from xattn.analysis.maps import check_positions
 from xattn.data import TokenBatchSampler, tokenize_pairs
 from xattn.checks import NON_NEGATIVE, Check, finite, one_of, read_record, sha256_hex, validate
 from xattn.errors import ParameterError, XattnError
@@ -29,8 +30,12 @@ IMPORTANCE_FILE = "head_importance.tsv"
 
 
 def batches(translator, sources: Sequence[str], targets: Sequence[str], max_tokens: int = 4096):
-    """Padded teacher-forcing batches (xattn.data.Batch) of the pairs, on the translator's device."""
+    """Padded teacher-forcing batches (xattn.data.Batch) of the pairs, on the translator's device. A pair too long for
+    the model's learned positions is an ItemError naming it (`sources[i]`, `targets[i]`), not the model's error of
+    a batch, which named no pair."""
     corpus = tokenize_pairs(list(zip(sources, targets)), translator.tokenizers)
+    for name, lengths in (("sources", corpus.src_lengths()), ("targets", corpus.tgt_lengths())):
+        check_positions(translator.model.cfg, name, lengths)
     sampler = TokenBatchSampler(corpus.src_lengths(), corpus.tgt_lengths(), max_tokens, shuffle=False)
     return [corpus.collate(indices).to(translator.device) for indices in sampler.batches()]
 

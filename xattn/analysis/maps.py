@@ -278,6 +278,14 @@ def teacher_forced(translator: Translator, sources: Sequence[str], targets: Sequ
     return out  # type: ignore[return-value]
 
 
+def check_positions(cfg, name: str, lengths: Sequence[int]) -> None:
+    """An ItemError naming the first pair (`name`[i]: sources or targets) whose side of `lengths` tokens (</s>
+    included) the model's learned positions cannot hold."""
+    if (long := cfg.beyond_positions([range(n) for n in lengths])) is not None:
+        raise ItemError(name, long, f"its {lengths[long]} tokens (</s> included) do not fit the model's "
+                        f"{cfg.max_positions} positions (learned) on the {name[:-1]} side")
+
+
 def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets: Sequence[str],
                         kinds: Sequence[str] = ("cross",), max_tokens: int = 4096,
                         progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, PairAttention]]:
@@ -297,9 +305,7 @@ def iter_teacher_forced(translator: Translator, sources: Sequence[str], targets:
     (src_ids, src_of), (tgt_ids, tgt_of) = (by_words(t, texts, cfg.eos_id) for t, texts in ((tok.src, sources),
                                                                                            (tok.tgt, targets)))
     for name, ids in (("sources", src_ids), ("targets", tgt_ids)):  # named here, not in a batch's encoder or decoder
-        if (long := cfg.beyond_positions(ids)) is not None:  # (the decoder reads BOS and all but EOS: as many)
-            raise ItemError(name, long, f"its {len(ids[long])} tokens (</s> included) do not fit the model's "
-                            f"{cfg.max_positions} positions (learned) on the {name[:-1]} side")
+        check_positions(cfg, name, [len(x) for x in ids])  # (the decoder reads BOS and all but EOS: as many)
     for batch in token_batches([max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)], max_tokens):
         src = pad_batch([src_ids[i] for i in batch], cfg.pad_id, translator.device)  # (B, S)
         forced = translator.forced_attention(src, [tgt_ids[i][:-1] for i in batch], kinds=kinds)  # EOS is predicted

@@ -5,7 +5,7 @@ import sys
 
 from xattn.analysis.alignment import EOS_RULES, METHODS, PUNCT_RULES
 from xattn.cli.align import read_pairs
-from xattn.cli.common import add_verb, device_of, output_arg, path_arg, write_output_lines
+from xattn.cli.common import add_verb, device_of, lines_of, output_arg, path_arg, write_output_lines
 from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import json_text
@@ -92,8 +92,9 @@ def run_align(args) -> int:
     measured = weights_id(Path(args.model))  # the weights loaded now, whatever the file holds when the ranking ends
     translator = Translator.from_dir(args.model, device=device_of(args))
     src, tgt = (second, first) if args.reverse else (first, second)
-    ranking = rank_alignment_heads(translator, src, tgt, gold, [args.method] if args.method else METHODS,
-                                   args.reverse, eos=args.eos, punct=args.punct, max_tokens=args.max_tokens)
+    with lines_of(args, args.pairs or f"{args.src}, {args.tgt}", items=("sources", "targets")):  # one pair's line
+        ranking = rank_alignment_heads(translator, src, tgt, gold, [args.method] if args.method else METHODS,
+                                       args.reverse, eos=args.eos, punct=args.punct, max_tokens=args.max_tokens)
     lines = [f"{'AER':>6} {'P':>6} {'R':>6}  method  layer  heads"]
     lines += [f"{100 * r['aer']:6.1f} {100 * r['precision']:6.1f} {100 * r['recall']:6.1f}  {r['method']:<6}  "
               f"{r['layer']:>5}  {r['heads']}" for r in ranking]
@@ -127,7 +128,11 @@ def run_importance(args) -> int:
     translator = Translator.from_dir(args.model, device=device_of(args))
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
-    rows = head_importance(translator.model, batches(translator, src, ref, args.max_tokens), args.method)
+    split = args.split or "val"
+    with lines_of(args, args.src or f"the {split} split's sources", items=("sources",)), \
+            lines_of(args, args.ref or f"the {split} split's references", items=("targets",)):
+        data = batches(translator, src, ref, args.max_tokens)
+    rows = head_importance(translator.model, data, args.method)
     lines = format_table(rows, About(measured, args.method))
     write_output_lines(None, lines)
     output = args.output or str(Path(args.model) / IMPORTANCE_FILE)
