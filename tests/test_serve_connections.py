@@ -195,13 +195,17 @@ def test_a_target_in_absolute_form_is_the_same_request_as_its_path(server):
                         for target in (b"/translate", b"http://localhost:1/translate"))
     assert absolute[0].startswith(b"HTTP/1.1 200") and json.loads(absolute[1]) == json.loads(direct[1])
     assert ask(port, b"GET ftp://x/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 404")
+    assert ask(port, b"GET http://x/health#top HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")  # no Host: the target's
+    head, body = ask(port, b"GET http:///health HTTP/1.1\r\nHost: x\r\n\r\n").split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(body) == {"error": "the request target names no host",
+                                                                     "error_type": "bad_request"}
     for _ in range(100):  # a bound against hanging, not a timing check
         lines = [json.loads(line) for line in log.read_text().splitlines() if '"route"' in line]
         routes = sorted(line["route"] for line in lines if line["id"] > mark)
-        if len(routes) >= 5:
+        if len(routes) >= 6:
             break
         time.sleep(0.05)
-    assert routes == ["/health", "/health", "/translate", "/translate", "other"]
+    assert routes == ["/health", "/health", "/health", "/translate", "/translate", "other"]
 
 
 def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):

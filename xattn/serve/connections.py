@@ -273,7 +273,11 @@ class Bounded(h11.Connection):
                 if b"transfer-encoding" in names and b"content-length" in names:
                     self.problem = "the request has both Transfer-Encoding and Content-Length; send one"
                     raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
-                event = origin_form(event)
+                try:
+                    event = origin_form(event)
+                except h11.RemoteProtocolError as e:
+                    self.problem = str(e)
+                    raise
             elif isinstance(event, h11.Data):
                 self.pieces += 1
                 if self.pieces > MAX_PIECES:
@@ -288,14 +292,18 @@ class Bounded(h11.Connection):
 def origin_form(request: h11.Request) -> h11.Request:
     """A request whose target is in absolute form (`GET http://host/health`, as sent to a proxy), which a server
     must accept (RFC 9112, 3.2.2), as the same request in origin form: the path and query after the authority, and
-    the authority as its Host (which the target's overrides). uvicorn would take the whole URL for the path."""
+    the authority as its Host (which the target's overrides, or gives where there was none: HTTP/1.0). uvicorn
+    would take the whole URL for the path. A target with no host (`http:///x`) is a 400, as RFC 9112 3.2 asks."""
     scheme, sep, rest = request.target.partition(b"://")
     if not sep or scheme.lower() not in (b"http", b"https"):
         return request
+    rest = rest.partition(b"#")[0]  # (a fragment is no part of a request)
     end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
     authority, target = rest[:end].rpartition(b"@")[2], rest[end:]  # (user information is no part of a Host)
+    if not authority:
+        raise h11.RemoteProtocolError("the request target names no host", error_status_hint=400)
     target = target if target.startswith(b"/") else b"/" + target  # no path: http://host or http://host?x=/y
-    headers = [(name, authority if name == b"host" else value) for name, value in request.headers]
+    headers = [(name, value) for name, value in request.headers if name != b"host"] + [(b"host", authority)]
     return h11.Request(method=request.method, target=target, headers=headers, http_version=request.http_version)
 
 
