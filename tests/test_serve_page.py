@@ -549,7 +549,8 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
         assert page.locator("#key-field").is_visible()
         translate(page, "drei")  # in the page's words, with where to give it (the API's named its fields)
         assert page.text_content("#error") == "This server needs an API key: enter it under Settings (API key)."
-        page.fill("#key", "k3y")
+        page.fill("#key", "k3y")  # the key is one of the settings the error was asked with
+        assert page.locator("#error-stale").is_visible()
         translate(page, "drei")  # full attention is over this server's limit: the page falls back to the mean
         assert page.locator("#xa-head option").all_text_contents() == ["mean of heads"]
         assert page.locator("#mean-only").is_visible()

@@ -102,9 +102,9 @@ const ownBeam = () => !server || ($("beam").value.trim() !== "" && Number($("bea
 // Detecting the language between models of different beam widths: an empty beam width is each model's own
 const eachOwn = () => server !== null && defaults().beam_size === null;
 
-function settings() {  // what of the settings a translation was made with (counted: changed since, it is stale)
-  return JSON.stringify([$("pair").value, $("alternatives").value, sampling(), $("beam").value,
-                         $("temperature").value, $("top-p").value]);
+function settings() {  // what of the settings a translation was made with (counted: changed since, it is stale),
+  return JSON.stringify([$("pair").value, $("alternatives").value, sampling(), $("beam").value,  // the API key
+                         $("temperature").value, $("top-p").value, $("key").value]);       // too (an error of it)
 }
 
 function counted() {  // the character counter, and whether what is shown is still the text's translation
@@ -153,13 +153,13 @@ async function translate(event) {
     $(wrong.field).focus();
     return;
   }
-  const mine = ++ticket, body = request(text);
+  const mine = ++ticket, body = request(text), key = $("key").value;
   busy(true);
   try {
-    let [reply, data] = await post(body);
+    let [reply, data] = await post(body, key);
     if (reply.status === 413 && data.error_type === "too_large") {  // full attention over the server's limit
       body.attention = "mean";
-      [reply, data] = await post(body);
+      [reply, data] = await post(body, key);
     }
     if (mine !== ticket) return;
     const other = chosen && data.error_type === "unsupported_language";  // a lone model: the text reads as another
@@ -167,7 +167,7 @@ async function translate(event) {
       anyway = text;
       fail(otherLanguage(data.error || ""), text, sent);
     } else if (!reply.ok) {
-      fail(plain(data, reply.status, reply.headers.get("Retry-After")) +
+      fail(plain(data, reply.status, reply.headers.get("Retry-After"), key) +
            (!chosen && LANGUAGE_ERRORS.includes(data.error_type) ? ADVICE[data.error_type] : ""), text, sent);
     } else {
       show(text, sent, data, body, answering(data));
@@ -207,16 +207,16 @@ function answering(data) {  // the model that answered: the one picked, or the o
   return server.models.find((m) => m.source === data.detectedLanguage.language) || null;
 }
 
-async function post(body) {
+async function post(body, key) {  // (the key as the request was made: the field may change meanwhile)
   const headers = {"Content-Type": "application/json"};
-  if ($("key").value) headers.Authorization = `Bearer ${$("key").value}`;
+  if (key) headers.Authorization = `Bearer ${key}`;
   const reply = await fetch("/translate", {method: "POST", headers, body: JSON.stringify(body)});
   let data;
   try { data = await reply.json(); } catch (e) { data = {}; }  // (a proxy's page, say: plain says what it can)
   return [reply, data];
 }
 
-function plain(data, status, retry) {  // the server's message, with the page's names for the fields it names, the
+function plain(data, status, retry, key) {  // the server's message, with the page's names for the fields it names, the
   //                               page's one text for q[0], and without the API's advice ("give source"), which the
   //                               page's own replaces (translate); busy and timeout in the page's own words, which say
   //                               when to try again (Retry-After) rather than the server's flags and counts
@@ -225,7 +225,7 @@ function plain(data, status, retry) {  // the server's message, with the page's 
     (/long requests/.test(data.error || "") ? ", or with a shorter text." : ".");
   if (data.error_type === "timeout") return "The translation took longer than the server waits for one: try a " +
     "shorter text, or fewer other translations.";
-  if (data.error_type === "unauthorized") return $("key").value ? "The server does not take this API key: check " +
+  if (data.error_type === "unauthorized") return key ? "The server does not take this API key: check " +
     "the API key under Settings." : "This server needs an API key: enter it under Settings (API key).";
   if (!data.error) return `The server answered with an error (HTTP ${status}) and no message` +
     (status === 408 || status === 429 || status >= 500 ? `; try again ${again}.` : ".");  // (else: the same again)
