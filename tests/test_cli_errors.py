@@ -46,7 +46,7 @@ def space(tmp_path_factory, numbers_model) -> Path:
              "aer-src.txt": b"a b c\nd e\n", "aer-tgt.txt": b"x y z\nu v\n",
              "importance-twice.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n0\tcross\t1\t0.9\n",
              "importance-other.tsv": IMPORTANCE_TOP + b"0\tcross\t1\t0.5\n",
-             "mask-above-1.yaml": b"cross: [[1, 2]]\n", "long.de": b"eins zwei drei vier\n" * 3,
+             "mask-above-1.yaml": b"cross: [[1, 2]]\n", "m30k-nope.yaml": b"data: {dataset: multi30k, data_dir: nope}\n", "long.de": b"eins zwei drei vier\n" * 3,
              "long.en": b"one two three four five\n" * 3, "links-short.txt": b"0-0\n", "links-far.txt": b"0-0\n0-1\n"}
     for name, data in files.items():
         (root / name).write_bytes(data)
@@ -290,6 +290,8 @@ CASES = {
     "override without section": ([*TRAIN, "lr=3"], "expected section.key=value"),
     "data dir without multi30k": (["prepare", "multi30k-de-en", "--data-dir", "{space}/nope", "--out",
                                    "{space}/new-prepared"], "error: --data-dir: {space}/nope: no train.de.gz there"),
+    "data dir of a config file without multi30k": (["prepare", "{space}/m30k-nope.yaml", "--out", "{space}/new-prepared"],
+                                                    "error: {space}/m30k-nope.yaml: data.data_dir: nope: no train"),
     "data dir override without multi30k": (["prepare", "multi30k-de-en", "data.data_dir={space}/nope", "--out",
                                             "{space}/new-prepared"], "error: data.data_dir: {space}/nope: no train"),
     "prune a place given twice": (["prune", M, "--fraction", "0.5", "--places", "cross,cross", "--out",

@@ -77,9 +77,11 @@ def test_the_address_to_open_is_one_a_browser_can_open():
     """A server on every interface printed http://0.0.0.0:8000/, which is no address to open."""
     from xattn.cli.serve import address
 
-    assert address("127.0.0.1", 8000) == "http://127.0.0.1:8000/" and address("::1", 80) == "http://[::1]:80/"
-    assert address("0.0.0.0", 8000).startswith("http://127.0.0.1:8000/ (every interface: ")
-    assert address("::", 8000).startswith("http://[::1]:8000/ (every interface: ")
+    assert address("127.0.0.1", 8000) == "http://127.0.0.1:8000/ (the API and the attention page)"
+    assert address("::1", 80).startswith("http://[::1]:80/ (")
+    assert address("0.0.0.0", 8000) == "http://127.0.0.1:8000/ (the API and the attention page; on every interface: " \
+        "from another machine, this one's name or address)"
+    assert address("::", 8000).startswith("http://[::1]:8000/ (the API and the attention page; on every interface")
 
 
 # ------------------------------------------------------------------------------------------ load and faults

@@ -42,7 +42,8 @@ def flag_of(args, name: str) -> str | None:
 
 def setting_of(args, name: str) -> str | None:
     """Where a setting `name` that no flag gave comes from: a decoding or data setting of the model directory's
-    config.yaml (`MODEL/config.yaml: decode.min_len`), or of the config a run is made from (`data.data_dir`)."""
+    config.yaml (`MODEL/config.yaml: decode.min_len`), or of the config a run is made from: its YAML file
+    (`my.yaml: data.data_dir`), or an override or a preset (`data.data_dir`)."""
     from xattn.config import DataConfig, DecodeConfig
 
     section = "decode" if name in DecodeConfig.__dataclass_fields__ else "data" \
@@ -51,6 +52,9 @@ def setting_of(args, name: str) -> str | None:
         return None
     if isinstance(model := getattr(args, "model", None), str):
         return f"{model.rstrip('/')}/config.yaml: {section}.{name}"
+    given = any(item.partition("=")[0].strip() == f"{section}.{name}" for item in getattr(args, "overrides", []))
+    if not given and isinstance(config := getattr(args, "config", None), str) and Path(config).is_file():
+        return f"{config}: {section}.{name}"  # (a run's own YAML file, not a preset's name or an override)
     return f"{section}.{name}"
 
 

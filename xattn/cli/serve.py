@@ -108,12 +108,12 @@ Serving under load: the switch interval)."""
 
 
 def address(host: str, port: int) -> str:
-    """The address to open for a server listening on `host`: one on every interface (0.0.0.0, ::) is reached on this
-    machine at the loopback's (http://0.0.0.0:8000/ is no address to open), and from elsewhere at the machine's."""
+    """Where to point a browser at a server listening on `host`, and what it serves there: one on every interface
+    (0.0.0.0, ::) is reached on this machine at the loopback's (http://0.0.0.0:8000/ is no address to open)."""
     if host in ("0.0.0.0", "::"):
-        loopback = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
-        return f"http://{loopback}:{port}/ (every interface: from another machine, this one's name or address)"
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+        return f"http://{'127.0.0.1' if host == '0.0.0.0' else '[::1]'}:{port}/ (the API and the attention page; on " \
+            "every interface: from another machine, this one's name or address)"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/ (the API and the attention page)"
 
 
 def run(args) -> int:
@@ -155,8 +155,7 @@ def run(args) -> int:
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                                  loop="asyncio", http=http, ws="none", **connections)))
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
-    print(f"serving {models} at {address(args.host, args.port)} (the API and the attention page); Ctrl+C stops",
-          flush=True)
+    print(f"serving {models} at {address(args.host, args.port)}; Ctrl+C stops", flush=True)
     try:
         servers[0].run(sockets=[sock])
     finally:
