@@ -781,6 +781,14 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
     code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
                             b"", monkeypatch, capsys)
     assert code == 2 and len(err.splitlines()) == 1 and ": line 3: its " in err and "on the source side" in err, err
+    # a forced prefix too long (beam search raised an IndexError, greedy cut the prefix)
+    (tmp_path / "prefix.en").write_text("three\n" + " ".join(["seven hundred"] * 15) + "\nfour\n")
+    (tmp_path / "short.de").write_text("drei\nvier\nfünf\n")
+    for beam in ("1", "3"):
+        code, _, err = run_main(["translate", str(model), "-i", str(tmp_path / "short.de"), "--prefix",
+                                 str(tmp_path / "prefix.en"), "--beam", beam], b"", monkeypatch, capsys)
+        assert code == 2 and err.startswith(f"xattn translate: error: {tmp_path / 'prefix.en'}: line 2: ") and \
+            "(and BOS) do not fit the model's 20 positions (learned)" in err, err
     # the heads verbs too (heads importance said "a sequence of 21 positions is longer than ...", naming no line)
     (tmp_path / "gold.talp").write_text("0-0\n0-0\n0-0\n0-0\n")
     for argv, where in ((["heads", "importance", str(model), "--src", str(tmp_path / "in.de"), "--ref",

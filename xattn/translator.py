@@ -197,6 +197,9 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(texts):
             raise ParameterError("prefixes", f"{len(prefixes)} prefixes for {len(texts)} texts; give one per text")
         forced = self.tokenizers.tgt.encode_batch(prefixes, "prefixes") if prefixes is not None else None
+        if forced is not None and (long := self.model.cfg.beyond_positions([[0, *p] for p in forced])) is not None:
+            raise ItemError("prefixes", long, f"{len(forced[long])} tokens (and BOS) do not fit the model's "
+                            f"{self.model.cfg.max_positions} positions (learned); shorten it")  # (beam: an IndexError)
         return self._source_ids(texts, cfg, forced), forced, cfg, options
 
     def _source_ids(self, texts: list[str], cfg: DecodeConfig, forced: list[list[int]] | None = None

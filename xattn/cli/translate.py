@@ -160,7 +160,7 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
     chunks = paired_line_chunks(args.prefix, args.input, (args.prefix, f"the input ({args.input or 'stdin'})")) \
         if args.prefix else ((None, texts) for texts in input_batches(args))
     for given, texts in chunks:
-        with lines_of(args, args.input or "stdin", count):  # a line of the input: name the file and line
+        with lines_of(args, args.input or "stdin", count), lines_of(args, args.prefix, count, items=("prefixes",)):
             results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
                                            attention_heads=links.heads if links else None, generator=generator)
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
