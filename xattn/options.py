@@ -37,7 +37,8 @@ class Options:
         if attention_from != "search" and not return_attention:  # (as attention_heads: not silently unused)
             raise ParameterError("attention_from", "applies with return_attention=True (where the attention "
                                  "returned comes from)")
-        if attention_heads is not None and (not isinstance(attention_heads, (tuple, list)) or len(attention_heads) != 2):
+        if attention_heads is not None and (not isinstance(attention_heads, (tuple, list))
+                                            or len(attention_heads) != 2):
             raise ParameterError("attention_heads", f"(layer, heads or None), got {attention_heads!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ParameterError("generator", f"a torch.Generator, got {type(generator).__name__}")
