@@ -59,7 +59,8 @@ def post_raw(client, body: bytes, kind: str = "application/json", url: str = "/t
     (b'{"q": "drei", "sampling": true, "seed": -1}', "application/json", 422,
      "seed: must be in [0, 9223372036854775807]"),
     ('{"q": "drei", "alternatives": "\u00b3"}'.encode(), "application/json", 422, "alternatives: '³' is not a whole"),
-    (b'{"q": "drei", "max_len_a": 0.1, "max_len_b": 0}', "application/json", 422, "allows no output token"),
+    (b'{"q": "drei", "max_len_a": 0.1, "max_len_b": 0}', "application/json", 422,
+     "q[0]: max_len_b: the maximum output length leaves a sentence of"),
     (b'{"q": "drei", "api_key": "\\udc80"}', "application/json", 422, "api_key: holds a lone surrogate"),
     (b'{"q": ["drei", 2]}', "application/json", 422, "q[1]: Input should be a valid string"),
     (b'{"q": "drei", "": 5}', "application/json", 422, '"": Extra inputs are not permitted'),  # was "body: ..."
@@ -143,7 +144,7 @@ def test_an_empty_text_has_no_minimum_length_to_reach(client):
     assert reply.status_code == 200, reply.text
     assert reply.json()["translatedText"][0] == ""
     error(client.post("/translate", json={"q": ["", "drei"], "min_len": most + 1}), 422,
-          f"min_len: {most + 1} is above the {most} output tokens that max_len_a * ")
+          f"q[1]: min_len: {most + 1} is above the {most} output tokens the maximum output length allows")
 
 
 def test_fields_in_the_query_string_as_deep_translator_sends_them(client):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from xattn.analysis.maps import head_mean
 from xattn.checks import hints
 from xattn.config import DecodeConfig
+from xattn.decoding.step import length_problem
 from xattn.errors import XattnError
 from xattn.words import split_words
 from xattn.serve import detect
@@ -301,15 +302,9 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
         i = max(over, key=lambda i: most[i])
         raise ApiError(422, f"max_len_b: max_len_a * {counts[i] + 1} source tokens (q[{i}] and </s>) + max_len_b "
                        f"allows {most[i]} output tokens, over the limit of {limits.max_output_tokens}", "limit_exceeded")
-    if none := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m < 1]:  # (an empty text is translated empty)
-        raise ApiError(422, f"max_len_b: max_len_a * {counts[none[0]] + 1} source tokens (q[{none[0]}] and </s>) + "
-                       "max_len_b allows no output token; raise max_len_b", "invalid_request")
-    texts = [i for i, n in enumerate(counts) if n]  # an empty text has no minimum length to reach either
-    if texts and cfg.min_len > min(most[i] for i in texts):
-        short = min(texts, key=lambda i: most[i])
-        raise ApiError(422, f"min_len: {cfg.min_len} is above the {most[short]} output tokens that max_len_a * "
-                       f"{counts[short] + 1} source tokens (q[{short}] and </s>) + max_len_b allow; lower "
-                       "it or raise max_len_b", "invalid_request")
+    for i, n in enumerate(counts):  # no output token, or fewer than min_len: translate's rule, decoding.step's
+        if problem := length_problem(cfg, n + 1):  # (an empty text has none: it is translated empty)
+            raise ApiError(422, f"q[{i}]: {problem.name}: {problem.problem}", "invalid_request")
     rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
     work = sum(m for n, m in zip(counts, most) if n) * rows  # rows x steps at most (an empty text: no step)
     cost = sum(positioned(m) for n, m in zip(counts, most) if n) * rows
@@ -319,7 +314,7 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
                        f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output tokens, a "
                        f"token at position t weighing 1 + t/{REACH}), over the limit of {limits.max_work}; send "
                        "fewer or shorter texts, or a smaller beam", "too_much_work")
-    least = rows * (cfg.min_len + 1) * len(texts) if cfg.min_len else 0
+    least = rows * (cfg.min_len + 1) * sum(1 for n in counts if n) if cfg.min_len else 0  # (an empty text: none)
     return work, rows * sum(n + 1 for n in counts if n), least
 
 
