@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from functools import partial
 from typing import Protocol
@@ -55,8 +56,18 @@ RESERVE = 64
 GRACE_S = 0.5
 """Seconds a held connection whose request line has begun to arrive keeps its place against newer ones (a health
 check's line arrives at once; after that, any held connection may be refused to make room)."""
-HEALTH = (b"GET /health ", b"GET /health?", b"HEAD /health ", b"HEAD /health?")
-"""How the request line of a health check starts."""
+HEALTH_LINE = re.compile(rb"(?:GET|HEAD) (\S+) ")
+"""The start of a request line of GET or HEAD, up to its whole target: a health check's if that is /health."""
+UNDECIDED = re.compile(rb"G(?:E(?:T(?: \S*)?)?)?|H(?:E(?:A(?:D(?: \S*)?)?)?)?")
+"""A request line so far that may still be a health check's."""
+
+
+def health_check(line: bytes) -> bool | None:
+    """Whether the request line `line` begins is a health check's (`GET /health`, `HEAD /health?x`, or the same in
+    absolute form: `GET http://host/health`); None while it cannot tell yet."""
+    if start := HEALTH_LINE.match(line):
+        return split_target(start[1])[1].partition(b"?")[0] == b"/health"
+    return None if UNDECIDED.fullmatch(line) and len(line) <= 4096 else False
 
 
 def answer(status: str, error: str, error_type: str, extra: str = "") -> bytes:
@@ -122,9 +133,9 @@ class Guarded(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.reserved is not None and self.line is not None:  # over the limit: a health check, or refused
             self.line += data
-            if any(self.line.startswith(start) for start in HEALTH):
+            if (verdict := health_check(self.line)) is True:
                 data, self.line = self.line, None
-            elif not any(start.startswith(self.line[:len(start)]) for start in HEALTH):
+            elif verdict is False:
                 self._refuse()
                 return
             else:  # (a request line still arriving)
@@ -289,20 +300,31 @@ class Bounded(h11.Connection):
             raise
 
 
+def split_target(target: bytes) -> tuple[bytes | None, bytes]:
+    """(The authority of a request target in absolute form, `http://host:8000/x`, or None for one in origin form;
+    its path and query, `/x`), a fragment dropped (it is no part of a request, in either form)."""
+    target = target.partition(b"#")[0]
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return None, target
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, path = rest[:end].rpartition(b"@")[2], rest[end:]  # (user information is no part of a Host)
+    return authority, path if path.startswith(b"/") else b"/" + path  # no path: http://host or http://host?x=/y
+
+
 def origin_form(request: h11.Request) -> h11.Request:
     """A request whose target is in absolute form (`GET http://host/health`, as sent to a proxy), which a server
     must accept (RFC 9112, 3.2.2), as the same request in origin form: the path and query after the authority, and
     the authority as its Host (which the target's overrides, or gives where there was none: HTTP/1.0). uvicorn
-    would take the whole URL for the path. A target with no host (`http:///x`) is a 400, as RFC 9112 3.2 asks."""
-    scheme, sep, rest = request.target.partition(b"://")
-    if not sep or scheme.lower() not in (b"http", b"https"):
-        return request
-    rest = rest.partition(b"#")[0]  # (a fragment is no part of a request)
-    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
-    authority, target = rest[:end].rpartition(b"@")[2], rest[end:]  # (user information is no part of a Host)
+    would take the whole URL for the path. A target with no host (`http:///x`) is a 400, as RFC 9112 3.2 asks; a
+    fragment is dropped from a target in either form (`/health#top` was a 404)."""
+    authority, target = split_target(request.target)
+    if authority is None:
+        return request if target == request.target else \
+            h11.Request(method=request.method, target=target or b"/", headers=request.headers,
+                        http_version=request.http_version)
     if not authority:
         raise h11.RemoteProtocolError("the request target names no host", error_status_hint=400)
-    target = target if target.startswith(b"/") else b"/" + target  # no path: http://host or http://host?x=/y
     headers = [(name, value) for name, value in request.headers if name != b"host"] + [(b"host", authority)]
     return h11.Request(method=request.method, target=target, headers=headers, http_version=request.http_version)
 
