@@ -39,7 +39,7 @@ from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, Upload,
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed, log_line
 from xattn.serve.models import Detect, Model, Models
-from xattn.serve.reading import check_key, read_request, while_connected
+from xattn.serve.reading import check_key, noted, read_request, while_connected
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css", "heatmap.js": "text/javascript",
@@ -243,19 +243,6 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         req = parse_request(fields, text, kind=DetectRequest)
         check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         return detection(request_texts(req.q, limits))
-
-
-def noted(request: Request, q: object, characters: int | None = None) -> dict:
-    """The access log's fields of a request (metrics.Observed writes them), with the texts and characters of its
-    `q` as sent, before any other field is checked (`characters`: a file's, blank lines and all): on its line
-    whatever its answer, a 413 for too many characters or a 422 for a malformed setting too. A `q` that is not
-    text (or a list of texts) adds neither."""
-    record = request.scope.setdefault("xattn", {})
-    texts = [q] if isinstance(q, str) else q if isinstance(q, list) and all(isinstance(t, str) for t in q) else None
-    if texts is not None:
-        record["texts"] = len(texts)
-        record["characters"] = sum(len(t) for t in texts) if characters is None else characters
-    return record
 
 
 async def translated(model: Model, req: TranslateRequest, limits: Limits, record: dict,

@@ -52,6 +52,16 @@ async def read_request(request: Request, limits: Limits, files: int = 0) -> tupl
     is a 422. A client that hangs up mid-body is a 499 (in the access line), not a traceback. `files`: how many file
     fields a multipart body may have (files.Upload values)."""
     try:
+        return await read_fields(request, limits, files)
+    except ApiError:  # its texts on its access line all the same, read leniently from what arrived (if it did)
+        if "xattn.sent" in request.scope:
+            noted(request, sent_texts(*request.scope["xattn.sent"], request.scope.get("query_string") or b""))
+        raise
+
+
+async def read_fields(request: Request, limits: Limits, files: int) -> tuple[dict, frozenset[str]]:
+    """read_request's fields, read strictly."""
+    try:
         body, form = await read_body(request, limits, files)
     except ClientDisconnect:  # 499 in the access line and metrics, or 408 when the read deadline closed it
         if request.scope.get("xattn.read_timeout"):  # (connections.py)
@@ -115,6 +125,7 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
         raw += chunk
         if len(raw) > cap:
             raise too_large
+    request.scope["xattn.sent"] = kind, bytes(raw)  # (what arrived: read_request notes its texts if it is refused)
     if kind == "multipart/form-data":
         return form_fields(await multipart(request.headers, bytes(raw), files, cap), "the form"), True
     if kind == "application/x-www-form-urlencoded":
@@ -133,6 +144,38 @@ async def read_body(request: Request, limits: Limits, files: int = 0) -> tuple[d
         raise ApiError(422, "body: nested too deeply; a request is one object of fields", "invalid_request") from None
     except ValueError as e:
         raise ApiError(422, f"body: {e}", "invalid_request") from None
+
+
+def noted(request: Request, q: object, characters: int | None = None) -> dict:
+    """The access log's fields of a request (metrics.Observed writes them), with the texts and characters of its
+    `q` as sent, before any other field is checked (`characters`: a file's, blank lines and all): on its line
+    whatever its answer, a 413 for too many characters or a 422 for a malformed setting too. A `q` that is not
+    text (or a list of texts) adds neither."""
+    record = request.scope.setdefault("xattn", {})
+    texts = [q] if isinstance(q, str) else q if isinstance(q, list) and all(isinstance(t, str) for t in q) else None
+    if texts is not None:
+        record["texts"] = len(texts)
+        record["characters"] = sum(len(t) for t in texts) if characters is None else characters
+    return record
+
+
+def sent_texts(kind: str, raw: bytes, query: bytes) -> object:
+    """The `q` of a request that strict reading refused (a field given twice, a number too large, a bad escape in
+    the query string...), read leniently for its access line only: from a JSON or form body, else the query
+    string; None where none can be read (a multipart body, JSON that does not parse)."""
+    def from_pairs(text: bytes) -> object:
+        texts = [v for k, v in parse_qsl(text.decode("utf-8", "replace"), keep_blank_values=True) if k == "q"]
+        return None if not texts else texts[0] if len(texts) == 1 else texts
+    q = None
+    try:
+        if kind == "application/x-www-form-urlencoded":
+            q = from_pairs(raw)
+        elif kind not in ("multipart/form-data",) and raw:
+            data = json.loads(raw)
+            q = data.get("q") if isinstance(data, dict) else None
+    except (ValueError, RecursionError):
+        pass
+    return q if q is not None else from_pairs(query)
 
 
 class Twice(dict):
