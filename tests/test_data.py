@@ -2,7 +2,6 @@ import gzip
 import io
 import os
 import random
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +14,7 @@ from xattn.data import (
     Batch, FilterStats, TokenBatchSampler, TokenizedCorpus, clean_pairs, collate, read_parallel, read_tsv,
     tokenize_pairs,
 )
-from xattn.datasets import load_pairs, multi30k, multi30k_files, numbers
+from xattn.datasets import NUMBERS_MAX, _converter, load_pairs, multi30k, multi30k_files, numbers
 from xattn.errors import XattnError
 from xattn.tokenizer import TokenizerPair
 
@@ -153,10 +152,12 @@ def test_numbers_known_values_and_disjoint_splits():
     assert numbers("de", "en", "val") == val
 
 
-def test_numbers_match_num2words_and_are_fast():
-    start = time.perf_counter()
+def test_numbers_match_num2words_with_its_tables_cut_to_their_range():
+    """num2words scans its whole table of number words (up to 10**600) at every step: the converters are copies
+    whose tables stop at NUMBERS_MAX, which give the same words (a wall-clock bound on this was flaky)."""
+    assert all(max(_converter(lang).cards) <= NUMBERS_MAX for lang in ("en", "de", "fr"))  # (cs has no table)
+    assert max(num2words.CONVERTER_CLASSES["fr"].cards) > 10 ** 100  # (num2words' own is left whole)
     pairs = numbers("fr", "cs", "train", seed=5)
-    assert time.perf_counter() - start < 3.0
     digits = numbers("digits", "fr", "train", seed=5)
     for (fr, cs), (n, _) in list(zip(pairs, digits))[:300]:
         assert fr == num2words.num2words(int(n), lang="fr").lower()

@@ -51,6 +51,30 @@ async def until(condition, seconds: float = 5.0) -> None:
     raise AssertionError("the condition never held")
 
 
+class Ticks:
+    """The engine's clock (engine.timer) run by the tests' steps: `step(s)` sleeps s, as a model's step leaves the
+    event loop its turns, and moves the clock on by s, however long a loaded machine made the sleep. The turns a
+    test counts then follow from its steps' lengths alone (on a busy CI machine, one stretched step gave a call 17
+    turns beside a request that should have had at most 11)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, seconds: float = 0.002) -> None:
+        time.sleep(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def ticks(monkeypatch) -> Ticks:
+    clock = Ticks()
+    monkeypatch.setattr(engine, "timer", clock)
+    return clock
+
+
 def run(test):
     fake = Fake()
 
@@ -185,7 +209,7 @@ def test_one_long_call_more_than_max_long_is_refused_and_short_work_is_not(monke
         jobs = {t: asyncio.ensure_future(batcher.submit([t], t, work=101)) for t in "abc"}  # settings apart
         with pytest.raises(engine.Crowded):
             await asyncio.wait_for(jobs["c"], 5)
-        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
+        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 5) == ["S"]
         assert started == ["a", "b"] and not jobs["a"].done() and not jobs["b"].done()
         fake.release.set()
         assert await asyncio.wait_for(asyncio.gather(jobs["a"], jobs["b"]), 5) == [["a"], ["b"]]
@@ -255,12 +279,12 @@ def test_requests_in_calls_no_longer_waited_for_count_towards_the_queue():
 
 def test_a_call_whose_requests_together_are_over_long_work_is_not_waited_for():
     """Each request within long_work, merged over it: the collector goes on at once (waiting up to long_after per
-    request, 2 s here, a request with other settings waited that long behind it)."""
+    request, 10 s here, a request with other settings waited that long behind it)."""
     async def test(batcher, fake):
-        batcher.long_after, batcher.max_wait = 1.0, 0.05
+        batcher.long_after, batcher.max_wait = 5.0, 0.05
         merged = [asyncio.ensure_future(batcher.submit([t], "long", work=60)) for t in "ab"]
         await until(lambda: fake.steps > 0)
-        assert await asyncio.wait_for(batcher.submit(["c"], "short", work=1), 0.5) == ["C"]
+        assert await asyncio.wait_for(batcher.submit(["c"], "short", work=1), 3) == ["C"]
         assert not any(job.done() for job in merged)
         fake.release.set()
         assert await asyncio.wait_for(asyncio.gather(*merged), 5) == [["A"], ["B"]]
@@ -270,17 +294,20 @@ def test_a_call_whose_requests_together_are_over_long_work_is_not_waited_for():
 def test_calls_that_run_long_only_by_waiting_for_turns_are_never_refused(monkeypatch):
     """Load is not size: past long_after the collector goes on, and the calls then take turns, each running longer
     by the clock; they counted as long, and beyond MAX_LONG ordinary requests got 429 busy (32 clients sending
-    one-sentence beam-5 requests to a default server). Four calls in turns for 0.8 s: each has had about 0.2 s of
-    its own steps, 0.8 s by the clock."""
+    one-sentence beam-5 requests to a default server). Four calls in turns for 400 steps of 2 ms: each has had
+    about 0.2 s of its own steps, 0.8 s by the clock (more on a loaded machine, whose sleeps would run longer)."""
     monkeypatch.setattr(engine, "MAX_LONG", 2)
     monkeypatch.setattr(engine, "LONG_S", 0.35)
 
     async def test(batcher, fake):
         started = []
-        batcher.translate, batcher.long_after = stepping(fake, started, spin), 0.01
+        def step():
+            spin()
+            fake.steps += 1
+        batcher.translate, batcher.long_after = stepping(fake, started, step), 0.01
         jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abcd"]  # settings apart
         await until(lambda: len(started) == 4)
-        await asyncio.sleep(0.8)
+        await until(lambda: fake.steps >= 400, 30)
         assert not any(job.done() for job in jobs)
         fake.release.set()
         assert await asyncio.wait_for(asyncio.gather(*jobs), 5) == [["a"], ["b"], ["c"], ["d"]]
@@ -316,7 +343,7 @@ def test_a_call_long_by_its_own_engine_time_counts_towards_max_long(monkeypatch)
         batcher.translate, batcher.long_after = stepping(fake, started, spin), 0.01
         jobs = [asyncio.ensure_future(batcher.submit([t], t, work=1)) for t in "abc"]
         await until(lambda: any(job.done() for job in jobs))  # (which turns long last: as their turns fall)
-        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 1) == ["S"]
+        assert await asyncio.wait_for(batcher.submit(["s"], "short", work=1), 5) == ["S"]
         refused = [job for job in jobs if job.done()]
         assert len(refused) == 1 and isinstance(refused[0].exception(), engine.Crowded)
         fake.release.set()
@@ -371,7 +398,7 @@ def test_a_call_goes_on_while_one_of_its_clients_remains():
     run(test)
 
 
-def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progress():
+def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progress(ticks):
     """Fair turns with a credit for new work: the short call's 20 steps all run before the long call's next."""
     async def test(batcher, fake):
         def costly(texts, settings):
@@ -380,19 +407,20 @@ def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progre
 
             def steps():
                 while not fake.release.is_set():
-                    time.sleep(0.02)  # a step of a large batch
+                    ticks.step(0.02)  # a step of a large batch
                     fake.steps += 1
                     yield
                 return texts
             return steps()
 
         def short(texts):
-            for _ in range(20):
+            for _ in range(20):  # 80 ms in all, within the credit the long call has not spent
+                ticks.step(0.004)
                 yield
             return texts
         batcher.translate = lambda texts, settings: costly(texts, settings) if settings == "long" else short(texts)
         long = asyncio.ensure_future(batcher.submit(["a"], "long", work=101))
-        await until(lambda: fake.steps > 2)
+        await until(lambda: fake.steps > 5)
         before = fake.steps
         assert await asyncio.wait_for(batcher.submit(["b"], "short", work=1), 5) == ["b"]
         assert fake.steps - before <= 2  # the step in progress, and at most one more
@@ -401,7 +429,7 @@ def test_a_small_call_beside_a_long_one_runs_to_its_end_after_the_step_in_progre
     run(test)
 
 
-def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_others(monkeypatch):
+def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_others(monkeypatch, ticks):
     """Turns are fair per request, and the credit of work that arrives is a budget that arrivals share: one
     client's one-sentence calls, sent one after another, leave a call that serves four clients 4/5 of the engine
     once the budget is spent. Before, each of its calls started ahead again, and the four waited until it
@@ -413,7 +441,7 @@ def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_
             for _ in range(10**9 if forever else 10):
                 if fake.release.is_set():
                     break
-                time.sleep(0.002)
+                ticks.step()
                 fake.steps += forever
                 yield
             return texts
@@ -429,11 +457,11 @@ def test_a_client_sending_one_request_after_another_does_not_hold_up_a_batch_of_
 
 
 class Stream:
-    """A continuous batch for a Batcher: each text ends after 10 steps of 2 ms, upper-cased; `beside` counts, for
-    each text, the steps of `other` (a Fake) taken between its joining and its end."""
+    """A continuous batch for a Batcher: each text ends after 10 steps of 2 ms (on `ticks`), upper-cased; `beside`
+    counts, for each text, the steps of `other` (a Fake) taken between its joining and its end."""
 
-    def __init__(self, other):
-        self.rows, self.other, self.joined, self.beside = {}, other, {}, {}
+    def __init__(self, other, ticks=None):
+        self.rows, self.other, self.joined, self.beside, self.ticks = {}, other, {}, {}, ticks
 
     def __len__(self):
         return len(self.rows)
@@ -446,7 +474,7 @@ class Stream:
         self.rows.pop(tag, None)
 
     def step(self):
-        time.sleep(0.002)
+        self.ticks.step() if self.ticks else time.sleep(0.002)
         for row in self.rows.values():
             row[1] -= 1
         ended = [(tag, text.upper()) for tag, (text, left) in self.rows.items() if left == 0]
@@ -457,18 +485,18 @@ class Stream:
 
 
 class Streams:
-    def __init__(self, other):
-        self.other, self.opened = other, []
+    def __init__(self, other, ticks=None):
+        self.other, self.opened, self.ticks = other, [], ticks
 
     def streamable(self, settings):
         return settings == "greedy"
 
     def open_stream(self, settings):
-        self.opened.append(Stream(self.other))
+        self.opened.append(Stream(self.other, self.ticks))
         return self.opened[-1]
 
 
-def test_a_continuous_batch_that_served_much_before_is_not_held_up_by_a_call_that_came_since():
+def test_a_continuous_batch_that_served_much_before_is_not_held_up_by_a_call_that_came_since(ticks):
     """Shares are kept against one clock: a continuous batch that had served 0.3 s of requests, then emptied, and
     a call that started while it was empty take turns when the batch's next request comes; before, the call
     started from nothing and that request waited until the call had caught up with 0.3 s of the batch's past."""
@@ -476,13 +504,13 @@ def test_a_continuous_batch_that_served_much_before_is_not_held_up_by_a_call_tha
 
     def costly(texts, settings):
         while not fake.release.is_set():
-            time.sleep(0.002)
+            ticks.step()
             fake.steps += 1
             yield
         return [t.upper() for t in texts]
 
     async def main():
-        streams = Streams(fake)
+        streams = Streams(fake, ticks)
         batcher = Batcher(costly, max_wait=0.0, long_work=100, streams=streams)
         batcher.start()
         try:
@@ -500,17 +528,17 @@ def test_a_continuous_batch_that_served_much_before_is_not_held_up_by_a_call_tha
     asyncio.run(main())
 
 
-def test_work_that_ended_without_a_lead_leaves_the_next_arrival_its_credit(monkeypatch):
+def test_work_that_ended_without_a_lead_leaves_the_next_arrival_its_credit(monkeypatch, ticks):
     """Two long calls take turns; one ends; a small call sent then still runs to its end at once. Only the lead
     that ended work had taken is spent for later arrivals, not the share it reached by its fair turns."""
-    monkeypatch.setattr(engine, "CREDIT", 0.2)  # 5x the small call's 20 steps of 2 ms: a loaded machine stretches them
+    monkeypatch.setattr(engine, "CREDIT", 0.05)  # a little more than the small call's 20 steps of 2 ms
     released, counted = {"one": threading.Event(), "two": threading.Event()}, {"one": 0, "two": 0}
 
     def translate(texts, settings):
         for _ in range(20 if settings == "small" else 10**9):
             if settings != "small" and released[settings].is_set():
                 break
-            time.sleep(0.002)
+            ticks.step()
             if settings != "small":
                 counted[settings] += 1
             yield
@@ -521,7 +549,7 @@ def test_work_that_ended_without_a_lead_leaves_the_next_arrival_its_credit(monke
         batcher.start()
         try:
             calls = [asyncio.ensure_future(batcher.submit([name], name, work=101)) for name in ("one", "two")]
-            await until(lambda: min(counted.values()) > 150, 30)  # each beyond its own lead: taking turns
+            await until(lambda: min(counted.values()) > 50, 30)  # each beyond its own lead: taking turns
             released["one"].set()
             assert await asyncio.wait_for(calls[0], 5) == ["one"]
             before = counted["two"]

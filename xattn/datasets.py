@@ -135,19 +135,25 @@ def _equal_shares(capacities: list[int], total: int) -> list[int] | None:
     return shares
 
 
-@functools.cache
 def _number_words(lang: str) -> Callable[[int], str]:
-    """num2words' cardinal for `lang`, lowercased.
+    """num2words' cardinal for `lang`, lowercased."""
+    if lang == "digits":
+        return str
+    converter = _converter(lang)
+    return lambda n: converter.to_cardinal(n).lower()
+
+
+@functools.cache
+def _converter(lang: str) -> num2words.base.Num2Word_Base:
+    """num2words' converter for `lang`, its table of number words cut to our range.
 
     num2words scans its whole table of number words (up to 10**600) at every step; a copy of the
     converter restricted to words below our range gives identical output, faster.
     """
-    if lang == "digits":
-        return str
     converter = copy.copy(num2words.CONVERTER_CLASSES[lang])
     if isinstance(getattr(converter, "cards", None), dict):
         converter.cards = OrderedDict((k, v) for k, v in converter.cards.items() if k <= NUMBERS_MAX)
-    return lambda n: converter.to_cardinal(n).lower()
+    return converter
 
 
 DATASETS = ("multi30k", "numbers")

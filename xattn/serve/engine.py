@@ -137,6 +137,11 @@ CREDIT = 0.25
 """Seconds of engine time that newly arrived work may run ahead of the work already running (Engine): a budget
 that arrivals share, which refills as the running work catches up."""
 
+timer: Callable[[], float] = time.perf_counter
+"""The clock that the engine's time is read from: the shares that turns follow, the pace of a call's steps and the
+seconds the engine was busy. The tests of turns put a clock run by their steps in its place, so that the turns
+they count follow from the steps' lengths, not from how a loaded machine stretched them."""
+
 
 @dataclass
 class Streaming:
@@ -256,7 +261,7 @@ class Engine:
         while True:
             active = [*calls, *(s for s in open_.values() if len(s))]
             items = self._take(block=not (active or held))
-            awake = time.perf_counter()
+            awake = timer()
             if None in items:
                 for call in calls:
                     call.future.cancel()
@@ -280,7 +285,7 @@ class Engine:
             if not active:
                 continue
             pick = min(active, key=lambda work: work.used)
-            weight, began, cpu = pick.weight, time.perf_counter(), time.thread_time()
+            weight, began, cpu = pick.weight, timer(), time.thread_time()
             paced = isinstance(pick, Call) and pick.steps is not None  # (a call's first step encodes its texts)
             if isinstance(pick, Call):
                 over, rows = pick.advance()
@@ -292,7 +297,7 @@ class Engine:
                 self.metrics.step(rows)
                 pick.advance()
                 over = not len(pick)
-            ended = time.perf_counter()
+            ended = timer()
             if paced and rows:  # (backlog.Backlog.shed: the pace of its own steps)
                 steps, stepped, seconds = pick.paced
                 pick.paced = (steps + 1, stepped + rows, seconds + ended - began)
