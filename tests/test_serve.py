@@ -22,7 +22,7 @@ from xattn.serve.limits import Limits  # noqa: E402
 def started(app) -> TestClient:
     client = TestClient(app)
     client.__enter__()
-    for _ in range(200):
+    for _ in range(3000):  # a bound against hanging (the model and the language identifier load), not a timing check
         if client.get("/health").status_code == 200:
             return client
         time.sleep(0.02)
@@ -307,7 +307,7 @@ def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_time
             ("/health", 503, "unavailable"), ("/translate", 503, "unavailable"), ("/info", 503, "unavailable")]
         assert c.get("/languages").status_code == 200  # from config.yaml, before the model has loaded
         gated.load.set()
-        for _ in range(200):
+        for _ in range(3000):  # a bound against hanging, not a timing check
             if c.get("/health").status_code == 200:
                 break
             time.sleep(0.02)
@@ -330,7 +330,7 @@ def test_503_while_loading_then_429_when_the_queue_is_full_and_504_past_the_time
             if codes[-1] == 200:
                 break
             time.sleep(0.02)
-        assert codes[-1] == 200 and set(codes) <= {200, 429}, codes
+        assert codes[-1] == 200 and set(codes) <= {200, 429, 504}, codes  # (504: one slowed past 0.5 s by load)
 
 
 def test_concurrent_requests_share_batches_and_get_what_translate_gives_each(numbers_model):
@@ -454,12 +454,7 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
             time.sleep(0.02)
         assert "the de→en model failed to load" in body["error"] and "model.safetensors" in body["error"]
         assert body["models"][0]["status"] == "failed"
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = subprocess.run([sys.executable, "-m", "xattn", "serve", str(broken), "--port", str(port)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "xattn", "serve", str(broken), "--port", "0"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "the model failed to load" in out.stderr
@@ -468,6 +463,7 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
 @pytest.mark.parametrize("flags, message", [
     (["--port", "{busy}"], "--host 127.0.0.1 --port {busy}: cannot listen there (Address already in use)"),
     (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address to listen on"),
+    (["--port", "70000"], "--port: 70000 is not a port (0 for any free one, or 1 to 65535)"),
     (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
     (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
     (["--api-key", ""], "--api-key: an empty key"),

@@ -3,6 +3,7 @@ starts one for the other live tests (the page: test_serve_page.py; real clients:
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -18,12 +19,6 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def post(url: str, body, timeout: float = 30) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url + "/translate", data, {"Content-Type": "application/json"})
@@ -36,28 +31,31 @@ def post(url: str, body, timeout: float = 30) -> tuple[int, dict]:
 
 @contextmanager
 def serving(model, log: Path, *flags: str):
-    """`xattn serve MODEL` (or a list of models) on a free port until the block ends; yields its URL once /health
-    says ok."""
-    port = free_port()
+    """`xattn serve MODEL` (or a list of models) on a free port, the one it prints (--port 0: a port found free
+    beforehand could be taken by the other test worker's server meanwhile), until the block ends; yields its URL once
+    /health says ok."""
     models = [str(m) for m in model] if isinstance(model, (list, tuple)) else [str(model)]
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "xattn", "serve", *models, "--port", str(port), "--threads", "1", *flags],
+            [sys.executable, "-m", "xattn", "serve", *models, "--port", "0", "--threads", "1", *flags],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        url, deadline = None, time.monotonic() + 120  # a bound against hanging, not a timing check
+        while True:
+            if url is None and (printed := re.search(r" at (http://127\.0\.0\.1:\d+)/", log.read_text())):
+                url = printed[1]
             try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
+                if url is not None:
+                    with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             if process.poll() is not None:
                 raise AssertionError(f"xattn serve exited: {log.read_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"xattn serve did not become healthy: {log.read_text()}")
             time.sleep(0.1)
-        else:
-            raise AssertionError(f"xattn serve did not become healthy: {log.read_text()}")
         yield url
     finally:
         process.terminate()

@@ -55,7 +55,8 @@ def register(sub) -> None:
     p.add_argument("models", nargs="+", metavar="MODEL", type=path_arg,
                    help="model directories, each its own language pair (from its config.yaml), loaded once")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (default 8000; 0: any free one, printed with the address)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
     p.add_argument("--threads", type=int, help="PyTorch threads for translation (default: the CPU's cores)")
     p.add_argument("--api-key", help="require this key (api_key in the body, or Authorization: Bearer KEY)")
@@ -141,6 +142,7 @@ def run(args) -> int:
     app = create_app(args.models, dataclasses.replace(Limits(), **values), args.api_key, args.cors_origin, device,
                      on_load_error=lambda message: setattr(servers[0], "should_exit", True))
     sock = listening_socket(args.host, args.port)
+    port = sock.getsockname()[1]  # (--port 0: the one the system gave)
     log = logging.getLogger("xattn.serve")  # short lines on stderr: the access log, a client gone mid-body
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -152,10 +154,10 @@ def run(args) -> int:
     logging.getLogger("uvicorn.error").addFilter(client_noise)  # answered as JSON already (connections.py)
     sys.setswitchinterval(SWITCH_INTERVAL)
     http = guarded(read_timeout, write_timeout, limit, app.state.metrics)
-    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+    servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
                                                  loop="asyncio", http=http, ws="none", **connections)))
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
-    print(f"serving {models} at {address(args.host, args.port)}; Ctrl+C stops", flush=True)
+    print(f"serving {models} at {address(args.host, port)}; Ctrl+C stops", flush=True)
     try:
         servers[0].run(sockets=[sock])
     finally:
@@ -185,8 +187,8 @@ def checked_flags(args) -> tuple[dict, dict]:
     if values["max_n_best"] > values["max_beam"]:
         raise XattnError(f"--max-n-best: {values['max_n_best']} is above --max-beam ({values['max_beam']}); n-best "
                          "hypotheses come from the beam, so lower it or raise --max-beam")
-    if not 0 < args.port < 65536:
-        raise XattnError(f"--port: {args.port} is not a port (1 to 65535)")
+    if not 0 <= args.port < 65536:
+        raise XattnError(f"--port: {args.port} is not a port (0 for any free one, or 1 to 65535)")
     if args.threads is not None and args.threads < 1:
         raise XattnError(f"--threads: must be >= 1, got {args.threads}")
     if args.api_key is not None and (not args.api_key.strip() or args.api_key != args.api_key.strip()):
