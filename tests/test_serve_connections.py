@@ -3,6 +3,7 @@ arrive within --read-timeout is closed, a connection beyond --max-connections is
 /health answers beside a crowd of idle connections."""
 import json
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -19,6 +20,15 @@ from tests.test_serve_live import serving  # noqa: E402
 def server(numbers_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
     with serving(numbers_model, log, "--read-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8") as url:
+        yield int(url.rsplit(":", 1)[1]), log
+
+
+@pytest.fixture(scope="module")
+def patient(numbers_model, tmp_path_factory):
+    """A server of the same limit whose read timeout is long: for what does not hang on it, so that a loaded machine
+    running a test past 0.5 s does not see its idle connections closed under it (only QUIET_S, 1 s, bounds it)."""
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with serving(numbers_model, log, "--read-timeout", "30", "--max-connections", "8") as url:
         yield int(url.rsplit(":", 1)[1]), log
 
 
@@ -77,12 +87,17 @@ def translate_request(text: str) -> bytes:
 def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server, sent):
     port, log = server
     before, mark = len(log.read_text()), newer(port, log)
+    start = time.perf_counter()  # (before the connection, whose deadline starts with it)
     with connect(port) as sock:
         sock.sendall(sent)
-        assert 0.3 < closed_after(sock) < 3
-    time.sleep(0.2)
-    lines = [json.loads(line) for line in log.read_text()[before:].splitlines()]  # every line JSON, the guards' too
-    lines = [x for x in lines if x.get("route", "/translate") == "/translate" and x.get("id", mark + 1) > mark]
+        closed_after(sock)
+    assert 0.45 < time.perf_counter() - start < 3
+    for _ in range(100):  # until its line is written (a bound against hanging, not a timing check)
+        lines = [json.loads(line) for line in log.read_text()[before:].splitlines()]  # every line JSON, the guards'
+        lines = [x for x in lines if x.get("route", "/translate") == "/translate" and x.get("id", mark + 1) > mark]
+        if lines:
+            break
+        time.sleep(0.05)
     if sent.endswith(b'"dr'):  # the app was reading its body: its one access line says 408, not a client gone
         assert len(lines) == 1 and lines[0]["status"] == 408, lines
         assert lines[0]["error"] == "timeout" and "read_timeout" not in json.dumps(lines[0])
@@ -93,20 +108,18 @@ def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server
 
 def test_a_request_that_arrives_in_pieces_within_the_read_timeout_is_answered(server):
     port, _ = server
-    answer = ask(port, translate_request("drei"), pieces=4, pause=0.05)
+    answer = ask(port, translate_request("drei"), pieces=4, pause=0.02)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
-def test_a_request_over_the_limit_is_refused_at_once_and_a_health_check_answered(server):
+def test_a_request_over_the_limit_is_refused_at_once_and_a_health_check_answered(patient):
     """Over the limit, with no connection quiet long enough to give its place, /health was 503 too (for up to a
     second of a flood, QUIET_S): now it is answered from the reserve, and anything else refused on its request line."""
-    port, _ = server
+    port, _ = patient
     idle = [connect(port) for _ in range(8)]
-    time.sleep(0.1)
+    time.sleep(0.05)  # (accepted in turn: the next is the ninth)
     try:
-        start = time.perf_counter()
         answer = ask(port, translate_request("drei"))
-        assert time.perf_counter() - start < 1
         head, body = answer.split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head
         assert json.loads(body) == {"error": "the server has 8 connections open; retry later", "error_type": "busy"}
@@ -114,31 +127,37 @@ def test_a_request_over_the_limit_is_refused_at_once_and_a_health_check_answered
                       b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /health#top HTTP/1.1\r\nHost: x\r\n\r\n",
                       b"GET http://x:8/health HTTP/1.1\r\nHost: x\r\n\r\n"):  # (the absolute form was 503)
             with connect(port) as sock:
-                for piece in (check[:6], check[6:]):  # a request line in pieces too (all within the idle ones'
-                    sock.sendall(piece)                 # read timeout of 0.5 s, which closes them)
-                    time.sleep(0.02)
-                start = time.perf_counter()
-                assert sock.recv(4096).startswith(b"HTTP/1.1 200") and closed_after(sock) < 1  # and closed after
+                for piece in (check[:6], check[6:]):  # a request line in pieces too
+                    sock.sendall(piece)
+                    time.sleep(0.005)
+                sock.settimeout(3)  # (kept alive, it would wait 5 s)
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+                closed_after(sock)  # and closed after
         for other in (b"GET /healthz HTTP/1.1\r\n\r\n", b"GET /languages HTTP/1.1\r\n\r\n", b"POST /health HTTP/1.1\r\n\r\n",
                       b"GET http://x/languages HTTP/1.1\r\n\r\n"):
             assert ask(port, other).startswith(b"HTTP/1.1 503"), other
-        time.sleep(1.0)  # the read timeout closes the idle ones
-        assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 200")
+        for sock in idle:  # closed: room again
+            sock.close()
+        for _ in range(100):  # until the server has seen them go (a bound against hanging, not a timing check)
+            if (answer := ask(port, translate_request("drei"))).startswith(b"HTTP/1.1 200"):
+                break
+            time.sleep(0.05)
+        assert answer.startswith(b"HTTP/1.1 200")
     finally:
         for sock in idle:
             sock.close()
 
 
-def test_the_reserve_holds_the_newest_connections_over_the_limit(server):
+def test_the_reserve_holds_the_newest_connections_over_the_limit(patient):
     """RESERVE connections beyond the limit wait for their request line; one more, and the oldest is refused."""
     from xattn.serve.connections import RESERVE
 
-    port, _ = server
+    port, _ = patient
     idle = [connect(port) for _ in range(8)]
-    time.sleep(0.1)
+    time.sleep(0.05)
     held = []
     try:
-        for _ in range(RESERVE + 1):  # (well within the read timeout of 0.5 s)
+        for _ in range(RESERVE + 1):  # (well within QUIET_S, after which an idle one would give its place)
             held.append(connect(port))
             time.sleep(0.002)
         held[0].settimeout(2)
@@ -211,12 +230,12 @@ def test_a_target_in_absolute_form_is_the_same_request_as_its_path(server):
     assert routes == ["/health", "/health", "/health", "/health", "/translate", "/translate", "other"]
 
 
-def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):
+def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(patient):
     """100,000 one-byte chunks took the event loop about 1 s (/health waited); a chunk-size line that is not one
     was logged twice, as the guard's 400 and as the app's 499 client_gone."""
     from xattn.serve.connections import MAX_PIECES
 
-    port, log = server
+    port, log = patient  # (parsing 10,001 chunks within the read timeout on a loaded machine)
     head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     before, mark = len(log.read_text().splitlines()), newer(port, log)
     for body, problem in ((b"1\r\n \r\n" * (MAX_PIECES + 1), f"the request body arrives in more than {MAX_PIECES} pieces"),
@@ -235,9 +254,9 @@ def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(server):
     assert not [line for line in lines if "answered 400 and closed" in line], lines
 
 
-def stopped(port: int) -> int:
+def stopped(port: int, metric: str = "xattn_stopped_total") -> int:
     text = ask(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").decode()
-    return int(next(line for line in text.splitlines() if line.startswith("xattn_stopped_total")).split()[1])
+    return int(next(line for line in text.splitlines() if line.startswith(metric)).split()[1])
 
 
 def closed(port: int) -> dict[str, int]:
@@ -259,7 +278,7 @@ def test_connections_refused_or_closed_before_a_request_reached_the_app_are_coun
     assert ask(port, b"BREW /pot HTTP/1.1\r\nHost\r\n\r\n").startswith(b"HTTP/1.1 400")
     idle = [connect(port) for _ in range(8)]  # the limit is 8: a 9th is refused, then they time out
     try:
-        time.sleep(0.1)
+        time.sleep(0.02)  # (accepted in turn; the 0.5 s read timeout runs)
         assert ask(port, b"GET /languages HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
         for sock in idle:
             assert closed_after(sock) < 3
@@ -276,12 +295,15 @@ def test_a_client_that_hangs_up_stops_its_translation(server):
     """Its decoding stops at the next step (counted in /metrics), and the request is logged as 499, not 200. (The
     continuous batch drops a gone client's sentences by the same signal: test_serve_stream.py.)"""
     port, log = server
-    before, logged = stopped(port), len(log.read_text())
+    before, logged, calls = stopped(port), len(log.read_text()), stopped(port, "xattn_batch_sentences_count")
     body = json.dumps({"q": ["drei"] * 32, "beam_size": 16, "min_len": 180, "max_len_b": 190}).encode()
     with connect(port) as sock:
         sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        time.sleep(0.2)
+        for _ in range(300):  # its call on the engine, however late (a bound against hanging, not a timing check)
+            if stopped(port, "xattn_batch_sentences_count") > calls:
+                break
+            time.sleep(0.02)
     for _ in range(300):  # the hang-up reaches the engine within a step: a deadline, not a timing
         if stopped(port) > before:
             break
@@ -343,7 +365,7 @@ def test_a_request_whose_answer_waits_behind_one_never_read_is_cut_off_in_its_ow
                 break
             time.sleep(0.1)
     lines = [json.loads(line) for line in log.read_text()[before:].splitlines() if line.startswith("{")]
-    lines = [line for line in lines if line["route"] == "/translate" and line["id"] > mark]
+    lines = [line for line in lines if line.get("route") == "/translate" and line["id"] > mark]
     assert len(lines) == 2 and lines[0]["status"] == 200 and lines[1]["error"] == "write_timeout", lines
     assert lines[1]["status"] in (200, 499)  # its answer begun, or cut off while it was still being made
     assert "took in none of its answer" not in log.read_text()[before:]
@@ -373,7 +395,7 @@ def test_a_new_connection_takes_the_place_of_one_quiet_for_a_second_when_the_ser
         port = int(url.rsplit(":", 1)[1])
         idle = [connect(port) for _ in range(4)]
         try:
-            time.sleep(0.1)
+            time.sleep(0.02)  # (accepted in turn: the next is the fifth)
             assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 503")  # none quiet 1 s
             time.sleep(1.2)
             assert ask(port, translate_request("drei")).startswith(b"HTTP/1.1 200")
@@ -382,7 +404,8 @@ def test_a_new_connection_takes_the_place_of_one_quiet_for_a_second_when_the_ser
         finally:
             for sock in idle:
                 sock.close()
-        assert "4 connections open: closed one quiet for 1." in (tmp_path / "server.log").read_text()
+        quiet = re.search(r"4 connections open: closed one quiet for ([\d.]+) s", (tmp_path / "server.log").read_text())
+        assert quiet and float(quiet[1]) >= 1.0
 
 
 def test_the_reserve_cannot_hold_the_server_shut(numbers_model, tmp_path):

@@ -52,7 +52,11 @@ def test_a_short_request_is_answered_while_a_long_one_runs(numbers_model):
             finished[name] = time.perf_counter()
         worker = threading.Thread(target=post, args=("long", long))
         worker.start()
-        time.sleep(0.2)
+        engine = c.app.state.xattn.served[0].model.batcher.engine
+        for _ in range(1000):  # until the long one is being decoded, however slowly a loaded machine got there
+            if engine.rows:
+                break
+            time.sleep(0.01)
         post("short", {"q": "drei", "beam_size": 1})
         worker.join()
     assert finished["short"] < finished["long"]
