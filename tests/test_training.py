@@ -2,7 +2,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -122,10 +121,8 @@ def test_ddp_two_cpu_processes_hold_identical_weights(tmp_path):
     worker.write_text(WORKER)
     out = tmp_path / "run"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    with socket.socket() as probe:  # a free port, so that two test runs on one machine do not collide
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+    # --standalone: a rendezvous on a port the system gives (one found free beforehand could be taken meanwhile)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(worker), str(out), *TINY, "train.max_steps=4", "train.device=cpu"]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
