@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 import xattn
 
@@ -88,6 +89,11 @@ def tiny_model():
 # Tests use tiny models; one thread avoids contention on small machines (the test command runs two workers,
 # one per core) and keeps results repeatable.
 torch.set_num_threads(1)
+
+# Hypothesis times nothing: its deadline per example and its health check of slow data generation are wall-clock
+# bounds, which a machine loaded by the other test worker can break.
+settings.register_profile("xattn", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("xattn")
 
 
 # ------------------------------------------------------------------ a real browser (Debian's Chromium)
