@@ -152,6 +152,14 @@ CASES = {
                                       "no cross-attention heads left (all pruned)"),
     # prepare
     "prepare over an existing directory": (["prepare", "numbers-de-en", "--out", "{space}"], "--out: "),
+    "train from an empty config file": (["train", "{space}/nothing.txt", "--out", "{space}/new-empty"],
+                                        "nothing.txt: empty; expected a mapping with sections"),  # (it trained)
+    "override of a dotted key": ([*TRAIN, "train.foo.bar=1", "--out", "{space}/new-dotted"],
+                                 "train: error: unknown config key train.foo.bar"),  # (it named the preset file)
+    "prepare a prepared corpus": (["prepare", "numbers-de-en", "data.prepared={space}/prepared", "--out",
+                                   "{space}/new-prepared"], "data.prepared: "),  # (it was ignored)
+    "shortlist data dir with src": (["shortlist", M, "--src", "{space}/src.txt", "--tgt", "{space}/ref.txt",
+                                     "--data-dir", "{space}"], "--data-dir: not used with --src and --tgt"),
     "prepare workers 0": (["prepare", "numbers-de-en", "--out", "{space}/new-prepared", "--workers", "0"],
                           "--workers: must be in [1, 256], got 0"),
     "prepare spm_sample 0": (["prepare", "numbers-de-en", "data.spm_sample=0", "--out", "{space}/new-prepared"],

@@ -330,7 +330,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a YAML run config (sections model/data/train/decode), then apply `section.key=value` overrides."""
     raw: Any = {}
     if path is not None:
-        raw = read_yaml(Path(path)) or {}
+        raw = read_yaml(Path(path))
+        if raw is None:  # (taken for every default, it trained a Multi30k model from an empty file)
+            raise XattnError(f"{path}: empty; expected a mapping with sections {', '.join(SECTIONS)}")
         if not isinstance(raw, dict):
             raise XattnError(f"{path}: expected a mapping with sections {', '.join(SECTIONS)}")
     for name, values in raw.items():
@@ -349,8 +351,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             parts[name] = build(cls, merged[name], name, getattr(base, name))
         except ConfigError as e:  # name the file unless the value came from an override
-            key = re.match(r"[^.\[]*", e.key.partition(".")[2])[0]  # data.corpora[0].upsample: corpora
-            if path is None or key in given.get(name, {}):
+            rest = e.key.partition(".")[2]
+            key = re.match(r"[^.\[]*", rest)[0]  # data.corpora[0].upsample: corpora
+            if path is None or key in given.get(name, {}) or rest in given.get(name, {}):  # (train.foo.bar=1)
                 raise
             raise XattnError(f"{path}: {e}") from None
     return RunConfig(**parts)

@@ -27,6 +27,9 @@ def run(args) -> int:
 
     cfg = load_config(resolve_config(args.config), with_flags(args.overrides, {"--data-dir": ("data.data_dir", args.data_dir)}))
     check_data_dir(args.data_dir, cfg.data)
+    if cfg.data.prepared is not None:  # (it was ignored: the corpus the config names was prepared)
+        raise XattnError(f"data.prepared: {cfg.data.prepared} is a prepared corpus already; prepare reads the corpus "
+                         "the config names into --out")
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise XattnError(f"--workers: must be in [1, 256], got {args.workers}")
     out = Path(args.out)

@@ -39,6 +39,8 @@ def run(args) -> int:
             raise XattnError(f"{flag}: must be at least {lo}, got {value}")
     if bool(args.src) != bool(args.tgt):
         raise XattnError("--src and --tgt go together: give both, or neither to count the training data")
+    if args.src and args.data_dir is not None:
+        raise XattnError("--data-dir: not used with --src and --tgt, which give the pairs")
     folder = check_model_dir(args.model)
     cfg, _ = read_model(folder)
     for flag, value in (("--per-source", args.per_source), ("--frequent", args.frequent)):
