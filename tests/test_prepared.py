@@ -32,7 +32,7 @@ def prepared(tmp_path):
 
 def test_the_mapped_corpus_holds_every_pair_and_batches_as_the_in_memory_one(prepared):
     c, folder = prepared
-    mapped = MappedCorpus.open(folder, verify=True)
+    mapped = MappedCorpus.open(folder)
     assert len(mapped) == len(c) and mapped.manifest["tokens"]["src"] == sum(map(len, c.src))
     assert all(mapped.sentence("src", i).tolist() == c.src[i] and mapped.sentence("tgt", i).tolist() == c.tgt[i]
                for i in range(len(c)))
@@ -68,6 +68,8 @@ def test_a_writer_that_fails_leaves_nothing_behind(tmp_path):
     (lambda d: (d / "src.bin").write_bytes((d / "src.bin").read_bytes()[:-2]), "src.bin: "),
     (lambda d: (d / "tgt.blocks").unlink(), "tgt.blocks: missing"),
     (lambda d: (d / "src.lengths").write_bytes(bytes(reversed((d / "src.lengths").read_bytes()))),
+     "src.lengths: its SHA-256 differs"),
+    (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"pairs": 300', '"pairs": 299')),
      "the src arrays do not agree"),
     (lambda d: (d / MANIFEST).unlink(), "not a prepared corpus"),
     (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"format": 2', '"format": 9')),
@@ -86,9 +88,27 @@ def test_changed_ids_fail_the_checksum_and_other_inputs_are_named(prepared):
     data = bytearray((folder / "tgt.bin").read_bytes())
     data[0] ^= 1
     (folder / "tgt.bin").write_bytes(bytes(data))
-    MappedCorpus.open(folder)  # sizes agree: only a verified open reads every byte
-    with pytest.raises(XattnError, match="tgt.bin: its SHA-256 differs"):
-        MappedCorpus.open(folder, verify=True)
+    with pytest.raises(XattnError, match="tgt.bin: its SHA-256 differs"):  # (sizes agree: every byte is read; ids
+        MappedCorpus.open(folder)                                          # out of the vocabulary failed a step)
     with pytest.raises(XattnError, match=r"prepared for other inputs \(\{\"train.de\": \"abab"):
         MappedCorpus.open(folder, expect={"inputs": {"train.de": "cd" * 32}})
     assert json.loads((folder / MANIFEST).read_text())["pairs"] == 300
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(pairs="x"), 'manifest.json: pairs: expected a whole number >= 0, got "x"'),
+    (lambda m: m.update(pairs=True), "manifest.json: pairs: expected a whole number >= 0, got true"),
+    (lambda m: m.update(arrays=[]), r"manifest.json: arrays: expected an object describing each array, got \[\]"),
+    (lambda m: m["arrays"]["src.bin"].update(dtype="float64"), "arrays.src.bin: .* bytes of float64, not whole ids"),
+    (lambda m: m["arrays"]["src.bin"].update(dtype="uint64"), "arrays.src.bin: .* bytes of uint64, not whole ids"),
+    (lambda m: m["arrays"]["src.bin"].update(bytes="9"), 'arrays.src.bin: expected its dtype, bytes and sha256'),
+])
+def test_a_manifest_whose_counts_or_arrays_are_not_what_prepare_writes_is_one_line(prepared, change, message):
+    """They were trusted: a count of "x" or a float dtype was a ValueError's traceback at the start of training."""
+    _, folder = prepared
+    manifest = json.loads((folder / MANIFEST).read_text())
+    change(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(XattnError, match=message) as e:
+        MappedCorpus.open(folder)
+    assert "\n" not in str(e.value) and "prepare it again" in str(e.value)

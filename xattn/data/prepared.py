@@ -161,10 +161,11 @@ class MappedCorpus:
     rows: dict[str, np.ndarray]         # side -> (N,) tokens + 1: the length of its row in a Batch
 
     @classmethod
-    def open(cls, folder: str | Path, expect: dict | None = None, verify: bool = False) -> MappedCorpus:
-        """Map `folder`. Refused in one line: no prepared directory there, another format, a missing or short
-        array, one whose SHA-256 differs (with `verify`), or a manifest whose `expect` fields differ (naming
-        the first that does)."""
+    def open(cls, folder: str | Path, expect: dict | None = None) -> MappedCorpus:
+        """Map `folder`. Refused in one line: no prepared directory there, another format, a manifest whose
+        counts or array descriptions are not what `fill` writes, a missing or short array, one whose SHA-256
+        differs (every array is read once for it: ids out of the vocabulary would fail the first step), or a
+        manifest whose `expect` fields differ (naming the first that does)."""
         folder = Path(folder)
         if not (folder / MANIFEST).is_file():
             raise XattnError(f"{folder}: not a prepared corpus (no {MANIFEST}); make one with `xattn prepare`")
@@ -177,7 +178,14 @@ class MappedCorpus:
             if manifest.get(key) != value:
                 raise XattnError(f"{folder}: prepared for other {key} ({json_text(manifest.get(key))}, this run "
                                  f"has {json_text(value)}); prepare again into another directory")
-        maps = {name: check_array(folder, name, spec, verify) for name, spec in manifest.get("arrays", {}).items()}
+        pairs, arrays = manifest.get("pairs"), manifest.get("arrays")
+        if type(pairs) is not int or pairs < 0:
+            raise XattnError(f"{folder / MANIFEST}: pairs: expected a whole number >= 0, got {json_text(pairs)}; "
+                             "prepare it again")
+        if not isinstance(arrays, dict):
+            raise XattnError(f"{folder / MANIFEST}: arrays: expected an object describing each array, got "
+                             f"{json_text(arrays)}; prepare it again")
+        maps = {name: check_array(folder, name, spec) for name, spec in arrays.items()}
         sides = SIDES + ((LINKS,) if f"{LINKS}.bin" in maps else ())
         if missing := [f"{s}{x}" for s in sides for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
             raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
@@ -189,7 +197,7 @@ class MappedCorpus:
 
     def check_counts(self) -> None:
         """That each side's lengths, blocks and ids agree with each other and with the manifest's count."""
-        n = int(self.manifest["pairs"])
+        n = self.manifest["pairs"]
         for side in self.ids:
             rows, blocks = self.rows[side], self.blocks[side]
             sums = np.add.reduceat(rows.astype(np.int64) - 1, np.arange(0, n, BLOCK)) if n else np.zeros(0, np.int64)
@@ -242,22 +250,27 @@ def row_lengths(lengths: np.ndarray) -> np.ndarray:
     return rows
 
 
-def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray:
+def check_array(folder: Path, name: str, spec: dict) -> np.ndarray:
     """The array `name` of a prepared directory as its manifest `spec` describes it: the ids mapped read-only,
     the lengths and blocks (a few bytes a sentence, read whole) in memory."""
-    path = folder / name
-    if not path.is_file():
-        raise XattnError(f"{path}: missing from the prepared corpus; prepare it again")
-    if path.stat().st_size != spec.get("bytes"):
-        raise XattnError(f"{path}: {path.stat().st_size} bytes where {MANIFEST} says {spec.get('bytes')} (cut short "
-                         "or changed); prepare it again")
-    if verify and sha256_file(path) != spec.get("sha256"):
-        raise XattnError(f"{path}: its SHA-256 differs from the one in {MANIFEST} (damaged); prepare it again")
+    path, where = folder / name, f"{folder / MANIFEST}: arrays.{name}"
+    if not isinstance(spec, dict) or type(spec.get("bytes")) is not int:
+        raise XattnError(f"{where}: expected its dtype, bytes and sha256, got {json_text(spec)}; prepare it again")
     try:
         dtype = np.dtype(spec.get("dtype"))
     except TypeError:
-        raise XattnError(f"{folder / MANIFEST}: arrays.{name}.dtype: not a dtype ({spec.get('dtype')!r}); prepare "
-                         "it again") from None
+        raise XattnError(f"{where}.dtype: not a dtype ({spec.get('dtype')!r}); prepare it again") from None
+    if dtype.kind not in "iu" or spec["bytes"] % dtype.itemsize:
+        raise XattnError(f"{where}: {spec['bytes']} bytes of {dtype}, not whole ids, lengths or offsets; prepare "
+                         "it again")
+    if not path.is_file():
+        raise XattnError(f"{path}: missing from the prepared corpus; prepare it again")
+    if path.stat().st_size != spec["bytes"]:
+        raise XattnError(f"{path}: {path.stat().st_size} bytes where {MANIFEST} says {spec['bytes']} (cut short "
+                         "or changed); prepare it again")
+    if sha256_file(path) != spec.get("sha256"):
+        raise XattnError(f"{path}: its SHA-256 differs from the one in {MANIFEST} (damaged or changed); prepare it "
+                         "again")
     if spec["bytes"] == 0:
         return np.zeros(0, dtype=dtype)
     return mapped(path, dtype) if name.endswith(".bin") else np.fromfile(path, dtype=dtype)

@@ -40,27 +40,25 @@ def training_corpus(cfg: DataConfig, ctx: Context | None = None, inherit: dict[s
         check_matches(corpus, cfg, inherit)
         return corpus
     folder = cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}"
-    if ctx.rank == 0:
-        make(folder, cfg, inherit, workers)
+    corpus = make(folder, cfg, inherit, workers) if ctx.rank == 0 else None
     ctx.barrier()
-    return MappedCorpus.open(folder)
+    return corpus if corpus is not None else MappedCorpus.open(folder)  # (opened once: every SHA-256 is read)
 
 
-def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int | None) -> None:
-    """Prepare `folder` unless a complete one is there; a damaged one is prepared again."""
+def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int | None) -> MappedCorpus:
+    """`folder` opened, prepared first unless a complete one is there; a damaged one is prepared again."""
     if (folder / "manifest.json").is_file():
         try:
-            MappedCorpus.open(folder)
-            return
+            return MappedCorpus.open(folder)
         except XattnError as e:
             print(f"xattn: {e}; preparing it again", file=sys.stderr)
             shutil.rmtree(folder)
     try:
         prepare(cfg, folder, workers, inherit)
     except (OSError, XattnError):
-        if (folder / "manifest.json").is_file():  # another run prepared the same corpus meanwhile
-            return
-        raise
+        if not (folder / "manifest.json").is_file():  # (else another run prepared the same corpus meanwhile)
+            raise
+    return MappedCorpus.open(folder)
 
 
 def slug(cfg: DataConfig) -> str:
