@@ -245,6 +245,10 @@ def test_import_refuses_unsupported_configs():
                        ("decoder_ffn_dim", 32), ("model_type", "bart"), ("static_position_embeddings", False)):
         with pytest.raises(XattnError, match=key):
             check_importable(base | {key: value}, "config.json")
+    for key, value, shown in (("d_model", "x", '"x"'), ("max_position_embeddings", -1, "-1"),
+                              ("encoder_layers", 2.0, "2.0"), ("pad_token_id", True, "true")):  # (the hub's traceback)
+        with pytest.raises(XattnError, match=rf"^config.json: {key} must be a whole number >= [01], got {shown}$"):
+            check_importable(base | {key: value}, "config.json")
     for name, ours in (("relu", "relu"), ("gelu", "gelu"), ("swish", "swish"), ("silu", "swish"), ("tanh", None),
                        (["relu"], None)):
         assert activation_of(name) == ours  # every activation xattn has (registry.ACTIVATIONS), by HF's names too

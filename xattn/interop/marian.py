@@ -114,6 +114,12 @@ UNSUPPORTED = (  # (key, value when absent, predicate for "fine", why)
      f"model.activation is one of {', '.join(ACTIVATIONS)}"),
 )
 
+WHOLE = (*((key, 1) for key in ("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers",
+                                  "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                                  "vocab_size", "decoder_vocab_size")),
+         *((key, 0) for key in ("pad_token_id", "decoder_start_token_id", "eos_token_id", "bos_token_id")))
+"""The Marian settings that are whole numbers, and the least each may be."""
+
 HF_ACTIVATIONS = {"silu": "swish"}
 """Hugging Face's names of activations that xattn names otherwise."""
 
@@ -134,6 +140,9 @@ def check_importable(hf: dict[str, Any], where: str) -> None:
             raise XattnError(f"{where}: {a}={hf.get(a)} differs from {b}={hf.get(b)}; xattn needs them equal")
     if isinstance(hf.get("eos_token_id"), list):
         raise XattnError(f"{where}: eos_token_id={hf['eos_token_id']} is a list; xattn needs one EOS id")
+    for key, least in WHOLE:  # (a string here was the hub's traceback; -1 a negative tensor size, unnamed)
+        if key in hf and (type(hf[key]) is not int or hf[key] < least):
+            raise XattnError(f"{where}: {key} must be a whole number >= {least}, got {json_text(hf[key])}")
 
 
 def model_config(hf: dict[str, Any], state: dict[str, Tensor]) -> ModelConfig:
