@@ -58,8 +58,8 @@ def space(tmp_path_factory, numbers_model) -> Path:
 
 
 def prepared_corpora(root: Path) -> None:
-    """prepared: the tiny numbers config's corpus; prepared-short: a copy with src.bin cut short;
-    prepared-files: made from src.txt + good.txt."""
+    """prepared: the tiny numbers config's corpus; prepared-short: a copy with src.bin cut short; prepared-spm: a
+    copy with a damaged tokenizer; prepared-files: made from src.txt + good.txt."""
     from xattn.config import load_config
     from xattn.presets import resolve_config
     from xattn.data.prepare import prepare
@@ -67,6 +67,8 @@ def prepared_corpora(root: Path) -> None:
     prepare(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY).data, root / "prepared", workers=1)
     shutil.copytree(root / "prepared", root / "prepared-short")
     (root / "prepared-short" / "src.bin").write_bytes((root / "prepared" / "src.bin").read_bytes()[:-2])
+    shutil.copytree(root / "prepared", root / "prepared-spm")
+    (root / "prepared-spm" / "spm.model").write_bytes(b"not a model")
     files = [f"data.train_src={root}/src.txt", f"data.train_tgt={root}/good.txt", "data.vocab_size=20"]
     prepare(load_config(resolve_config("numbers-de-en"), NUMBERS_TINY + ["data.dataset=null", *files]).data,
             root / "prepared-files", workers=1)
@@ -156,6 +158,9 @@ CASES = {
                                         "nothing.txt: empty; expected a mapping with sections"),  # (it trained)
     "override of a dotted key": ([*TRAIN, "train.foo.bar=1", "--out", "{space}/new-dotted"],
                                  "train: error: unknown config key train.foo.bar"),  # (it named the preset file)
+    "train on a prepared corpus of a damaged tokenizer": ([*TRAIN, "data.prepared={space}/prepared-spm", "--out",
+                                                          "{space}/new-spm"],
+                                                         "prepared-spm/spm.model: its SHA-256 differs"),  # (new-spm's)
     "prepare a prepared corpus": (["prepare", "numbers-de-en", "data.prepared={space}/prepared", "--out",
                                    "{space}/new-prepared"], "data.prepared: "),  # (it was ignored)
     "shortlist data dir with src": (["shortlist", M, "--src", "{space}/src.txt", "--tgt", "{space}/ref.txt",

@@ -495,7 +495,12 @@ def test_cli_errors_are_one_line(tmp_path, transformers):
         (("export", str(pre), str(tmp_path / "out")), "model.norm='pre'"),
         (("export", str(pre), str(tmp_path / "out"), "--quantization", "int8"), "--format ct2 only"),
         (("import", str(tmp_path / "pre"), str(tmp_path / "out")), "no config.json"),
+        (("import", str(tmp_path / "hf-spm"), str(tmp_path / "out")), f"{tmp_path}/hf-spm/source.spm: not a "
+                                                                      "SentencePiece model"),  # (its temporary copy)
     ]
+    hf = tmp_path / "hf-spm"
+    assert _run("export", str(make_model_dir(tmp_path / "plain")), str(hf), "--format", "hf").returncode == 0
+    (hf / "source.spm").write_bytes(b"not a model")
     for args, message in cases:
         result = _run(*args)
         assert result.returncode == 2, (args, result.stderr)

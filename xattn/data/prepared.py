@@ -186,6 +186,7 @@ class MappedCorpus:
             raise XattnError(f"{folder / MANIFEST}: arrays: expected an object describing each array, got "
                              f"{json_text(arrays)}; prepare it again")
         maps = {name: check_array(folder, name, spec) for name, spec in arrays.items()}
+        check_tokenizers(folder, manifest.get("tokenizers", {}))
         sides = SIDES + ((LINKS,) if f"{LINKS}.bin" in maps else ())
         if missing := [f"{s}{x}" for s in sides for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
             raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
@@ -274,6 +275,21 @@ def check_array(folder: Path, name: str, spec: dict) -> np.ndarray:
     if spec["bytes"] == 0:
         return np.zeros(0, dtype=dtype)
     return mapped(path, dtype) if name.endswith(".bin") else np.fromfile(path, dtype=dtype)
+
+
+def check_tokenizers(folder: Path, hashes: object) -> None:
+    """That the tokenizer files the manifest lists are there as prepared (a damaged one was named only once
+    training had copied it into the model directory)."""
+    if not isinstance(hashes, dict):
+        raise XattnError(f"{folder / MANIFEST}: tokenizers: expected an object of SHA-256 by file name, got "
+                         f"{json_text(hashes)}; prepare it again")
+    for name, digest in hashes.items():
+        path = folder / name
+        if not path.is_file():
+            raise XattnError(f"{path}: missing from the prepared corpus; prepare it again")
+        if sha256_file(path) != digest:
+            raise XattnError(f"{path}: its SHA-256 differs from the one in {MANIFEST} (damaged or changed); prepare "
+                             "it again")
 
 
 def let_go(ids: np.ndarray) -> None:

@@ -250,8 +250,9 @@ def _tokenizer_options(hf_dir: Path) -> dict[str, Any]:
 
 def _place_spm(spm_file: Path, dest: Path, vocab: dict[str, int]) -> None:
     """Copy a SentencePiece model into the model directory, with its id table where ids differ from its own."""
+    own = Tokenizer.load(spm_file).vocab  # (read where it is: a damaged one was named by its temporary copy)
     shutil.copyfile(spm_file, dest)
-    if Tokenizer.load(dest).vocab != vocab:
+    if own != vocab:
         _write_json(vocab_file(dest), vocab)
 
 
