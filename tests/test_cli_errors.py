@@ -943,3 +943,9 @@ def test_teacher_forced_names_the_pair_a_bad_character_is_in(space):
     translator = xattn.load(space / "model")
     with pytest.raises(xattn.XattnError, match=r"^sources\[1\]: holds a NUL character \(at character 6\)"):
         teacher_forced(translator, ["eins zwei", "ein b\0c"], ["one two", "one"])
+
+
+def test_a_quickstart_into_a_folder_training_refuses_prints_no_heading_first(space, monkeypatch, capsys):
+    """It printed "== training de->en on numbers into X (900 steps ...)" and then the error."""
+    code, out, err = run_main(["quickstart", "--out", str(space / "file-not-dir")], b"", monkeypatch, capsys)
+    assert code == 2 and out == "" and "file-not-dir: exists and is not a directory" in err, (out, err)

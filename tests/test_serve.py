@@ -464,6 +464,8 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
     (["--port", "{busy}"], "--host 127.0.0.1 --port {busy}: cannot listen there (Address already in use)"),
     (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address to listen on"),
     (["--port", "70000"], "--port: 70000 is not a port (0 for any free one, or 1 to 65535)"),
+    (["--timeout", "inf"], "--timeout: must be a finite number > 0, got inf"),  # (it said "must be > 0")
+    (["--batch-wait-ms", "-1"], "--batch-wait-ms: must be >= 0, got -1.0"),
     (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
     (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
     (["--api-key", ""], "--api-key: an empty key"),

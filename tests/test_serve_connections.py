@@ -381,7 +381,8 @@ def run_serve(model, *flags: str, files: int | None = None) -> subprocess.Comple
 
 
 @pytest.mark.parametrize("flags, files, message", [
-    (("--read-timeout", "0"), None, "--read-timeout: must be above 0, got 0.0"),
+    (("--read-timeout", "0"), None, "--read-timeout: must be > 0, got 0.0"),
+    (("--write-timeout", "inf"), None, "--write-timeout: must be a finite number > 0, got inf"),
     (("--max-connections", "1000"), 256, "--max-connections: 1000 connections need more files than the open-file "
                                          "limit (256) leaves (128); lower it, or raise the limit (ulimit -n)"),
 ])

@@ -28,6 +28,7 @@ def run(args) -> int:
     from xattn.analysis.plots import figure, save
     from xattn.config import load_config
     from xattn.presets import resolve_config
+    from xattn.train_state import open_run_dir
     from xattn.datasets import load_pairs
     from xattn.evaluation import evaluate
     from xattn.training import train
@@ -44,6 +45,7 @@ def run(args) -> int:
     cfg = load_config(resolve_config(PRESETS[args.dataset]), overrides)
     check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out or f"runs/quickstart-{args.dataset}")
+    open_run_dir(out)  # (a folder training refuses is refused before the heading, not after it)
     print(f"== training {cfg.data.src_lang}->{cfg.data.tgt_lang} on {cfg.data.dataset} into {out} "
           f"({cfg.train.max_steps} steps, at most {cfg.train.max_minutes:g} min)")
     progress = train(cfg, out, flags={"train.max_minutes": "--minutes", "train.max_steps": "train.max_steps="})

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import socket
 import sys
 from urllib.parse import urlsplit
 
+from xattn.checks import within
 from xattn.cli.common import add_verb, path_arg
 from xattn.errors import XattnError
 
@@ -157,7 +157,7 @@ def run(args) -> int:
     servers.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
                                                  loop="asyncio", http=http, ws="none", **connections)))
     models = ", ".join(f"{one.path} ({one.source}→{one.target})" for one in app.state.xattn.served)
-    print(f"serving {models} at {address(args.host, port)}; Ctrl+C stops", flush=True)
+    print(f"loading {models}; listening at {address(args.host, port)}; Ctrl+C stops", flush=True)
     try:
         servers[0].run(sockets=[sock])
     finally:
@@ -174,8 +174,8 @@ def checked_flags(args) -> tuple[dict, dict]:
         value = values[name]
         if value is None:  # (a default that follows another flag's)
             continue
-        if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_wait_ms"):
-            raise XattnError(f"{flag}: must be {'>= 0' if name == 'batch_wait_ms' else '> 0'}, got {value}")
+        if problem := within(0, lo_open=name != "batch_wait_ms")(value):  # (inf: "must be a finite number > 0")
+            raise XattnError(f"{flag}: {problem}")
     if values["max_backlog_s"] is not None and values["max_backlog_s"] > values["timeout_s"]:
         raise XattnError(f"--max-backlog: {values['max_backlog_s']:g} s is above --timeout "
                          f"({values['timeout_s']:g} s), so requests admitted would time out before their turn; "
@@ -197,8 +197,8 @@ def checked_flags(args) -> tuple[dict, dict]:
         check_origin(args.cors_origin)
     connections = {name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _, _) in CONNECTION_FLAGS.items()}
     for flag, (name, _, _, _) in CONNECTION_FLAGS.items():
-        if connections[name] is not None and (not math.isfinite(connections[name]) or connections[name] <= 0):
-            raise XattnError(f"{flag}: must be above 0, got {connections[name]}")
+        if connections[name] is not None and (problem := within(0, lo_open=True)(connections[name])):
+            raise XattnError(f"{flag}: {problem}")
     return values, connections
 
 
