@@ -1,6 +1,9 @@
+import dataclasses
+
 import pytest
 
-from xattn.config import load_config
+from xattn.checks import ConfigError
+from xattn.config import DecodeConfig, load_config
 
 from xattn.presets import PRESET_DIR, presets, resolve_config
 from xattn.errors import XattnError
@@ -92,3 +95,15 @@ def test_which_settings_a_search_ignores_is_the_configs_and_only_used_sets_them_
     assert (kept.coverage_penalty, kept.stopping, kept.temperature) == (0.2, "early", 1.0)
     with pytest.raises(XattnError, match="decode.stopping: applies to beam search"):
         greedy.refuse_unused(["max_len_b", "stopping"])
+
+
+def test_a_users_choices_of_search_settings_follow_the_beam_and_leave_bad_values_to_the_checks():
+    """n_best follows a smaller beam down unless given; a beam_size that is not a number was a TypeError in the
+    comparison, before the config's own check could name it."""
+    cfg = DecodeConfig(beam_size=5, n_best=3)
+    assert cfg.with_choices({"beam_size": 2}) == {"beam_size": 2, "n_best": 2}
+    assert cfg.with_choices({"beam_size": 2, "n_best": 1}) == {"beam_size": 2, "n_best": 1}
+    assert cfg.with_choices({"beam_size": 4}) == {"beam_size": 4}
+    changes = cfg.with_choices({"beam_size": "x"})
+    with pytest.raises(ConfigError, match="decode.beam_size: expected int, got 'x'"):
+        dataclasses.replace(cfg, **changes)

@@ -137,6 +137,14 @@ def test_cross_attention_crops_padding(translator):
                                    ([[9], [9]], [0], "rows: 1 rows for 2 targets")):  # (an IndexError before)
         with pytest.raises(ParameterError, match=message):
             translator.forced_attention(src, targets, rows)
+    for bad, targets, message in (([[5, 2]], [[9]], r"src: a \(batch, length\) tensor of token ids, got list"),
+                                  (src.float(), [[9]], r"got \(2, 4\) of torch.float32"),
+                                  (src[0], [[9]], r"got \(4,\) of torch.int64"),
+                                  (src + 99999, [[9]], "src: an id outside the source vocabulary"),
+                                  (src, ["ab"], r"targets\[0\]: expected a list of int token ids"),
+                                  (src, [[9], [9.0]], r"targets\[1\]: expected")):  # (bare errors from inside)
+        with pytest.raises(ParameterError, match=message):
+            translator.forced_attention(bad, targets)
 
 
 def test_n_best_alternatives(translator):

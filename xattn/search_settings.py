@@ -35,8 +35,9 @@ class SearchSettings:
     def with_choices(self, changes: Mapping[str, Any]) -> dict[str, Any]:
         """A user's `changes` to this config (a model's own; CLI flags or request fields, as field names) with what
         follows from them: this config's n_best follows a smaller beam down, unless the changes name n_best."""
-        beam = changes.get("beam_size", self.beam_size)
-        return {**changes, "n_best": beam} if "n_best" not in changes and self.n_best > beam else dict(changes)
+        beam = changes.get("beam_size", self.beam_size)  # (not a number: the config's checks name beam_size)
+        follows = "n_best" not in changes and type(beam) is int and self.n_best > beam
+        return {**changes, "n_best": beam} if follows else dict(changes)
 
     def set_besides(self, base: SearchSettings) -> list[str]:
         """The settings of this config that differ both from the defaults and from `base` (a model's own): what

@@ -185,7 +185,7 @@ class Translator:
                   attention_heads: tuple[int, tuple[int, ...] | None] | None, generator: torch.Generator | None
                   ) -> tuple[list[list[int]], list[list[int]] | None, DecodeConfig, Options]:
         """translate's arguments checked, and its texts (and prefixes) as ids."""
-        texts = text_list("texts", texts, "translate() takes a list of sentences, got one string; pass [text]")
+        texts = text_list("texts", texts, "a list of sentences, got one string; pass [text]")
         cfg = self.decode_config if cfg is None else cfg
         if not isinstance(cfg, DecodeConfig):
             raise ParameterError("cfg", f"a DecodeConfig, got {type(cfg).__name__} (DecodeConfig(**settings) makes one)")
@@ -262,6 +262,14 @@ class Translator:
         rows = list(range(len(targets))) if rows is None else list(rows)
         if len(rows) != len(targets):
             raise ParameterError("rows", f"{len(rows)} rows for {len(targets)} targets; give one per target")
+        if not isinstance(src, Tensor) or src.dim() != 2 or src.dtype not in (torch.int64, torch.int32):
+            got = f"{tuple(src.shape)} of {src.dtype}" if isinstance(src, Tensor) else type(src).__name__
+            raise ParameterError("src", f"a (batch, length) tensor of token ids, got {got}")
+        if src.numel() and not 0 <= int(src.min()) <= int(src.max()) < cfg.src_vocab_size:
+            raise ParameterError("src", f"an id outside the source vocabulary (0 to {cfg.src_vocab_size - 1})")
+        if (bad := next((i for i, t in enumerate(targets) if isinstance(t, (str, bytes)) or not all(
+                type(x) is int for x in t)), None)) is not None:
+            raise ItemError("targets", bad, "expected a list of int token ids")
         if (bad := next((i for i, r in enumerate(rows) if not 0 <= r < src.shape[0]), None)) is not None:
             raise ItemError("rows", bad, f"{rows[bad]} is not a row of src, which has {src.shape[0]}")
         if (bad := next((i for i, t in enumerate(targets) if t and not 0 <= min(t) <= max(t) < cfg.tgt_vocab_size),
