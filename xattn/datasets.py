@@ -37,7 +37,8 @@ def multi30k_files(split: str, lang: str, data_dir: str | Path | None = None) ->
     """
     split = MULTI30K_ALIASES.get(split, split)
     if split not in MULTI30K_SPLITS:
-        raise XattnError(f"unknown Multi30k split {split!r}; valid: {', '.join(MULTI30K_SPLITS)} (or test)")
+        raise ParameterError("split", f"unknown Multi30k split {split!r}; valid: {', '.join(MULTI30K_SPLITS)} "
+                             "(or test)")
     if lang not in MULTI30K_LANGS:
         raise XattnError(f"unknown Multi30k language {lang!r}; valid: {', '.join(MULTI30K_LANGS)}")
     name = f"{split}.{lang}.gz"
@@ -100,7 +101,7 @@ def numbers(src_lang: str, tgt_lang: str, split: str, size: int | None = None, s
         if lang not in NUMBERS_LANGS:
             raise XattnError(f"unknown numbers language {lang!r}; valid: {', '.join(NUMBERS_LANGS)}")
     if split not in NUMBERS_SIZES:
-        raise XattnError(f"unknown numbers split {split!r}; valid: {', '.join(NUMBERS_SIZES)}")
+        raise ParameterError("split", f"unknown numbers split {split!r}; valid: {', '.join(NUMBERS_SIZES)}")
     values = _sample_numbers(split, NUMBERS_SIZES[split] if size is None else size, seed)
     src_words, tgt_words = _number_words(src_lang), _number_words(tgt_lang)
     return [(src_words(v), tgt_words(v)) for v in values]

@@ -134,6 +134,7 @@ def settings_for(model_dir: str | Path, cfg, layer: int | None = None, heads: st
     choice = base.choice
     if layer is not None or heads is not None:
         choice = HeadChoice.parse(base.choice.layer if layer is None else layer, "mean" if heads is None else heads)
+        choice.check_given(cfg.heads_per_layer("cross"), "cross-attention")
     choice.check(cfg.heads_per_layer("cross"), "cross-attention")
     return AlignSettings(choice, method or base.method, base.threshold if threshold is None else threshold,
                          eos or base.eos, punct or base.punct)

@@ -79,6 +79,13 @@ class HeadChoice:
         if problem := head_problem(heads, self.layer, self.heads, what):
             raise XattnError(problem)
 
+    def check_given(self, heads: Sequence[int], what: str = "attention") -> None:
+        """`check`, for a choice a caller gave as `layer` and `heads`: a ParameterError naming the one at fault (the
+        command line's --layer or --heads; they went unnamed)."""
+        if problem := head_problem(heads, self.layer, self.heads, what):
+            on_heads = self.heads is not None and 0 <= self.layer < len(heads) and heads[self.layer] > 0
+            raise ParameterError("heads" if on_heads else "layer", problem)
+
     def select(self, weights: np.ndarray) -> np.ndarray:
         """(L, H, R, C) -> (R, C): the chosen heads of the chosen layer, averaged."""
         heads = heads_per_layer(weights)

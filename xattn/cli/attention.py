@@ -95,7 +95,7 @@ def view_choice(args, heads: list[int], links_layer: int | None = None):
     default = len(heads) - 1 if links_layer is None else links_layer
     layer = HeadChoice.nearest(heads, default, what).layer if args.layer is None else args.layer
     choice = HeadChoice.parse(layer, "mean" if args.heads is None else args.heads)
-    choice.check(heads, what)
+    choice.check_given(heads, what)
     return choice
 
 

@@ -77,7 +77,7 @@ def export_ct2(model_dir: str | Path, out_dir: str | Path, quantization: str | N
     `quantization` is one of QUANTIZATIONS (None keeps float32 weights).
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise XattnError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+        raise ParameterError("quantization", f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     require("transformers")
     require("ctranslate2")
     out = Path(os.path.realpath(out_dir) if Path(out_dir).is_symlink() else out_dir)  # as atomic_dir writes it;
