@@ -182,8 +182,10 @@ def offline(*args, **kwargs):
 def test_multi30k_missing_files_and_no_network(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     monkeypatch.delenv("XATTN_DATA", raising=False)
-    with pytest.raises(XattnError, match="nowhere.*no val.de.gz"):
+    with pytest.raises(XattnError, match="nowhere: no such folder"):
         multi30k("de", "en", "val", data_dir=tmp_path / "nowhere")
+    with pytest.raises(XattnError, match=f"{tmp_path}: no val.de.gz there"):
+        multi30k("de", "en", "val", data_dir=tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(XattnError, match="cannot download Multi30k val.de.gz.*offline.*XATTN_DATA"):
         multi30k("de", "en", "val")

@@ -58,6 +58,9 @@ def _find_local(folder: Path, name: str, error: Callable[[str], XattnError]) -> 
     for candidate in (folder / name, folder / "multi30k" / name):
         if candidate.is_file():
             return candidate
+    if not folder.is_dir():  # (a file said "no val.de.gz there")
+        raise error(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'} (the Multi30k folder, or "
+                    "the one that holds it)")
     raise error(f"{folder}: no {name} there or in {folder / 'multi30k'}")
 
 

@@ -21,5 +21,7 @@ def resolve_config(arg: str | Path) -> Path:
     preset = PRESET_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
     if len(path.parts) == 1 and preset.is_file():
         return preset
+    if path.is_dir():  # (it said "config file not found")
+        raise XattnError(f"{arg}: is a directory, not a config file (a YAML file, or a preset: {', '.join(presets())})")
     raise XattnError(f"{arg}: config file not found, and no preset of that name "
                      f"(presets: {', '.join(presets())})")

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = build_parser().parse_known_args(argv)
     if extras:  # argparse stops filling `overrides` at the first option; section.key=value may come after it
         if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extras):
-            return _fail(args.verb, f"unrecognized arguments: {' '.join(extras)} (see xattn {args.verb} --help)")
+            return _fail(_verb(args), f"unrecognized arguments: {' '.join(extras)} (see xattn {_verb(args)} --help)")
         args.overrides = [*args.overrides, *extras]
     stops = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
@@ -84,22 +84,22 @@ def main(argv: list[str] | None = None) -> int:
         from xattn.cli.common import overwritten
 
         if problem := overwritten(args):  # (an output that is an input would replace it)
-            return _fail(args.verb, problem)
+            return _fail(_verb(args), problem)
         return args.run(args) or 0
     except ParameterError as e:  # named as the command line gives it: by its flag, say (a verb that knows the line
         from xattn.cli.common import problem_of  # of a text says so itself: common.lines_of)
 
-        return _fail(args.verb, problem_of(args, e))
+        return _fail(_verb(args), problem_of(args, e))
     except XattnError as e:
-        return _fail(args.verb, str(e))
+        return _fail(_verb(args), str(e))
     except BrokenPipeError:  # the reader went away (`| head`)
         return 0
     except OSError as e:
         if e.filename is None and e.errno in FULL:  # stdout, most likely: no file named
-            return _fail(args.verb, f"writing the output: {e.strerror}")
+            return _fail(_verb(args), f"writing the output: {e.strerror}")
         if e.filename is None:  # not about a file the user named: a bug to show in full
             raise
-        return _fail(args.verb, f"{e.filename}: {e.strerror or e}")
+        return _fail(_verb(args), f"{e.filename}: {e.strerror or e}")
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):
             print(f"xattn {args.verb}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
@@ -113,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         gc.unfreeze()
+
+
+def _verb(args) -> str:
+    """The verb as its usage names it: `heads align`, not `heads`."""
+    return f"{args.verb} {args.subcommand}" if getattr(args, "subcommand", None) else args.verb
 
 
 def _fail(verb: str, message: str) -> int:
