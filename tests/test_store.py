@@ -106,3 +106,29 @@ def test_a_kill_during_prepare_leaves_nothing_training_accepts(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "left half-written by process" in result.stderr and not list(tmp_path.glob(".prepared.tmp-*"))
     assert len(MappedCorpus.open(out)) == 40_000
+
+
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_ctrl_c_or_a_kill_of_the_group_while_workers_encode_ends_prepare_at_once_in_one_line(tmp_path, stop, code):
+    """A terminal's Ctrl+C (or a kill of the process group) reaches the encoding workers too: multiprocessing.Pool's
+    died of it holding its queue's lock, and prepare then hung for good (a helper's probe: still there after 12
+    minutes), after 8 to 22 lines of the workers' tracebacks."""
+    src, tgt = tmp_path / "big.de", tmp_path / "big.en"
+    src.write_text("".join(f"eins zwei drei {i} vier {i * 7}\n" for i in range(60_000)))
+    tgt.write_text("".join(f"one two three {i} four {i * 7}\n" for i in range(60_000)))
+    args = [sys.executable, "-m", "xattn", "prepare", "numbers-de-en", "data.dataset=null", f"data.train_src={src}",
+            f"data.train_tgt={tgt}", "data.vocab_size=200", "--out", str(tmp_path / "prepared"), "--workers", "2"]
+    proc = subprocess.Popen(args, env=os.environ | {"OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # (a group of its own, as a terminal's command)
+    deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
+    while not any(f.name.endswith(".bin") for d in tmp_path.glob(".prepared.tmp-*") for f in d.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare ended before it was stopped"
+        time.sleep(0.05)
+    os.killpg(proc.pid, stop)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code and len(err.strip().splitlines()) <= 1 and "Traceback" not in err, err
+    assert not (tmp_path / "prepared").exists()

@@ -17,10 +17,14 @@ import hashlib
 import multiprocessing
 import os
 import random
+import signal
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -103,14 +107,50 @@ def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
         _load(str(folder))
         yield from map(fn, jobs)
         return
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=_load, initargs=(str(folder),)) as pool:
+    with worker_processes(workers, _load, (str(folder),)) as pool:
         pending: deque = deque()
         for job in jobs:
-            pending.append(pool.apply_async(fn, (job,)))
+            pending.append(pool.submit(fn, job))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+
+
+@contextmanager
+def worker_processes(workers: int, initializer=None, initargs: tuple = ()) -> Iterator[ProcessPoolExecutor]:
+    """`workers` spawned processes that leave Ctrl+C to this one and are killed when it stops early (Ctrl+C,
+    SIGTERM, an error). multiprocessing.Pool's workers died of the terminal's Ctrl+C or SIGTERM holding its queue's
+    lock, and the pool's shutdown then hung for good. A worker that dies (killed for memory, say) is one line."""
+    pool = ProcessPoolExecutor(workers, mp_context=_Quiet(), initializer=initializer, initargs=initargs)
+    try:
+        yield pool
+    except BrokenProcessPool:
+        raise XattnError("a worker process of this one ended abruptly (killed, perhaps for memory); run again, "
+                         "with fewer --workers if memory is short") from None
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):  # (no public way before Python 3.14)
+            process.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _QuietProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that never sees SIGINT or SIGTERM: a terminal's Ctrl+C, or a kill of the process group,
+    reaches every process of the command, and the one that started it stops it instead. They are blocked while it
+    starts, as a new process inherits them blocked; this one's arrive once they are unblocked."""
+
+    def start(self) -> None:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+class _Quiet(multiprocessing.context.SpawnContext):
+    Process = _QuietProcess
 
 
 # ---------------------------------------------------------------------------------------------- prepare
@@ -268,9 +308,9 @@ def train_into(folder: Path, sample: list[Pair], cfg: DataConfig, where: str, in
         path.write_text("\n".join(pair[k] for pair in sample), encoding="utf-8")
     sample.clear()
     try:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pool.apply(train_from_files, (str(folder), [str(f) for f in files], cfg.vocab_size, cfg.joint_vocab,
-                                          {side: str(path) for side, path in inherit.items()}))
+        with worker_processes(1) as pool:
+            pool.submit(train_from_files, str(folder), [str(f) for f in files], cfg.vocab_size, cfg.joint_vocab,
+                        {side: str(path) for side, path in inherit.items()}).result()
     except XattnError as e:
         raise XattnError(f"{where}: cannot train the tokenizer on this text ({e})") from None
     for path in files:
