@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,62 @@ def test_a_resume_takes_the_weight_decay_and_betas_it_is_given(tmp_path, capsys)
     same, changed = (load_file(next((tmp_path / name / "train_state").glob("weights-*.safetensors")))
                      for name in ("same", "changed"))
     assert any(not torch.equal(same[k], changed[k]) for k in same)
+
+
+def test_a_second_training_into_a_run_directory_in_use_is_refused_and_the_first_keeps_it(tmp_path):
+    """The same command run again while the first runs: the second resumed from the live run's checkpoint,
+    deleted its files and cut its log, and both wrote there (a helper's probe: a mixed run, or one of the two failing
+    on a checkpoint file the other had removed). Held while the first process lives, however it ends."""
+    from conftest import NUMBERS_TINY
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "xattn", "train", "numbers-de-en", *NUMBERS_TINY, "train.eval_every=100000",
+            "--out", str(out)]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([*args, "train.max_steps=1000000"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(2400):  # a bound against hanging, not a timing check
+            if (out / "train_state" / "manifest.json").is_file() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        log = (out / "log.jsonl").read_bytes() if (out / "log.jsonl").exists() else b""
+        second = subprocess.run([*args, "train.max_steps=1000000"], env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert second.returncode == 2 and second.stderr == (
+            f"xattn train: error: {out}: another training (process {first.pid}) is writing there; wait for it to "
+            "end, or train into another directory\n"), second.stderr
+        assert (out / "log.jsonl").read_bytes().startswith(log)  # not cut back under the first
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 130, first.stderr.read()
+    finally:
+        first.kill()
+    third = subprocess.run([*args, "train.max_steps=1"], env=env, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr  # the lock went with the first process
+
+
+def test_the_best_model_is_published_after_the_checkpoint_that_records_it_and_again_on_resume(tmp_path, monkeypatch):
+    """model.safetensors was written before the checkpoint of its step: a kill between the two left it ahead of
+    train_state/, and a resumed run with another budget ended with weights of a trajectory it never took (a
+    helper's probe). Now a kill between the two leaves the checkpoint ahead, and resuming publishes its weights."""
+    from xattn.checkpoint import WEIGHTS, read_weights
+
+    class Killed(Exception):
+        pass
+    published, real = [], Trainer._save_model
+
+    def save_model(self):
+        published.append((self.progress.step, self.state_dir.manifest.step))
+        if self.progress.step == 3:
+            raise Killed  # as a kill after the checkpoint of step 3, before its weights were published
+        real(self)
+    monkeypatch.setattr(Trainer, "_save_model", save_model)
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        train(_cfg("train.max_steps=6", "train.lr=0.01"), out, quiet=True)
+    assert published == [(3, 3)] and not (out / WEIGHTS).exists()  # the checkpoint first
+    monkeypatch.setattr(Trainer, "_save_model", real)
+    trainer = Trainer(_cfg("train.max_steps=3", "train.lr=0.01"), out, quiet=True)  # resumed at step 3
+    checkpoint = read_weights(trainer.state_dir.dir / trainer.state_dir.manifest.weights)[0]
+    best = read_weights(out / WEIGHTS)[0]
+    assert trainer.progress.best_step == 3 and all(torch.equal(best[k], checkpoint[k]) for k in checkpoint)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -24,10 +25,16 @@ from xattn.checks import NON_NEGATIVE, POSITIVE, Check, one_of, read_record
 from xattn import corpora
 from xattn.config import DataConfig, RunConfig
 from xattn.errors import XattnError
-from xattn.io import atomic_write, atomic_write_text, is_temporary, json_text, read_json, sha256_file
+from xattn.io import atomic_write, atomic_write_text, is_temporary, json_text, make_parent, read_json, sha256_file
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no lock)
+    fcntl = None
 
 STATE_DIR = "train_state"  # in a run's directory: its checkpoints
 LOG = "log.jsonl"          # beside it: one JSON record per logged step
+LOCK = ".train.lock"       # beside it: held by the process training there (lock_run_dir)
 MANIFEST = "manifest.json"
 FORMAT = "xattn.train_state/1"
 LEGACY = ("state.pt", "last.safetensors")  # the unchecked layout of xattn before manifests
@@ -179,6 +186,30 @@ def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:
         raise XattnError(f"{out_dir}: holds {' and '.join(theirs)} but no training run to resume (a new run "
                          "would replace them); train into a new or an empty directory")
     return state_dir, manifest
+
+
+def lock_run_dir(out_dir: Path):
+    """Hold `out_dir` for this process' training: another process training into it meanwhile (the same command run
+    again while the first runs) is refused in one line. Both wrote there, deleting each other's checkpoint files and
+    truncating the log under the other. A POSIX lock on LOCK, which the system releases when the process ends,
+    however it ends; the open file is returned, to be kept open."""
+    if fcntl is None:
+        return None
+    make_parent(out_dir / LOCK, out_dir)
+    held = open(out_dir / LOCK, "a+", encoding="utf-8")
+    try:
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held.seek(0)
+        holder = held.read().strip() or "?"
+        held.close()
+        raise XattnError(f"{out_dir}: another training (process {holder}) is writing there; wait for it to end, or "
+                         "train into another directory") from None
+    held.seek(0)
+    held.truncate()
+    held.write(f"{os.getpid()}\n")
+    held.flush()
+    return held
 
 
 def remove_leftovers(out_dir: Path, state_dir: TrainStateDir) -> list[str]:

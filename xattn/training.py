@@ -30,7 +30,7 @@ from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
 from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, differences,  # noqa: F401 (LOG,
-                               open_run_dir, remove_leftovers, run_identity)  # STATE_DIR: benchmarks/faults.py's)
+                               lock_run_dir, open_run_dir, remove_leftovers, run_identity)  # STATE_DIR: benchmarks/faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -61,6 +61,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
         self.state_dir, manifest = open_run_dir(self.out_dir)
+        self._lock = lock_run_dir(self.out_dir) if self.ctx.rank == 0 else None  # (held while this process lives)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
             self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
@@ -153,6 +154,9 @@ class Trainer:
                 with log.open("r+b") as f:
                     f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
             save_config(self.cfg, self.out_dir / CONFIG)
+            p = self.progress
+            if p.best_step == p.step and p.best_score > -math.inf and not p.finished:
+                self._save_model()  # the best weights are the checkpoint's: a kill may have come before they were
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
     def _remove_leftovers(self) -> None:
@@ -306,14 +310,13 @@ class Trainer:
     def _checkpoint(self, evaluate: bool) -> bool:
         """Evaluate (rank 0), keep best/last/averaging checkpoints; True when patience is exhausted."""
         tc, p = self.cfg.train, self.progress
-        patience_over = False
+        patience_over, improved = False, False
         if self.ctx.rank == 0:
             if evaluate:
                 scores = self.validate()
                 improved = scores["valid_bleu"] > p.best_score
                 if improved:
                     p.best_score, p.best_step, p.bad_evals = scores["valid_bleu"], p.step, 0
-                    self._save_model()
                 else:
                     p.bad_evals += 1
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
@@ -321,6 +324,8 @@ class Trainer:
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
             self._save_state(keep_for_averaging=tc.average_last if evaluate else 0)
+            if improved:  # published after the checkpoint that records it (_resume publishes it again if need be)
+                self._save_model()
         self.ctx.barrier()
         return patience_over
 
