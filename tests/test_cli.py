@@ -351,3 +351,38 @@ def test_help_does_not_load_torch():
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_stop_signal_raised_where_python_drops_it_still_stops_the_command(monkeypatch, capsys):
+    """SIGTERM while a finalizer ran (a helper's probe: during an export, `Exception ignored in: Group.__del__ ...
+    Terminated: 15`): Python dropped the Terminated, the export went on and exited 0."""
+    import xattn.cli.aer as verb
+    from xattn.cli import main as cli
+
+    class Finalized:
+        def __del__(self):
+            cli._terminate(signal.SIGTERM, None)
+
+    def run(args):
+        Finalized()  # collected at once: its exception is printed as ignored, and the run goes on
+        return 0
+    raised = []
+    monkeypatch.setattr(verb, "run", run)
+    monkeypatch.setattr(signal, "raise_signal", raised.append)  # (not this test's process)
+    cli.main(["aer", "--gold", "gold.talp", "--hyp", "hyp.align"])
+    assert raised == [signal.SIGTERM] and "xattn aer: stopped by SIGTERM" in capsys.readouterr().err
+
+
+def test_a_full_disk_while_copying_names_the_file_written_not_the_one_read(monkeypatch, capsys):
+    """shutil.copyfile's OSError names its source first: prune and import said `MODEL/spm.model: No space left on
+    device` of the input model (a helper's probe)."""
+    import errno
+
+    import xattn.cli.aer as verb
+    from xattn.cli.main import main as run_main
+
+    def run(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "model/spm.model", None, "out/spm.model")
+    monkeypatch.setattr(verb, "run", run)
+    assert run_main(["aer", "--gold", "gold.talp", "--hyp", "hyp.align"]) == 2
+    assert capsys.readouterr().err == "xattn aer: error: out/spm.model: No space left on device\n"

@@ -30,7 +30,13 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+_TERMINATED: list[int] = []
+"""The signals _terminate raised as Terminated: one raised while a __del__ ran was lost (Python prints "Exception
+ignored" and goes on), and the command went on to exit 0; main stops by it at the end all the same."""
+
+
 def _terminate(signum: int, frame) -> None:
+    _TERMINATED.append(signum)
     raise Terminated(signum)
 
 
@@ -79,13 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(_verb(args), f"unrecognized arguments: {' '.join(extras)} (see xattn {_verb(args)} --help)")
         args.overrides = [*args.overrides, *extras]
     stops = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    _TERMINATED.clear()
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
         from xattn.cli.common import overwritten
 
         if problem := overwritten(args):  # (an output that is an input would replace it)
             return _fail(_verb(args), problem)
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        if _TERMINATED:  # (raised where it was lost)
+            raise Terminated(_TERMINATED[-1])
+        return code
     except ParameterError as e:  # named as the command line gives it: by its flag, say (a verb that knows the line
         from xattn.cli.common import problem_of  # of a text says so itself: common.lines_of)
 
@@ -99,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(_verb(args), f"writing the output: {e.strerror}")
         if e.filename is None:  # not about a file the user named: a bug to show in full
             raise
-        return _fail(_verb(args), f"{e.filename}: {e.strerror or e}")
+        written = e.filename2 if e.errno in FULL and e.filename2 else e.filename  # (a copy's source, else)
+        return _fail(_verb(args), f"{written}: {e.strerror or e}")
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):
             print(f"xattn {args.verb}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
