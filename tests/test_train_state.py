@@ -102,3 +102,25 @@ def test_differences_name_each_changed_key_in_order():
     now = {"tokenizers": {"spm.model": "bb"}, "model": {"d_ff": 64, "n_heads": 2}}
     assert differences(saved, now) == ["tokenizers.spm.model: 'aa' -> 'bb'", "model.d_ff: 32 -> 64"]
     assert differences(saved, saved) == []
+
+
+def test_a_full_disk_while_a_checkpoint_state_is_written_is_one_line_naming_it(tmp_path, monkeypatch):
+    """torch.save makes a failed write a RuntimeError ("unexpected pos 85888 vs 85776"): a full disk during a
+    checkpoint was a traceback (a helper's probe, on a small tmpfs); the previous checkpoint stayed, as it does."""
+    import errno
+    import io
+
+    import torch
+
+    from xattn.io import atomic_write
+
+    class Full(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Noted(train_state._Noted, Full):  # (the disk fills beneath the file that notes the error)
+        pass
+    monkeypatch.setattr(train_state, "_Noted", Noted)
+    with pytest.raises(XattnError, match=r"state-000012.pt: cannot write \(No space left on device\)$"):
+        atomic_write(tmp_path / "state-000012.pt", lambda tmp: train_state.save_torch({"a": torch.zeros(9)}, tmp))
+    assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ with a message, when the run starts again.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -99,7 +100,7 @@ class TrainStateDir:
         serial = previous.serial + 1 if previous else 1
         weights, state_file = f"weights-{serial:06d}.safetensors", f"state-{serial:06d}.pt"
         write_weights(self.dir / weights)
-        atomic_write(self.dir / state_file, lambda tmp: torch.save(state, tmp))
+        atomic_write(self.dir / state_file, lambda tmp: save_torch(state, tmp))
         averaging = [list(a) for a in previous.averaging] if previous else []
         if keep_for_averaging:
             averaging = ([a for a in averaging if a[0] != step] + [[step, weights]])[-keep_for_averaging:]
@@ -186,6 +187,30 @@ def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:
         raise XattnError(f"{out_dir}: holds {' and '.join(theirs)} but no training run to resume (a new run "
                          "would replace them); train into a new or an empty directory")
     return state_dir, manifest
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    """torch.save into `path`, a failed write (a full disk) raised as the OSError it is: torch makes it a RuntimeError
+    ("unexpected pos 85888 vs 85776") that names nothing, and a full disk during a checkpoint was a traceback."""
+    with _Noted(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError:
+            if f.error is None:
+                raise
+            raise f.error from None
+
+
+class _Noted(io.FileIO):
+    """A file that keeps the error of its failed write (`error`)."""
+    error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            self.error = e
+            raise
 
 
 def lock_run_dir(out_dir: Path):
