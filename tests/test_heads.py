@@ -325,19 +325,21 @@ def test_other_attention_of_a_model_without_cross_heads_is_drawn(pruned, tmp_pat
 
 @pytest.mark.parametrize("model, argv, message", [
     ("last", ["attention", "{m}", SENTENCE, "--layer", "1", "-o", "{o}/a.png"],
-     "layer 1 has no cross-attention heads left (pruned); layers with heads: 0"),
+     "--layer: layer 1 has no cross-attention heads left (pruned); layers with heads: 0"),
     ("first", ["align", "{m}", *PAIRS, "--layer", "1", "--heads", "3"],
-     "layer 1 has no head 3 (its cross-attention heads: 0 to 2)"),
+     "--heads: layer 1 has no head 3 (its cross-attention heads: 0 to 2)"),
     ("first", ["diagnose", "{m}", *FILES, "--layer", "0"],
-     "layer 0 has no cross-attention heads left (pruned); layers with heads: 1"),
-    ("first", ["translate", "{m}", "-i", "{r}/src.txt", "--alignment", "--heads", "3"], "layer 1 has no head 3"),
+     "--layer: layer 0 has no cross-attention heads left (pruned); layers with heads: 1"),
+    ("first", ["translate", "{m}", "-i", "{r}/src.txt", "--alignment", "--heads", "3"], "--heads: layer 1 has no head 3"),
     ("last", ["attention", "{m}", SENTENCE, "--heads", "4", "-o", "{o}/a.html"],  # without --layer: layer 0
-     "layer 0 has no head 4 (its cross-attention heads: 0 to 3)"),
+     "--heads: layer 0 has no head 4 (its cross-attention heads: 0 to 3)"),
 ])
 def test_a_layer_or_head_named_that_was_pruned_is_one_line(pruned, tmp_path, capsys, model, argv, message):
+    """Named by the flag that gave it (they went unnamed), never by one not given (the default view named a --layer
+    never given when the last layer had no heads)."""
     code, _, err = cli(capsys, *[a.format(m=pruned / model, r=pruned, o=tmp_path) for a in argv])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    assert "--layer" not in err and "--heads" not in err  # nor names a flag
+    assert all(flag in argv for flag in ("--layer", "--heads") if flag in err)  # nor a flag not given
 
 
 def test_heads_align_ranks_each_layers_own_heads(pruned, capsys):
