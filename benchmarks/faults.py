@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import xattn  # noqa: E402
 from xattn.checkpoint import CONFIG, WEIGHTS, load_model_dir, read_weights  # noqa: E402
 from xattn.config import load_config  # noqa: E402
-from xattn.train_state import MANIFEST, Manifest, TrainStateDir  # noqa: E402
+from xattn.train_state import LOCK, MANIFEST, Manifest, TrainStateDir  # noqa: E402
 from xattn.training import LOG, STATE_DIR  # noqa: E402
 
 PRESET = "numbers-de-en"
@@ -216,7 +216,7 @@ def inspect(out: Path) -> Inspection:
         problems.append(f"TrainStateDir.read: {type(e).__name__}: {e}")
     listed = {MANIFEST, *(manifest.files if manifest else ())}
     # every hidden file, not only those `is_temporary` knows: libraries that xattn calls write temporary files too
-    found = [(f.name, f) for f in out.iterdir() if f.is_file() and f.name.startswith(".")]
+    found = [(f.name, f) for f in out.iterdir() if f.is_file() and f.name.startswith(".") and f.name != LOCK]
     if (out / STATE_DIR).is_dir():
         found += [(f"{STATE_DIR}/{f.name}", f) for f in (out / STATE_DIR).iterdir() if f.name not in listed]
     leftovers = {name: f.stat().st_mtime_ns for name, f in sorted(found)}

@@ -249,6 +249,7 @@ def test_import_refuses_unsupported_configs():
                               ("encoder_layers", 2.0, "2.0"), ("pad_token_id", True, "true")):  # (the hub's traceback)
         with pytest.raises(XattnError, match=rf"^config.json: {key} must be a whole number >= [01], got {shown}$"):
             check_importable(base | {key: value}, "config.json")
+    check_importable(base | {"bos_token_id": None}, "config.json")  # (as transformers writes it: not read)
     for name, ours in (("relu", "relu"), ("gelu", "gelu"), ("swish", "swish"), ("silu", "swish"), ("tanh", None),
                        (["relu"], None)):
         assert activation_of(name) == ours  # every activation xattn has (registry.ACTIVATIONS), by HF's names too

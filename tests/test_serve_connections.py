@@ -91,7 +91,7 @@ def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server
     with connect(port) as sock:
         sock.sendall(sent)
         closed_after(sock)
-    assert 0.45 < time.perf_counter() - start < 3
+    assert time.perf_counter() - start > 0.45  # (no upper bound: never closed, it would time out at 5 s)
     for _ in range(100):  # until its line is written (a bound against hanging, not a timing check)
         lines = [json.loads(line) for line in log.read_text()[before:].splitlines()]  # every line JSON, the guards'
         lines = [x for x in lines if x.get("route", "/translate") == "/translate" and x.get("id", mark + 1) > mark]

@@ -132,3 +132,24 @@ def test_ctrl_c_or_a_kill_of_the_group_while_workers_encode_ends_prepare_at_once
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == code and len(err.strip().splitlines()) <= 1 and "Traceback" not in err, err
     assert not (tmp_path / "prepared").exists()
+
+
+def _a_megabyte(i: int) -> bytes:
+    return bytes(1 << 20)
+
+
+def _die(i: int) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # as the system kills a process for memory
+
+
+def test_an_encoding_worker_that_dies_is_one_error_and_no_hang():
+    """The others, blocked writing their results, kept the pool's shutdown waiting for good (a review's probe,
+    before the pool's workers were killed on every way out)."""
+    from xattn.data.prepare import worker_processes
+
+    with pytest.raises(XattnError, match=r"^a worker process of this one ended abruptly \(killed, perhaps for "):
+        with worker_processes(2) as pool:
+            results = [pool.submit(_a_megabyte, i) for i in range(6)]
+            pool.submit(_die, 0).result(timeout=120)  # (a bound against hanging)
+            for result in results:
+                result.result(timeout=120)

@@ -287,3 +287,10 @@ def test_the_best_model_is_published_after_the_checkpoint_that_records_it_and_ag
     checkpoint = read_weights(trainer.state_dir.dir / trainer.state_dir.manifest.weights)[0]
     best = read_weights(out / WEIGHTS)[0]
     assert trainer.progress.best_step == 3 and all(torch.equal(best[k], checkpoint[k]) for k in checkpoint)
+
+
+def test_a_training_refused_before_its_first_checkpoint_creates_no_directory(tmp_path):
+    """The run directory's lock made --out before the run's checks, and a refused run left it behind (a review)."""
+    with pytest.raises(XattnError, match="not a prepared corpus"):
+        train(_cfg(f"data.prepared={tmp_path / 'nowhere'}"), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()

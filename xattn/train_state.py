@@ -11,6 +11,7 @@ with a message, when the run starts again.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -202,39 +203,56 @@ def save_torch(obj: Any, path: Path) -> None:
 
 
 class _Noted(io.FileIO):
-    """A file that keeps the error of its failed write (`error`)."""
+    """A file that writes all it is given (torch's writer ignores a short write's count: a write of over 2 GiB, which
+    Linux cuts, left a truncated checkpoint) and keeps the error of a failed write (`error`)."""
     error: OSError | None = None
 
     def write(self, data) -> int:
+        view, done = memoryview(data).cast("B"), 0
         try:
-            return super().write(data)
+            while done < len(view):
+                done += super().write(view[done:])
         except OSError as e:
             self.error = e
             raise
+        return done
 
 
-def lock_run_dir(out_dir: Path):
+_HELD: dict[str, Any] = {}
+"""The run directories this process holds (lock_run_dir), by resolved path: one lock per directory and process."""
+
+
+def lock_run_dir(out_dir: Path, make: bool = False) -> None:
     """Hold `out_dir` for this process' training: another process training into it meanwhile (the same command run
     again while the first runs) is refused in one line. Both wrote there, deleting each other's checkpoint files and
-    truncating the log under the other. A POSIX lock on LOCK, which the system releases when the process ends,
-    however it ends; the open file is returned, to be kept open."""
-    if fcntl is None:
-        return None
+    truncating the log under the other. An flock on LOCK, which the system releases when the process ends, however
+    it ends (release_run_dir before). A directory not there yet is held once made (`make`, at a new run's first
+    checkpoint: a run refused before it creates nothing); a filesystem without locks goes without."""
+    key = str(out_dir.resolve())
+    if fcntl is None or key in _HELD or not (make or out_dir.is_dir()):
+        return
     make_parent(out_dir / LOCK, out_dir)
     held = open(out_dir / LOCK, "a+", encoding="utf-8")
     try:
-        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        held.seek(0)
-        holder = held.read().strip() or "?"
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = "" if e.errno not in (errno.EWOULDBLOCK, errno.EACCES) else (held.seek(0), held.read().strip())[1]
         held.close()
-        raise XattnError(f"{out_dir}: another training (process {holder}) is writing there; wait for it to end, or "
-                         "train into another directory") from None
+        if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):  # (no locks on this filesystem)
+            return
+        raise XattnError(f"{out_dir}: another training (process {holder or '?'}) is writing there; wait for it to "
+                         "end, or train into another directory") from None
     held.seek(0)
     held.truncate()
     held.write(f"{os.getpid()}\n")
     held.flush()
-    return held
+    _HELD[key] = held
+
+
+def release_run_dir(out_dir: Path) -> None:
+    """Let go of `out_dir` (lock_run_dir), as the end of this process would."""
+    if (held := _HELD.pop(str(out_dir.resolve()), None)) is not None:
+        held.close()
 
 
 def remove_leftovers(out_dir: Path, state_dir: TrainStateDir) -> list[str]:

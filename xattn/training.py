@@ -29,8 +29,8 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, differences,  # noqa: F401 (LOG,
-                               lock_run_dir, open_run_dir, remove_leftovers, run_identity)  # STATE_DIR: benchmarks/faults.py's)
+from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, differences, lock_run_dir,  # noqa
+                               open_run_dir, release_run_dir, remove_leftovers, run_identity)  # (F401: faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -60,8 +60,8 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
+        lock_run_dir(self.out_dir) if self.ctx.rank == 0 else None  # (before its manifest is read; a new one: _start)
         self.state_dir, manifest = open_run_dir(self.out_dir)
-        self._lock = lock_run_dir(self.out_dir) if self.ctx.rank == 0 else None  # (held while this process lives)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
             self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
@@ -127,7 +127,7 @@ class Trainer:
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
         if self.ctx.rank == 0:  # config.yaml after the first checkpoint: without one, it is never this run's
-            self._remove_leftovers()
+            self._take_over()
             self._save_state()
             save_config(self.cfg, self.out_dir / CONFIG)
         self.ctx.barrier()
@@ -148,19 +148,19 @@ class Trainer:
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         if self.ctx.rank == 0:
-            self._remove_leftovers()
+            self._take_over()
             log = self.out_dir / LOG
             if log.is_file() and log.stat().st_size > manifest.log_bytes:
                 with log.open("r+b") as f:
                     f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
             save_config(self.cfg, self.out_dir / CONFIG)
-            p = self.progress
-            if p.best_step == p.step and p.best_score > -math.inf and not p.finished:
+            if (p := self.progress).best_step == p.step and p.best_score > -math.inf and not p.finished:
                 self._save_model()  # the best weights are the checkpoint's: a kill may have come before they were
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
-    def _remove_leftovers(self) -> None:
-        """Remove what a killed process left half-written: temporary files, an incomplete checkpoint."""
+    def _take_over(self) -> None:
+        """Hold the run directory (made now if new); remove the files or checkpoint a killed process half wrote."""
+        lock_run_dir(self.out_dir, make=True)
         if removed := remove_leftovers(self.out_dir, self.state_dir):
             self._print(f"{self.out_dir}: removed {len(removed)} half-written file(s) of an interrupted run "
                         f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
@@ -315,10 +315,8 @@ class Trainer:
             if evaluate:
                 scores = self.validate()
                 improved = scores["valid_bleu"] > p.best_score
-                if improved:
-                    p.best_score, p.best_step, p.bad_evals = scores["valid_bleu"], p.step, 0
-                else:
-                    p.bad_evals += 1
+                p.best_score, p.best_step, p.bad_evals = (scores["valid_bleu"], p.step, 0) if improved else \
+                    (p.best_score, p.best_step, p.bad_evals + 1)
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
@@ -342,6 +340,7 @@ class Trainer:
         else:
             self._print(f"done ({reason}) at step {p.step}; best valid BLEU {p.best_score:.2f} at step {p.best_step}")
         self.ctx.barrier()
+        release_run_dir(self.out_dir)  # (lock_run_dir: this process writes there no more)
 
     def _average_checkpoints(self) -> None:
         """Average the kept checkpoints; keep the average as model.safetensors if it validates better."""

@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(_verb(args), f"{written}: {e.strerror or e}")
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):
-            print(f"xattn {args.verb}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+            print(f"xattn {_verb(args)}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             signal.signal(e.signum, signal.SIG_DFL)
             signal.raise_signal(e.signum)
-        print(f"xattn {args.verb}: interrupted", file=sys.stderr)
+        print(f"xattn {_verb(args)}: interrupted", file=sys.stderr)
         return 130
     finally:  # what settle_loaded froze is collectable again, for a caller that goes on (a test, a script)
         for s, handler in previous.items():

@@ -120,29 +120,32 @@ def ordered_map(fn, jobs: Iterator, workers: int, folder: Path) -> Iterator:
 @contextmanager
 def worker_processes(workers: int, initializer=None, initargs: tuple = ()) -> Iterator[ProcessPoolExecutor]:
     """`workers` spawned processes that leave Ctrl+C to this one and are killed when it stops early (Ctrl+C,
-    SIGTERM, an error). multiprocessing.Pool's workers died of the terminal's Ctrl+C or SIGTERM holding its queue's
-    lock, and the pool's shutdown then hung for good. A worker that dies (killed for memory, say) is one line."""
+    SIGTERM, an error, one of them dying). multiprocessing.Pool's workers died of the terminal's Ctrl+C holding its
+    queue's lock, and the pool's shutdown then hung for good. A worker that dies (killed for memory, say) is one
+    line; a SIGTERM of the whole group ends them with this one."""
     pool = ProcessPoolExecutor(workers, mp_context=_Quiet(), initializer=initializer, initargs=initargs)
     try:
         yield pool
-    except BrokenProcessPool:
-        raise XattnError("a worker process of this one ended abruptly (killed, perhaps for memory); run again, "
-                         "with fewer --workers if memory is short") from None
-    except BaseException:
-        for process in list(getattr(pool, "_processes", {}).values()):  # (no public way before Python 3.14)
-            process.kill()
+    except BaseException as e:
+        for process in list(getattr(pool, "_processes", {}).values()):  # (no public way before Python 3.14; the
+            process.kill()                                               # others, blocked writing, kept it waiting)
+        if isinstance(e, BrokenProcessPool):
+            raise XattnError("a worker process of this one ended abruptly (killed, perhaps for memory); run "
+                             "again with more memory free") from None
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _QuietProcess(multiprocessing.context.SpawnProcess):
-    """A spawned process that never sees SIGINT or SIGTERM: a terminal's Ctrl+C, or a kill of the process group,
-    reaches every process of the command, and the one that started it stops it instead. They are blocked while it
-    starts, as a new process inherits them blocked; this one's arrive once they are unblocked."""
+    """A spawned process that never sees SIGINT: a terminal's Ctrl+C reaches every process of the command, and the
+    one that started it stops it instead. SIGINT is blocked while it starts, as a new process inherits it blocked;
+    this one's arrives once it is unblocked. (SIGTERM stays: it is how a pool ends its workers.)"""
 
     def start(self) -> None:
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        if not hasattr(signal, "pthread_sigmask"):  # (Windows)
+            return super().start()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             super().start()
         finally:

@@ -161,11 +161,12 @@ class MappedCorpus:
     rows: dict[str, np.ndarray]         # side -> (N,) tokens + 1: the length of its row in a Batch
 
     @classmethod
-    def open(cls, folder: str | Path, expect: dict | None = None) -> MappedCorpus:
+    def open(cls, folder: str | Path, expect: dict | None = None, verify: bool = True) -> MappedCorpus:
         """Map `folder`. Refused in one line: no prepared directory there, another format, a manifest whose
         counts or array descriptions are not what `fill` writes, a missing or short array, one whose SHA-256
-        differs (every array is read once for it: ids out of the vocabulary would fail the first step), or a
-        manifest whose `expect` fields differ (naming the first that does)."""
+        (and a tokenizer file whose SHA-256) differs from the manifest's (with `verify`: every file is read once
+        for it; ids out of the vocabulary would fail the first step), or a manifest whose `expect` fields differ
+        (naming the first that does). Without `verify`: what another process has just checked, or written."""
         folder = Path(folder)
         if not (folder / MANIFEST).is_file():
             raise XattnError(f"{folder}: not a prepared corpus (no {MANIFEST}); make one with `xattn prepare`")
@@ -185,8 +186,9 @@ class MappedCorpus:
         if not isinstance(arrays, dict):
             raise XattnError(f"{folder / MANIFEST}: arrays: expected an object describing each array, got "
                              f"{json_text(arrays)}; prepare it again")
-        maps = {name: check_array(folder, name, spec) for name, spec in arrays.items()}
-        check_tokenizers(folder, manifest.get("tokenizers", {}))
+        maps = {name: check_array(folder, name, spec, verify) for name, spec in arrays.items()}
+        if verify:
+            check_tokenizers(folder, manifest.get("tokenizers", {}))
         sides = SIDES + ((LINKS,) if f"{LINKS}.bin" in maps else ())
         if missing := [f"{s}{x}" for s in sides for x in (".bin", ".lengths", ".blocks") if f"{s}{x}" not in maps]:
             raise XattnError(f"{folder}: {MANIFEST} lists no {missing[0]}; prepare it again")
@@ -251,7 +253,7 @@ def row_lengths(lengths: np.ndarray) -> np.ndarray:
     return rows
 
 
-def check_array(folder: Path, name: str, spec: dict) -> np.ndarray:
+def check_array(folder: Path, name: str, spec: dict, verify: bool) -> np.ndarray:
     """The array `name` of a prepared directory as its manifest `spec` describes it: the ids mapped read-only,
     the lengths and blocks (a few bytes a sentence, read whole) in memory."""
     path, where = folder / name, f"{folder / MANIFEST}: arrays.{name}"
@@ -269,7 +271,7 @@ def check_array(folder: Path, name: str, spec: dict) -> np.ndarray:
     if path.stat().st_size != spec["bytes"]:
         raise XattnError(f"{path}: {path.stat().st_size} bytes where {MANIFEST} says {spec['bytes']} (cut short "
                          "or changed); prepare it again")
-    if sha256_file(path) != spec.get("sha256"):
+    if verify and sha256_file(path) != spec.get("sha256"):
         raise XattnError(f"{path}: its SHA-256 differs from the one in {MANIFEST} (damaged or changed); prepare it "
                          "again")
     if spec["bytes"] == 0:

@@ -35,14 +35,14 @@ def training_corpus(cfg: DataConfig, ctx: Context | None = None, inherit: dict[s
                     workers: int | None = None) -> MappedCorpus:
     """The prepared training corpus of `cfg`, memory-mapped (see the module)."""
     ctx, inherit = ctx or Context(), inherit or {}
-    if cfg.prepared:
-        corpus = MappedCorpus.open(cfg.prepared)
+    if cfg.prepared:  # (read through by rank 0 alone)
+        corpus = MappedCorpus.open(cfg.prepared, verify=ctx.rank == 0)
         check_matches(corpus, cfg, inherit)
         return corpus
     folder = cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}"
     corpus = make(folder, cfg, inherit, workers) if ctx.rank == 0 else None
     ctx.barrier()
-    return corpus if corpus is not None else MappedCorpus.open(folder)  # (opened once: every SHA-256 is read)
+    return corpus if corpus is not None else MappedCorpus.open(folder, verify=False)  # (rank 0 checked it)
 
 
 def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int | None) -> MappedCorpus:
@@ -58,7 +58,8 @@ def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int |
     except (OSError, XattnError):
         if not (folder / "manifest.json").is_file():  # (else another run prepared the same corpus meanwhile)
             raise
-    return MappedCorpus.open(folder)
+        return MappedCorpus.open(folder)
+    return MappedCorpus.open(folder, verify=False)  # (just written, and hashed as it was)
 
 
 def slug(cfg: DataConfig) -> str:

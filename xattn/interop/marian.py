@@ -115,10 +115,10 @@ UNSUPPORTED = (  # (key, value when absent, predicate for "fine", why)
 )
 
 WHOLE = (*((key, 1) for key in ("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers",
-                                  "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
-                                  "vocab_size", "decoder_vocab_size")),
-         *((key, 0) for key in ("pad_token_id", "decoder_start_token_id", "eos_token_id", "bos_token_id")))
-"""The Marian settings that are whole numbers, and the least each may be."""
+                                  "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings")),
+         *((key, 0) for key in ("pad_token_id", "decoder_start_token_id", "eos_token_id")))
+"""The whole-number Marian settings the import reads, and the least each may be (transformers writes others, such
+as bos_token_id, as null)."""
 
 HF_ACTIVATIONS = {"silu": "swish"}
 """Hugging Face's names of activations that xattn names otherwise."""
