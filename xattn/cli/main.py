@@ -8,6 +8,7 @@ import importlib
 import signal
 import sys
 import threading
+import traceback
 
 from xattn.errors import ParameterError, XattnError
 
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"xattn {_verb(args)}: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
+            traceback.clear_frames(e.__traceback__)  # what the stopped work held is let go before the end by the
+            gc.collect()                              # signal (a pool's semaphores: the resource tracker's warning)
             signal.signal(e.signum, signal.SIG_DFL)
             signal.raise_signal(e.signum)
         print(f"xattn {_verb(args)}: interrupted", file=sys.stderr)

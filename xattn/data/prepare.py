@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -126,30 +127,44 @@ def worker_processes(workers: int, initializer=None, initargs: tuple = ()) -> It
     pool = ProcessPoolExecutor(workers, mp_context=_Quiet(), initializer=initializer, initargs=initargs)
     try:
         yield pool
-    except BaseException as e:
-        for process in list(getattr(pool, "_processes", {}).values()):  # (no public way before Python 3.14; the
-            process.kill()                                               # others, blocked writing, kept it waiting)
+    except BaseException as e:  # (no public way to do this before Python 3.14)
+        if (jobs := getattr(pool, "_call_queue", None)) is not None:  # its feeder, writing to workers that will not
+            jobs.cancel_join_thread()                                  # read, is waited for by nobody
+        for process in list(getattr(pool, "_processes", {}).values()):  # (the others, blocked writing results, kept
+            process.kill()                                               # a dead one's pool waiting)
+        pool.shutdown(wait=True, cancel_futures=True)
         if isinstance(e, BrokenProcessPool):
             raise XattnError("a worker process of this one ended abruptly (killed, perhaps for memory); run "
                              "again with more memory free") from None
         raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    pool.shutdown(wait=True)
 
 
 class _QuietProcess(multiprocessing.context.SpawnProcess):
     """A spawned process that never sees SIGINT: a terminal's Ctrl+C reaches every process of the command, and the
-    one that started it stops it instead. SIGINT is blocked while it starts, as a new process inherits it blocked;
-    this one's arrives once it is unblocked. (SIGTERM stays: it is how a pool ends its workers.)"""
+    one that started it stops it instead. SIGINT is blocked while it starts, as a new process inherits it blocked.
+    (SIGTERM stays: it is how a pool ends its workers.) This process' own SIGINT or SIGTERM waits till the start
+    is done, where the main thread can hold it: one inside it left a child half started, whose traceback reached
+    the terminal; the child, not yet among the processes its pool's stopping kills, is killed, and the signal
+    goes on."""
 
     def start(self) -> None:
         if not hasattr(signal, "pthread_sigmask"):  # (Windows)
             return super().start()
+        got: list[int] = []
+        here = threading.current_thread() is threading.main_thread()
+        found = {s: signal.signal(s, lambda signum, _: got.append(signum))
+                 for s in (signal.SIGINT, signal.SIGTERM)} if here else {}
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             super().start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            for stop, handler in found.items():
+                signal.signal(stop, handler)
+        if got:
+            self.kill()
+            signal.raise_signal(got[0])
 
 
 class _Quiet(multiprocessing.context.SpawnContext):
