@@ -60,7 +60,8 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
-        lock_run_dir(self.out_dir) if self.ctx.rank == 0 else None  # (before its manifest is read; a new one: _start)
+        if self.ctx.rank == 0:  # before its manifest is read (a folder without a run: at its first checkpoint)
+            lock_run_dir(self.out_dir)
         self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
