@@ -294,3 +294,37 @@ def test_a_training_refused_before_its_first_checkpoint_creates_no_directory(tmp
     with pytest.raises(XattnError, match="not a prepared corpus"):
         train(_cfg(f"data.prepared={tmp_path / 'nowhere'}"), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_average_kept_as_the_best_is_published_after_the_checkpoint_that_records_it_and_again_on_resume(
+        tmp_path, monkeypatch):
+    """The average of the last checkpoints was published before the finished checkpoint: a kill between the two,
+    then a resume with a larger budget, kept that average where an uninterrupted run would not (a review). Now the
+    checkpoint records it (Progress.averaged) first, and resuming publishes it again from the kept checkpoints."""
+    from xattn.checkpoint import WEIGHTS, read_weights
+
+    class Killed(Exception):
+        pass
+    scores = iter([1.0, 2.0, 3.0, 10.0, 5.0, 6.0])  # evaluations at steps 3, 6 and 9, the average's (the best), and
+    #                                               after the resume, step 12's and its average's
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"valid_nll": 1.0, "valid_bleu": next(scores)})
+    on_disk, real = [], Trainer._save_model
+
+    def save_model(self):
+        on_disk.append(self.state_dir.load_state()["progress"])
+        if self.progress.best_score == 10.0:
+            raise Killed  # as a kill before the average is published
+        real(self)
+    monkeypatch.setattr(Trainer, "_save_model", save_model)
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        train(_cfg("train.max_steps=9", "train.average_last=3"), out, quiet=True)
+    assert on_disk[-1]["finished"] and on_disk[-1]["averaged"] and on_disk[-1]["best_step"] == 9  # the checkpoint first
+    monkeypatch.setattr(Trainer, "_save_model", real)
+    trainer = Trainer(_cfg("train.max_steps=12", "train.average_last=3"), out, quiet=True)  # a larger budget
+    kept = [read_weights(trainer.state_dir.dir / name)[0] for _, name in trainer.state_dir.manifest.averaging]
+    best = read_weights(out / WEIGHTS)[0]
+    assert all(torch.allclose(best[k], sum(t[k].float() for t in kept) / 3) for k in best)
+    assert not all(torch.equal(best[k], kept[-1][k]) for k in best)  # not the last weights
+    progress = trainer.fit()  # training goes on: the average stays the best until an evaluation beats it
+    assert progress.best_step == 9 and all(torch.equal(best[k], read_weights(out / WEIGHTS)[0][k]) for k in best)

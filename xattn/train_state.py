@@ -138,6 +138,8 @@ class Progress:
     seconds: float = 0.0
     stop_reason: str | None = None      # why the last fit() ended
     finished: bool = False              # the end of training (averaging included) is done
+    averaged: bool = False              # the best weights (at best_step) are the mean of the checkpoints kept for
+    #                                     averaging: published again from them on resume (Trainer._publish)
 
 
 def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
@@ -171,6 +173,26 @@ def run_identity(cfg: RunConfig, corpus_sha256: str, tokenizers: dict[str, str],
     if cfg.alignment.on:  # what the loss teaches (runs without guidance keep the identity they had)
         identity["alignment"] = cfg.alignment.as_dict()
     return json.loads(json_text(identity))  # as the manifest stores it
+
+
+def refuse_another_run(out_dir: Path, manifest: Manifest, identity: dict, partial: bool = False) -> None:
+    """One line when the run whose checkpoint is `manifest` (in `out_dir`) differs from this one in `identity`;
+    `partial`: only in the keys it holds (what is known before the corpus is prepared)."""
+    saved = manifest.run
+    if "text_sha256" in saved.get("data", {}):
+        raise XattnError(f"{out_dir}: a run started before training read prepared corpora (its checkpoint "
+                         "names the corpus by its text); finish it with the xattn that started it, or train into "
+                         "another directory")
+    if partial:
+        saved = {part: {k: v for k, v in saved.get(part, {}).items() if k in keys}
+                 for part, keys in identity.items()}
+    if diffs := differences(saved, identity):
+        what = "; ".join(diffs[:3]) + ("; that is, the text of the training or validation files, or the "
+                                       "tokenizers made from it, changed since the run began"
+                                       if any(d.startswith("data.corpus_sha256") for d in diffs[:3]) else "")
+        raise XattnError(f"{out_dir}: holds a run with other model, data or tokenizer settings ({what}); "
+                         "rerun with the same settings to resume (budgets such as train.max_steps may change), or "
+                         "train into another directory")
 
 
 def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:

@@ -29,8 +29,8 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, differences, lock_run_dir,  # noqa
-                               open_run_dir, release_run_dir, remove_leftovers, run_identity)  # (F401: faults.py's)
+from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401 (LOG, STATE_DIR: faults.py's)
+                               open_run_dir, refuse_another_run, release_run_dir, remove_leftovers, run_identity)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -65,7 +65,8 @@ class Trainer:
         self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
-            self._refuse_another_run(manifest, {"data": data_identity(getattr(factory, "data", cfg.data))}, partial=True)
+            refuse_another_run(self.out_dir, manifest, {"data": data_identity(getattr(factory, "data", cfg.data))},
+                               partial=True)
         parts = factory(self.ctx, manifest is None)
         self.corpus: Corpus = parts.corpus
         stats = self.corpus.stats
@@ -82,7 +83,7 @@ class Trainer:
         self.identity = run_identity(self.cfg, self.corpus.fingerprint, tokenizer_hashes(self.out_dir),
                                      self.ctx.world) | parts.identity
         if manifest is not None:
-            self._refuse_another_run(manifest, self.identity)
+            refuse_another_run(self.out_dir, manifest, self.identity)
         tc: TrainConfig = self.cfg.train
         self.model = parts.model.to(self.device)
         trained = freeze(self.model, parts.trainable)
@@ -105,25 +106,6 @@ class Trainer:
             self._resume(manifest)
 
     # ---------------------------------------------------------------------------- start and resume
-
-    def _refuse_another_run(self, manifest: Manifest, identity: dict, partial: bool = False) -> None:
-        """One line when the checkpoint's run differs from this one in `identity`; `partial`: only in the keys
-        it holds (what is known before the corpus is prepared)."""
-        saved = manifest.run
-        if "text_sha256" in saved.get("data", {}):
-            raise XattnError(f"{self.out_dir}: a run started before training read prepared corpora (its checkpoint "
-                             "names the corpus by its text); finish it with the xattn that started it, or train into "
-                             "another directory")
-        if partial:
-            saved = {part: {k: v for k, v in saved.get(part, {}).items() if k in keys}
-                     for part, keys in identity.items()}
-        if diffs := differences(saved, identity):
-            what = "; ".join(diffs[:3]) + ("; that is, the text of the training or validation files, or the "
-                                           "tokenizers made from it, changed since the run began"
-                                           if any(d.startswith("data.corpus_sha256") for d in diffs[:3]) else "")
-            raise XattnError(f"{self.out_dir}: holds a run with other model, data or tokenizer settings ({what}); "
-                             "rerun with the same settings to resume (budgets such as train.max_steps may change), or "
-                             "train into another directory")
 
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
@@ -155,8 +137,8 @@ class Trainer:
                 with log.open("r+b") as f:
                     f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
             save_config(self.cfg, self.out_dir / CONFIG)
-            if (p := self.progress).best_step == p.step and p.best_score > -math.inf and not p.finished:
-                self._save_model()  # the best weights are the checkpoint's: a kill may have come before they were
+            if (p := self.progress).best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished):
+                self._publish(p.averaged)  # the checkpoint's best weights: a kill may have come before they were
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
     def _take_over(self) -> None:
@@ -316,26 +298,29 @@ class Trainer:
             if evaluate:
                 scores = self.validate()
                 improved = scores["valid_bleu"] > p.best_score
-                p.best_score, p.best_step, p.bad_evals = (scores["valid_bleu"], p.step, 0) if improved else \
-                    (p.best_score, p.best_step, p.bad_evals + 1)
+                p.best_score, p.best_step, p.bad_evals, p.averaged = (scores["valid_bleu"], p.step, 0, False) \
+                    if improved else (p.best_score, p.best_step, p.bad_evals + 1, p.averaged)
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
             self._save_state(keep_for_averaging=tc.average_last if evaluate else 0)
             if improved:  # published after the checkpoint that records it (_resume publishes it again if need be)
-                self._save_model()
+                self._publish()
         self.ctx.barrier()
         return patience_over
 
     def _finish(self, reason: str | None) -> None:
-        """Average the kept checkpoints (unless interrupted) and mark training finished in the checkpoint."""
+        """Average the kept checkpoints (unless interrupted) and mark training finished in the checkpoint; an
+        average that validates better is published after the checkpoint that records it, as any best weights."""
         p = self.progress
         if self.ctx.rank == 0 and reason != "interrupted":
             if len(self.state_dir.manifest.averaging) > 1:
-                self._average_checkpoints()
+                self._validate_average()
             p.finished = True
             self._save_state()
+            if p.averaged and p.best_step == p.step:
+                self._publish(averaged=True)
         if reason == "interrupted":
             self._print(f"interrupted at step {p.step}; run the same command again to resume")
         else:
@@ -343,24 +328,34 @@ class Trainer:
         self.ctx.barrier()
         release_run_dir(self.out_dir)  # (lock_run_dir: this process writes there no more)
 
-    def _average_checkpoints(self) -> None:
-        """Average the kept checkpoints; keep the average as model.safetensors if it validates better."""
-        p = self.progress
-        files = [self.state_dir.dir / name for _, name in self.state_dir.manifest.averaging]
-        tensors = [read_weights(f)[0] for f in files]
-        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}  # stay bit-identical
-        averaged = {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0] if k not in frozen}
-        last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(averaged, strict=False)
-        scores = self.validate()
+    def _validate_average(self) -> None:
+        """Validate the average of the kept checkpoints; if better, it becomes the best (Progress.averaged)."""
+        p, kept = self.progress, len(self.state_dir.manifest.averaging)
+        scores = self._on_average(self.validate)
         better = scores["valid_bleu"] > p.best_score
-        self._log({"step": p.step, "averaged": len(files), **scores, "best": better})
-        self._print(f"average of last {len(files)} checkpoints: BLEU {scores['valid_bleu']:.2f}"
+        self._log({"step": p.step, "averaged": kept, **scores, "best": better})
+        self._print(f"average of last {kept} checkpoints: BLEU {scores['valid_bleu']:.2f}"
                     f"{' (kept as model.safetensors)' if better else ' (not better; best kept)'}")
         if better:
-            p.best_score, p.best_step = scores["valid_bleu"], p.step
-            self._save_model()
-        self.model.load_state_dict(last)
+            p.best_score, p.best_step, p.averaged = scores["valid_bleu"], p.step, True
+
+    def _on_average(self, fn):
+        """fn() run on the mean of the checkpoints kept for averaging (frozen parameters stay bit-identical)."""
+        tensors = [read_weights(self.state_dir.dir / name)[0] for _, name in self.state_dir.manifest.averaging]
+        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
+        last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict({k: sum(t[k].float() for t in tensors) / len(tensors)
+                                    for k in tensors[0] if k not in frozen}, strict=False)
+        try:
+            return fn()
+        finally:
+            self.model.load_state_dict(last)
+
+    def _publish(self, averaged: bool = False) -> None:
+        """Publish the model's weights, or with `averaged` the average of the kept checkpoints, as the best."""
+        if averaged:
+            return self._on_average(self._save_model)
+        self._save_model()
 
     # ----------------------------------------------------------------------------------- helpers
 
