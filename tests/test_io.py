@@ -225,3 +225,29 @@ def test_an_output_inside_a_file_names_that_file(tmp_path):
         with atomic_dir(tmp_path / "notes.txt" / "model"):
             pass
     assert (tmp_path / "notes.txt").read_text() == "kept\n"
+
+
+def test_a_write_reaches_the_disk_before_its_rename_and_the_rename_before_it_returns(tmp_path, monkeypatch):
+    """Atomic by rename holds against a killed process; against a power loss the new bytes must be on the disk
+    before the rename, and the rename itself (the folder's entry) before the write is reported done: fsync, file then
+    folder, for a file and for a directory written as a whole."""
+    import xattn.io as io
+
+    synced, fsync = [], os.fsync
+
+    def noted(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        synced.append((path.name if path != tmp_path else ".", (tmp_path / "out.txt").exists()))
+        fsync(fd)
+    monkeypatch.setattr(io.os, "fsync", noted)
+    io.atomic_write_text(tmp_path / "out.txt", "new\n")
+    assert len(synced) == 2 and synced[0][0].startswith(".out.txt.tmp-") and not synced[0][1]  # the bytes, then
+    assert synced[1] == (".", True)                                                            # the rename
+    synced.clear()
+    with io.atomic_dir(tmp_path / "model") as folder:
+        (folder / "sub").mkdir()
+        (folder / "a.txt").write_text("a")
+        (folder / "sub" / "b.txt").write_text("b")
+    names = [name for name, _ in synced]
+    assert {"a.txt", "b.txt", "sub"} <= set(names) and names[-1] == "."
+    assert names.index("b.txt") < names.index("sub") and names.index("a.txt") < names.index(".")

@@ -1,10 +1,13 @@
 """Files in and out. Atomic writes: a temporary file (or directory) in the target's folder, named after the
 target and the writing process, then a rename over the target, so a reader (or a run resumed after a crash)
-sees the old file or the new one, never half of one. What a killed process leaves is removed, with a message,
-when the same target is next written (`remove_leftovers`). JSON in and out. Text in: xattn/lines.py.
+sees the old file or the new one, never half of one. The new file's bytes reach the disk before the rename, and
+the rename before the write returns (fsync), so a power loss too leaves the old file or the new one. What a killed
+process leaves is removed, with a message, when the same target is next written (`remove_leftovers`). JSON in and
+out. Text in: xattn/lines.py.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -44,8 +47,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f"{_temporary(path).name}.", suffix=TEMP_SUFFIX, dir=path.parent)
         os.close(fd)
         write(Path(tmp))
+        _sync(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+        _sync(path.parent)
     except OSError as e:
         if tmp is not None:  # (None: mkstemp's own error, which made nothing)
             Path(tmp).unlink(missing_ok=True)
@@ -55,6 +60,22 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         _discard(path, tmp)
         raise
+
+
+def _sync(path: str | Path) -> None:
+    """fsync a file's bytes, or a directory's entries, to the disk; what cannot be (a filesystem without fsync, a
+    folder this user may not read) is left as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _discard(path: Path, tmp: str | None) -> None:
@@ -179,9 +200,15 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                if not os.path.islink(file := os.path.join(folder, name)):
+                    _sync(file)
+            _sync(folder)
         if path.exists():
             path.rmdir()
         os.replace(tmp, path)
+        _sync(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
