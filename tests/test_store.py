@@ -134,6 +134,42 @@ def test_ctrl_c_or_a_kill_of_the_group_while_workers_encode_ends_prepare_at_once
     assert not (tmp_path / "prepared").exists()
 
 
+def test_a_kill_9_of_prepare_alone_ends_its_encoding_workers(tmp_path):
+    """SIGKILL (the system's OOM killer, say) of prepare alone, its workers left running: they stayed blocked for good
+    on queues whose other ends they hold themselves (a helper's probe). Each now ends with the process that started
+    it, without a traceback."""
+    src, tgt = tmp_path / "big.de", tmp_path / "big.en"
+    src.write_text("".join(f"eins zwei drei {i} vier {i * 7}\n" for i in range(60_000)))
+    tgt.write_text("".join(f"one two three {i} four {i * 7}\n" for i in range(60_000)))
+    args = [sys.executable, "-m", "xattn", "prepare", "numbers-de-en", "data.dataset=null", f"data.train_src={src}",
+            f"data.train_tgt={tgt}", "data.vocab_size=200", "--out", str(tmp_path / "prepared"), "--workers", "2"]
+    proc = subprocess.Popen(args, env=os.environ | {"OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120  # bounds against hanging, not timing checks
+    while not any(f.name.endswith(".bin") for d in tmp_path.glob(".prepared.tmp-*") for f in d.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare ended before it was killed"
+        time.sleep(0.05)
+    proc.kill()
+    try:
+        _, err = proc.communicate(timeout=60)  # the end of its stderr: every process holding it has ended
+        deadline = time.monotonic() + 60
+        while _group_alive(proc.pid):
+            assert time.monotonic() < deadline, "a process of prepare's group is still running"
+            time.sleep(0.05)
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in err, err  # (Python's resource tracker may warn of the semaphores it cleans up)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _a_megabyte(i: int) -> bytes:
     return bytes(1 << 20)
 

@@ -146,7 +146,7 @@ class _QuietProcess(multiprocessing.context.SpawnProcess):
     (SIGTERM stays: it is how a pool ends its workers.) This process' own SIGINT or SIGTERM waits till the start
     is done, where the main thread can hold it: one inside it left a child half started, whose traceback reached
     the terminal; the child, not yet among the processes its pool's stopping kills, is killed, and the signal
-    goes on."""
+    goes on. It ends itself once the process that started it is gone (_end_with_parent)."""
 
     def start(self) -> None:
         if not hasattr(signal, "pthread_sigmask"):  # (Windows)
@@ -165,6 +165,20 @@ class _QuietProcess(multiprocessing.context.SpawnProcess):
         if got:
             self.kill()
             signal.raise_signal(got[0])
+
+
+    def run(self) -> None:  # (in the child)
+        threading.Thread(target=_end_with_parent, name="xattn-parent", daemon=True).start()
+        super().run()
+
+
+def _end_with_parent() -> None:
+    """End this worker, quietly, once the process that started it is gone (by the pipe that closes as it ends, so
+    also if it went before this worker ran): killed by SIGKILL (the system's OOM killer, say), it left its workers
+    blocked for good on queues whose other ends they hold themselves."""
+    if (parent := multiprocessing.parent_process()) is not None:
+        parent.join()
+        os._exit(1)
 
 
 class _Quiet(multiprocessing.context.SpawnContext):
