@@ -108,22 +108,29 @@ def test_a_kill_during_prepare_leaves_nothing_training_accepts(tmp_path):
     assert len(MappedCorpus.open(out)) == 40_000
 
 
-@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
-def test_ctrl_c_or_a_kill_of_the_group_while_workers_encode_ends_prepare_at_once_in_one_line(tmp_path, stop, code):
-    """A terminal's Ctrl+C (or a kill of the process group) reaches the encoding workers too: multiprocessing.Pool's
-    died of it holding its queue's lock, and prepare then hung for good (a helper's probe: still there after 12
-    minutes), after 8 to 22 lines of the workers' tracebacks."""
+def _prepare_while_workers_encode(tmp_path):
+    """`xattn prepare --workers 2` of 60,000 pairs, in a process group of its own (as a terminal's command), once its
+    workers have started to write the encoded chunks."""
     src, tgt = tmp_path / "big.de", tmp_path / "big.en"
     src.write_text("".join(f"eins zwei drei {i} vier {i * 7}\n" for i in range(60_000)))
     tgt.write_text("".join(f"one two three {i} four {i * 7}\n" for i in range(60_000)))
     args = [sys.executable, "-m", "xattn", "prepare", "numbers-de-en", "data.dataset=null", f"data.train_src={src}",
             f"data.train_tgt={tgt}", "data.vocab_size=200", "--out", str(tmp_path / "prepared"), "--workers", "2"]
     proc = subprocess.Popen(args, env=os.environ | {"OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # (a group of its own, as a terminal's command)
+                            start_new_session=True)
     deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
     while not any(f.name.endswith(".bin") for d in tmp_path.glob(".prepared.tmp-*") for f in d.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "prepare ended before it was stopped"
         time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_ctrl_c_or_a_kill_of_the_group_while_workers_encode_ends_prepare_at_once_in_one_line(tmp_path, stop, code):
+    """A terminal's Ctrl+C (or a kill of the process group) reaches the encoding workers too: multiprocessing.Pool's
+    died of it holding its queue's lock, and prepare then hung for good (a helper's probe: still there after 12
+    minutes), after 8 to 22 lines of the workers' tracebacks."""
+    proc = _prepare_while_workers_encode(tmp_path)
     os.killpg(proc.pid, stop)
     try:
         _, err = proc.communicate(timeout=60)
@@ -138,17 +145,7 @@ def test_a_kill_9_of_prepare_alone_ends_its_encoding_workers(tmp_path):
     """SIGKILL (the system's OOM killer, say) of prepare alone, its workers left running: they stayed blocked for good
     on queues whose other ends they hold themselves (a helper's probe). Each now ends with the process that started
     it, without a traceback."""
-    src, tgt = tmp_path / "big.de", tmp_path / "big.en"
-    src.write_text("".join(f"eins zwei drei {i} vier {i * 7}\n" for i in range(60_000)))
-    tgt.write_text("".join(f"one two three {i} four {i * 7}\n" for i in range(60_000)))
-    args = [sys.executable, "-m", "xattn", "prepare", "numbers-de-en", "data.dataset=null", f"data.train_src={src}",
-            f"data.train_tgt={tgt}", "data.vocab_size=200", "--out", str(tmp_path / "prepared"), "--workers", "2"]
-    proc = subprocess.Popen(args, env=os.environ | {"OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120  # bounds against hanging, not timing checks
-    while not any(f.name.endswith(".bin") for d in tmp_path.glob(".prepared.tmp-*") for f in d.iterdir()):
-        assert proc.poll() is None and time.monotonic() < deadline, "prepare ended before it was killed"
-        time.sleep(0.05)
+    proc = _prepare_while_workers_encode(tmp_path)  # (bounds below: against hanging, not timing checks)
     proc.kill()
     try:
         _, err = proc.communicate(timeout=60)  # the end of its stderr: every process holding it has ended
