@@ -361,3 +361,22 @@ def test_encoding_in_parts_of_near_equal_length_gives_each_source_its_states(mon
         masked, parts = encode(src, head_mask=mask), step.encode_in_parts(model, src, mask)
         torch.testing.assert_close(parts.states[whole.mask], masked.states[whole.mask], rtol=1e-5, atol=1e-5)
         assert not torch.allclose(masked.states[whole.mask], whole.states[whole.mask])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m(SRC, TGT[:1]), r"^tgt: 1 rows against the 2 sentences encoded$"),  # broadcast silently before
+    (lambda m: m.decode(TGT[:1], m.encode(SRC)), r"^tgt: 1 rows against the 2 sentences encoded$"),
+    (lambda m: m.decode(TGT, None), r"^enc: decoding without a cache needs the encoder output"),
+    (lambda m: m.encode(SRC[0]), r"^src: expected a 2-D \(batch, length\) tensor of integer token ids, got a "
+                                 r"torch.int64 tensor of shape \(5,\)$"),
+    (lambda m: m.encode(SRC.float()), r"^src: .*got a torch.float32 tensor of shape \(2, 5\)$"),
+    (lambda m: m.encode(SRC.tolist()), r"^src: .*got list$"),
+    (lambda m: m.encode(SRC + 1000), r"^src: token id 1005 is outside this model's vocabulary of \d+$"),
+    (lambda m: m(SRC, TGT - 5), r"^tgt: token id -4 is outside this model's vocabulary of \d+$"),
+])
+def test_the_model_names_the_argument_a_call_gets_wrong(call, message):
+    """A teacher-forced pass of 1 target row against 2 encoded sentences broadcast the encoder output and returned
+    logits for a pair never given (a probe of the low-level API); wrong shapes, types and ids were bare errors that
+    named nothing (IndexError: tuple index out of range)."""
+    with pytest.raises(xattn.errors.ParameterError, match=message):
+        call(_model())

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from xattn.attention import AttentionContext, causal_mask, padding_mask
 from xattn.cache import DecoderCache, LayerCache
 from xattn.config import ModelConfig
-from xattn.errors import XattnError
+from xattn.errors import ParameterError, XattnError
 from xattn.layers import DecoderInputs, DecoderLayer, EncoderLayer, FeedForward, PostNorm, PreNorm
 from xattn.registry import place_problem
 from xattn.variants import build_attention
@@ -56,6 +56,15 @@ def stack_layers(per_layer: Sequence[Tensor]) -> Tensor:
     padded = [torch.cat([w, w.new_full((w.shape[0], most - w.shape[1], *w.shape[2:]), float("nan"))], dim=1)
               for w in per_layer]
     return torch.stack(padded, dim=1)
+
+
+def check_ids(name: str, ids: Tensor, vocab: int) -> None:
+    """A ParameterError naming `name` unless `ids` is a (batch, length) integer tensor of ids below `vocab`."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int):
+        got = f"a {ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ParameterError(name, f"expected a 2-D (batch, length) tensor of integer token ids, got {got}")
+    if ids.numel() and bool(((outside := (ids < 0) | (ids >= vocab))).any()):
+        raise ParameterError(name, f"token id {int(ids[outside][0])} is outside this model's vocabulary of {vocab}")
 
 
 def nearest_with_heads(heads: Sequence[int], layer: int) -> int | None:
@@ -198,6 +207,7 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, *, need_weights: bool = False, head_mask: HeadMask | None = None) -> EncoderOutput:
         """src (B, S) int64 -> EncoderOutput(states (B, S, D), mask (B, S) True = token). `head_mask` (checked
         by check_head_mask): factors on each head's output, e.g. 0 to switch a head off."""
+        check_ids("src", src, self.cfg.src_vocab_size)
         mask = padding_mask(src, self.cfg.pad_id)
         x = self.dropout(self.src_embed(src) * self.embed_scale + self.src_pos(0, src.shape[1]))
         weights, positions = [], torch.arange(src.shape[1], device=src.device)
@@ -236,13 +246,19 @@ class Transformer(nn.Module):
                       cross_layers: Sequence[int] = ()) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
+        if cache is None:  # (the search's steps, with a cache, give the ids they chose)
+            check_ids("tgt", tgt, self.cfg.tgt_vocab_size)
         T = tgt.shape[1]
         rows = cache.positions if cache is not None else None  # (B,): rows at positions of their own (a stream's)
         offset = 0 if cache is None or rows is not None else cache.length
         where = self.tgt_pos.at(rows).unsqueeze(1) if rows is not None else self.tgt_pos(offset, T)
         x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + where)
         if cache is None:  # teacher forcing: no cache; the cross-attention K/V of this call
-            assert enc is not None, "decode without a cache needs the encoder output"
+            if not isinstance(enc, EncoderOutput):
+                raise ParameterError("enc", f"decoding without a cache needs the encoder output (encode's), got "
+                                     f"{type(enc).__name__}")
+            if enc.states.shape[0] != tgt.shape[0]:
+                raise ParameterError("tgt", f"{tgt.shape[0]} rows against the {enc.states.shape[0]} sentences encoded")
             cross_kv, src_mask = [l.cross_attn.project_kv(enc.states) for l in self.decoder.layers], enc.mask
         else:
             cross_kv, src_mask = [(lc.cross_k, lc.cross_v) for lc in cache.layers], cache.src_mask
