@@ -319,3 +319,30 @@ def test_a_search_s_tracked_heads_are_checked_as_a_map_s(layer, heads):
     with pytest.raises(ParameterError) as searched:
         Tracked(layer, heads).checked(Pruned())
     assert str(searched.value) == f"attention_heads: {drawn.value}"
+
+
+def test_the_views_name_the_argument_a_call_gets_wrong(translator):
+    """figure, html_page and format_links took a link outside the pair (drawn nowhere), a negative one (drawn at the
+    last word), any true value for grid, links beside AttentionMaps (ignored), and named nothing for a wrong
+    source, kind or choice (AttributeError, KeyError; a probe of the low-level API)."""
+    from xattn.analysis import figure, format_links, html_page, maps_of
+    from xattn.errors import ItemError, ParameterError
+
+    res = translator.translate(["dreiundzwanzig"], return_attention=True)
+    one, words = res[0], len(split_words("dreiundzwanzig"))
+    wrong = [(lambda: figure(one, links=[(0, 0), (words, 0)]), ItemError, rf"^links\[1\]: \({words}, 0\): this pair has"),
+             (lambda: figure(one, links=[(-1, 0)]), ItemError, r"^links\[0\]: a link .* got \(-1, 0\)$"),
+             (lambda: html_page(one, links="0-0"), ParameterError, r"^links: a collection of links"),
+             (lambda: figure(one, grid="no"), ParameterError, r"^grid: True or False, got 'no'$"),
+             (lambda: figure(one, choice=(0, None)), ParameterError, r"^choice: a HeadChoice or None, got tuple$"),
+             (lambda: html_page(one, title=5), ParameterError, r"^title: a string or None, got int$"),
+             (lambda: figure(res), ParameterError, r"^source: a Translation .* got list$"),
+             (lambda: figure(one, kind="cross-attention"), ParameterError, r"^kind: 'cross-attention' is not one of"),
+             (lambda: figure(maps_of(one), links=[(0, 0)]), ParameterError, r"^links: AttentionMaps carry their own"),
+             (lambda: html_page(maps_of(one), words=True), ParameterError, r"^words: True, where the AttentionMaps"),
+             (lambda: format_links({(0, -1)}), ItemError, r"^links\[0\]: a link"),
+             (lambda: format_links({(0, 1)}, one_indexed="yes"), ParameterError, r"^one_indexed: True or False")]
+    for call, error, message in wrong:
+        with pytest.raises(error, match=message):
+            call()
+    assert figure(one, links=[[0, 0]], words=True) is not None and format_links({(0, 1)}, {(1, 1)}) == "0-1 1p1"

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from xattn.errors import XattnError
+from xattn.errors import ItemError, ParameterError, XattnError
 from xattn.lines import read_lines
 from xattn.words import split_words
 
@@ -20,8 +20,27 @@ Links = set[tuple[int, int]]
 _LINK = re.compile(r"(-?[0-9]+)([-p])(-?[0-9]+)")
 
 
+def check_links(name: str, links, lengths: tuple[int, int] | None = None) -> None:
+    """An ItemError naming `name`[k] unless every item of `links` is a link (i, j) of two whole numbers from 0 (below
+    `lengths` (source words, target words) when given); a ParameterError if `links` is not a collection of them."""
+    if isinstance(links, (str, bytes, dict)) or not hasattr(links, "__iter__"):
+        raise ParameterError(name, f"a collection of links (source word i, target word j), got {type(links).__name__}")
+    for k, link in enumerate(links):
+        whole = isinstance(link, (tuple, list)) and len(link) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in link)
+        if not whole:
+            raise ItemError(name, k, f"a link (source word i, target word j) of two whole numbers from 0, got {link!r}")
+        if lengths is not None and (link[0] >= lengths[0] or link[1] >= lengths[1]):
+            raise ItemError(name, k, f"{link}: this pair has {lengths[0]} source and {lengths[1]} target words "
+                            "(0-based)")
+
+
 def format_links(links: Links, possible: Links = frozenset(), one_indexed: bool = False) -> str:
     """Pharaoh text "0-0 1-2 ...", sorted by (i, j); links only in `possible` are written "ipj"."""
+    check_links("links", links)
+    check_links("possible", possible)
+    if not isinstance(one_indexed, bool):
+        raise ParameterError("one_indexed", f"True or False, got {one_indexed!r}")
     base = 1 if one_indexed else 0
     sure = set(links)
     return " ".join(f"{i + base}{'-' if (i, j) in sure else 'p'}{j + base}" for i, j in sorted(sure | set(possible)))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 from xattn.analysis.alignment import AlignSettings, attention_links, format_links, symmetrise
 from xattn.analysis.maps import AttentionMaps, HeadChoice, PairAttention, teacher_forced
+from xattn.errors import ParameterError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -32,10 +33,33 @@ def maps_of(source: Source, kind: str = "cross", words: bool = False,
             links: Sequence[tuple[int, int]] = ()) -> AttentionMaps:
     """AttentionMaps of a Translation (translated with return_attention=True; return_self_attention for
     decoder-self), of a PairAttention (teacher_forced), or the maps themselves."""
-    if isinstance(source, AttentionMaps):
+    from xattn.translator import Translation
+
+    if isinstance(source, AttentionMaps):  # made already: settings other than its own would be ignored
+        for name, given, own in (("kind", kind, source.kind), ("words", words, source.words)):
+            if given != own:
+                raise ParameterError(name, f"{given!r}, where the AttentionMaps given are {own!r}; make the maps with "
+                                     "it (maps_of), or leave it out")
+        if links:
+            raise ParameterError("links", "AttentionMaps carry their own links (maps.links); give links with a "
+                                 "Translation or a PairAttention")
         return source
+    if not isinstance(source, (Translation, PairAttention)):
+        raise ParameterError("source", "a Translation (translated with return_attention=True), a PairAttention "
+                             f"(teacher_forced) or AttentionMaps, got {type(source).__name__}")
     pair = source if isinstance(source, PairAttention) else PairAttention.from_translation(source)
     return pair.maps(kind, words=words, links=links)
+
+
+def _check_view(choice: HeadChoice | None, title: str | None, **flags: bool) -> None:
+    """A ParameterError naming the first of a figure's or page's own settings of the wrong type."""
+    if choice is not None and not isinstance(choice, HeadChoice):
+        raise ParameterError("choice", f"a HeadChoice or None, got {type(choice).__name__}")
+    if title is not None and not isinstance(title, str):
+        raise ParameterError("title", f"a string or None, got {type(title).__name__}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):  # (any true value drew the grid)
+            raise ParameterError(name, f"True or False, got {value!r}")
 
 
 def figure(source: Source, kind: str = "cross", words: bool = False, choice: HeadChoice | None = None,
@@ -44,6 +68,7 @@ def figure(source: Source, kind: str = "cross", words: bool = False, choice: Hea
     `grid`, of every layer and head. `links` (source word i, target word j) are outlined."""
     from xattn.analysis import plots
 
+    _check_view(choice, title, grid=grid)
     return plots.figure(maps_of(source, kind, words, links), choice, grid=grid, title=title)
 
 
@@ -52,4 +77,5 @@ def html_page(source: Source, kind: str = "cross", words: bool = False, choice: 
     """The self-contained interactive page (layer/head picker, hover, links) as HTML text."""
     from xattn.analysis.html import render
 
+    _check_view(choice, title)
     return render(maps_of(source, kind, words, links), title=title, choice=choice)
