@@ -50,7 +50,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         _sync(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-        _sync(path.parent)
+        _sync(path.parent, folder=True)
     except OSError as e:
         if tmp is not None:  # (None: mkstemp's own error, which made nothing)
             Path(tmp).unlink(missing_ok=True)
@@ -62,20 +62,27 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def _sync(path: str | Path) -> None:
-    """fsync a file's bytes, or a directory's entries, to the disk; what cannot be (a filesystem without fsync, a
-    folder this user may not read) is left as it is."""
+def _sync(path: str | Path, folder: bool = False) -> None:
+    """fsync a file's bytes (on Windows opened for writing: it flushes no read-only handle), or with `folder` a
+    folder's entries, to the disk. A filesystem without fsync leaves it as it is; a folder's is done where it can be
+    (Windows opens none; the rename is made by then, and one that fails is not an error of the write)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except PermissionError:
-        return
+        fd = os.open(path, os.O_RDWR if os.name == "nt" and not folder else os.O_RDONLY)
+    except OSError:
+        if folder:
+            return
+        raise
     try:
         os.fsync(fd)
     except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+        if not folder and e.errno not in UNSYNCABLE:
             raise
     finally:
         os.close(fd)
+
+
+UNSYNCABLE = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+"""What fsync says on a filesystem (or a file) that has no such thing."""
 
 
 def _discard(path: Path, tmp: str | None) -> None:
@@ -204,11 +211,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
             for name in files:
                 if not os.path.islink(file := os.path.join(folder, name)):
                     _sync(file)
-            _sync(folder)
+            _sync(folder, folder=True)
         if path.exists():
             path.rmdir()
         os.replace(tmp, path)
-        _sync(path.parent)
+        _sync(path.parent, folder=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
