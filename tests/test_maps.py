@@ -328,7 +328,7 @@ def test_the_views_name_the_argument_a_call_gets_wrong(translator):
     from xattn.analysis import figure, format_links, html_page, maps_of
     from xattn.errors import ItemError, ParameterError
 
-    res = translator.translate(["dreiundzwanzig"], return_attention=True)
+    res = translator.translate(["dreiundzwanzig"], return_attention=True, return_self_attention=True)
     one, words = res[0], len(split_words("dreiundzwanzig"))
     wrong = [(lambda: figure(one, links=[(0, 0), (words, 0)]), ItemError, rf"^links\[1\]: \({words}, 0\): this pair has"),
              (lambda: figure(one, links=[(-1, 0)]), ItemError, r"^links\[0\]: a link .* got \(-1, 0\)$"),
@@ -346,3 +346,8 @@ def test_the_views_name_the_argument_a_call_gets_wrong(translator):
         with pytest.raises(error, match=message):
             call()
     assert figure(one, links=[[0, 0]], words=True) is not None and format_links({(0, 1)}, {(1, 1)}) == "0-1 1p1"
+    # ready-made maps of any kind draw as they are; links from an iterator or NumPy are links as any others
+    for maps in (maps_of(one, "decoder-self", words=True), maps_of(one, words=True, links=iter([(0, 0)]))):
+        assert figure(maps) is not None and html_page(maps)
+    assert maps_of(one, words=True, links=iter([(0, 0)])).links == [(0, 0)]
+    assert format_links(link for link in [(np.int64(0), np.int64(1)), np.array([2, 3])]) == "0-1 2-3"

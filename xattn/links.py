@@ -5,6 +5,7 @@ alignment is a `set[tuple[int, int]]`. Without torch: `xattn prepare` maps a tra
 """
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,25 +21,29 @@ Links = set[tuple[int, int]]
 _LINK = re.compile(r"(-?[0-9]+)([-p])(-?[0-9]+)")
 
 
-def check_links(name: str, links, lengths: tuple[int, int] | None = None) -> None:
-    """An ItemError naming `name`[k] unless every item of `links` is a link (i, j) of two whole numbers from 0 (below
-    `lengths` (source words, target words) when given); a ParameterError if `links` is not a collection of them."""
+def check_links(name: str, links, lengths: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """`links` as a list of (i, j) of Python ints, once every item is a link of two whole numbers from 0 (NumPy's
+    too; below `lengths` (source words, target words) when given): else an ItemError naming `name`[k], or a
+    ParameterError if `links` is not a collection of them."""
     if isinstance(links, (str, bytes, dict)) or not hasattr(links, "__iter__"):
         raise ParameterError(name, f"a collection of links (source word i, target word j), got {type(links).__name__}")
-    for k, link in enumerate(links):
-        whole = isinstance(link, (tuple, list)) and len(link) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in link)
-        if not whole:
+    checked = []
+    for k, link in enumerate(links):  # (read once: an iterator goes by once)
+        pair = tuple(link) if hasattr(link, "__len__") and not isinstance(link, (str, bytes)) else ()
+        if len(pair) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
+                                     for x in pair):
             raise ItemError(name, k, f"a link (source word i, target word j) of two whole numbers from 0, got {link!r}")
-        if lengths is not None and (link[0] >= lengths[0] or link[1] >= lengths[1]):
-            raise ItemError(name, k, f"{link}: this pair has {lengths[0]} source and {lengths[1]} target words "
+        pair = (int(pair[0]), int(pair[1]))
+        if lengths is not None and (pair[0] >= lengths[0] or pair[1] >= lengths[1]):
+            raise ItemError(name, k, f"{pair}: this pair has {lengths[0]} source and {lengths[1]} target words "
                             "(0-based)")
+        checked.append(pair)
+    return checked
 
 
 def format_links(links: Links, possible: Links = frozenset(), one_indexed: bool = False) -> str:
     """Pharaoh text "0-0 1-2 ...", sorted by (i, j); links only in `possible` are written "ipj"."""
-    check_links("links", links)
-    check_links("possible", possible)
+    links, possible = check_links("links", links), check_links("possible", possible)
     if not isinstance(one_indexed, bool):
         raise ParameterError("one_indexed", f"True or False, got {one_indexed!r}")
     base = 1 if one_indexed else 0

@@ -29,15 +29,16 @@ __all__ = ["AlignSettings", "AttentionMaps", "HeadChoice", "PairAttention", "att
            "format_links", "html_page", "maps_of", "symmetrise", "teacher_forced"]
 
 
-def maps_of(source: Source, kind: str = "cross", words: bool = False,
+def maps_of(source: Source, kind: str | None = None, words: bool | None = None,
             links: Sequence[tuple[int, int]] = ()) -> AttentionMaps:
     """AttentionMaps of a Translation (translated with return_attention=True; return_self_attention for
-    decoder-self), of a PairAttention (teacher_forced), or the maps themselves."""
+    decoder-self), of a PairAttention (teacher_forced), or the maps themselves. `kind` (default cross) and `words`
+    (default False) are the maps' own for AttentionMaps."""
     from xattn.translator import Translation
 
     if isinstance(source, AttentionMaps):  # made already: settings other than its own would be ignored
         for name, given, own in (("kind", kind, source.kind), ("words", words, source.words)):
-            if given != own:
+            if given is not None and given != own:
                 raise ParameterError(name, f"{given!r}, where the AttentionMaps given are {own!r}; make the maps with "
                                      "it (maps_of), or leave it out")
         if links:
@@ -48,7 +49,7 @@ def maps_of(source: Source, kind: str = "cross", words: bool = False,
         raise ParameterError("source", "a Translation (translated with return_attention=True), a PairAttention "
                              f"(teacher_forced) or AttentionMaps, got {type(source).__name__}")
     pair = source if isinstance(source, PairAttention) else PairAttention.from_translation(source)
-    return pair.maps(kind, words=words, links=links)
+    return pair.maps("cross" if kind is None else kind, words=False if words is None else words, links=links)
 
 
 def _check_view(choice: HeadChoice | None, title: str | None, **flags: bool) -> None:
@@ -62,19 +63,21 @@ def _check_view(choice: HeadChoice | None, title: str | None, **flags: bool) -> 
             raise ParameterError(name, f"True or False, got {value!r}")
 
 
-def figure(source: Source, kind: str = "cross", words: bool = False, choice: HeadChoice | None = None,
+def figure(source: Source, kind: str | None = None, words: bool | None = None, choice: HeadChoice | None = None,
            grid: bool = False, title: str | None = None, links: Sequence[tuple[int, int]] = ()) -> Figure:
     """A heatmap (matplotlib Figure) of one layer's heads (`choice`, default: the last layer's mean) or, with
-    `grid`, of every layer and head. `links` (source word i, target word j) are outlined."""
+    `grid`, of every layer and head. `links` (source word i, target word j) are outlined. `kind`, `words`: as in
+    maps_of."""
     from xattn.analysis import plots
 
     _check_view(choice, title, grid=grid)
     return plots.figure(maps_of(source, kind, words, links), choice, grid=grid, title=title)
 
 
-def html_page(source: Source, kind: str = "cross", words: bool = False, choice: HeadChoice | None = None,
+def html_page(source: Source, kind: str | None = None, words: bool | None = None, choice: HeadChoice | None = None,
          title: str | None = None, links: Sequence[tuple[int, int]] = ()) -> str:
-    """The self-contained interactive page (layer/head picker, hover, links) as HTML text."""
+    """The self-contained interactive page (layer/head picker, hover, links) as HTML text. `kind`, `words`: as in
+    maps_of."""
     from xattn.analysis.html import render
 
     _check_view(choice, title)

@@ -248,7 +248,7 @@ class PairAttention:
             raise ParameterError("kind", problem)
         if not isinstance(words, bool):
             raise ParameterError("words", f"True or False, got {words!r}")
-        check_links("links", links, (len(self.src_words), len(self.tgt_words)))
+        links = check_links("links", links, (len(self.src_words), len(self.tgt_words)))
         weights = {"cross": self.cross, "decoder-self": self.decoder_self, "encoder-self": self.encoder_self}[kind]
         if weights is None:
             raise XattnError(f"no {kind} attention was computed for this pair")
@@ -259,7 +259,7 @@ class PairAttention:
             "encoder-self": (self.src_word_of, self.src_tokens, self.src_word_of, self.src_tokens),
         }[kind]
         masked = np.triu(np.ones((len(rows), len(cols)), dtype=bool), k=1) if kind == "decoder-self" else None
-        word_links = [tuple(link) for link in links] if kind == "cross" else []
+        word_links = links if kind == "cross" else []
         row_words = self.tgt_words if kind != "encoder-self" else self.src_words
         col_words = self.src_words if kind != "decoder-self" else self.tgt_words
         if not words:  # a word link marks every cell of its source pieces x target pieces
