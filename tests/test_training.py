@@ -328,3 +328,20 @@ def test_an_average_kept_as_the_best_is_published_after_the_checkpoint_that_reco
     assert not all(torch.equal(best[k], kept[-1][k]) for k in best)  # not the last weights
     progress = trainer.fit()  # training goes on: the average stays the best until an evaluation beats it
     assert progress.best_step == 9 and all(torch.equal(best[k], read_weights(out / WEIGHTS)[0][k]) for k in best)
+
+
+def test_running_a_finished_run_again_leaves_its_published_average_as_it_is(tmp_path, monkeypatch):
+    """The re-publishing on resume ran on every re-run of a finished run whose best is an average, rewriting
+    model.safetensors and, with guided alignment, analysis.yaml's stored choice (a review). Only a checkpoint newer
+    than the published weights is published again."""
+    from xattn.checkpoint import WEIGHTS
+
+    scores = iter([1.0, 2.0, 3.0, 10.0])
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"valid_nll": 1.0, "valid_bleu": next(scores)})
+    out = tmp_path / "run"
+    cfg = _cfg("train.max_steps=9", "train.average_last=3")
+    assert train(cfg, out, quiet=True).averaged
+    published = (out / WEIGHTS).stat().st_mtime_ns
+    time.sleep(0.05)  # (a rewrite would have a later time)
+    assert train(cfg, out, quiet=True).stop_reason == "max_steps"
+    assert (out / WEIGHTS).stat().st_mtime_ns == published

@@ -195,6 +195,14 @@ def refuse_another_run(out_dir: Path, manifest: Manifest, identity: dict, partia
                          "train into another directory")
 
 
+def published_before(out_dir: Path, state_dir: TrainStateDir) -> bool:
+    """Whether the run's model.safetensors is missing or older than its last checkpoint: best weights that the
+    checkpoint records are published after it, so a kill came between the two (a re-run of a finished run leaves
+    what was published, and analysis.yaml with it, as it is)."""
+    weights = out_dir / WEIGHTS
+    return not weights.is_file() or weights.stat().st_mtime_ns < (state_dir.dir / MANIFEST).stat().st_mtime_ns
+
+
 def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:
     """A run directory's checkpoints and their manifest (None: a new run), once `out_dir` is one a run may go
     into: not a file, nor a model without training state, nor a folder whose config.yaml or log.jsonl a new

@@ -30,7 +30,8 @@ from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
 from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401 (LOG, STATE_DIR: faults.py's)
-                               open_run_dir, refuse_another_run, release_run_dir, remove_leftovers, run_identity)
+                               open_run_dir, published_before, refuse_another_run, release_run_dir, remove_leftovers,
+                               run_identity)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -137,8 +138,10 @@ class Trainer:
                 with log.open("r+b") as f:
                     f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
             save_config(self.cfg, self.out_dir / CONFIG)
-            if (p := self.progress).best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished):
-                self._publish(p.averaged)  # the checkpoint's best weights: a kill may have come before they were
+            p = self.progress  # the checkpoint's best weights, published after it: a kill may have come before
+            if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
+                    published_before(self.out_dir, self.state_dir):
+                self._publish(p.averaged)
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
     def _take_over(self) -> None:
