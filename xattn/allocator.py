@@ -60,8 +60,7 @@ def _set_thresholds() -> bool:
         process, libc = ctypes.CDLL(None), ctypes.CDLL("libc.so.6")
         libc.gnu_get_libc_version  # glibc's
         mallopt = libc.mallopt
-        address = lambda lib: ctypes.cast(lib.malloc, ctypes.c_void_p).value  # noqa: E731
-        if address(process) != address(libc):  # another allocator preloaded: glibc's thresholds would tune nothing
+        if not _glibc_allocates(process, libc):  # another allocator preloaded: glibc's thresholds would tune nothing
             return False
     except (OSError, AttributeError, TypeError):  # not glibc (TypeError: Windows' ctypes takes no None)
         return False
@@ -69,3 +68,30 @@ def _set_thresholds() -> bool:
     # (today's glibc takes all three; were one refused, those before it would stay set, the adaptive threshold off)
     return all(mallopt(param, value) == 1 for param, value in
                ((M_MMAP_THRESHOLD, MMAP_BYTES), (M_TRIM_THRESHOLD, KEEP_BYTES), (M_TOP_PAD, KEEP_BYTES)))
+
+
+PROBE_BYTES = 64 << 20
+"""A block glibc's malloc always maps on its own (above its largest mapping threshold, 32 MiB), never touched."""
+
+
+def _glibc_allocates(process: ctypes.CDLL, libc: ctypes.CDLL) -> bool:
+    """Whether the process's malloc is glibc's: a block it allocates shows in glibc's own count of mapped bytes (a
+    preloaded jemalloc or tcmalloc keeps counts of its own). Comparing malloc's address in the process with libc's
+    took the program's own PLT entry, which Debian's python3 has, for another allocator, and the setting was never
+    made there."""
+    fields = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+    info = getattr(libc, "mallinfo2", None)
+    if info is None:  # glibc before 2.33: the same fields as int
+        info, fields = libc.mallinfo, [(name, ctypes.c_int) for name, _ in fields]
+    info.argtypes, info.restype = [], type("Mallinfo", (ctypes.Structure,), {"_fields_": fields})
+    malloc, free = process.malloc, process.free
+    malloc.argtypes, malloc.restype, free.argtypes, free.restype = [ctypes.c_size_t], ctypes.c_void_p, [ctypes.c_void_p], None
+    before = info().hblkhd
+    block = malloc(PROBE_BYTES)
+    if not block:
+        return False
+    try:
+        return info().hblkhd - before >= PROBE_BYTES
+    finally:
+        free(block)
