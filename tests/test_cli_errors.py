@@ -953,3 +953,22 @@ def test_a_quickstart_into_a_folder_training_refuses_prints_no_heading_first(spa
     """It printed "== training de->en on numbers into X (900 steps ...)" and then the error."""
     code, out, err = run_main(["quickstart", "--out", str(space / "file-not-dir")], b"", monkeypatch, capsys)
     assert code == 2 and out == "" and "file-not-dir: exists and is not a directory" in err, (out, err)
+
+
+OLD_ARGPARSE = """
+import argparse, sys
+def old(self, message, file=None):  # Python 3.11.2's (Debian's): a closed stream raised
+    if message:
+        (file or sys.stderr).write(message)
+argparse.ArgumentParser._print_message = old
+from xattn.cli.main import main
+sys.exit(main(["translate", "--help"]))
+"""
+
+
+def test_help_with_stdout_closed_is_quiet_with_an_older_argparse_too():
+    """Under Debian's Python 3.11.2, whose argparse lets a closed stream's error through, `--help` with stdout closed
+    was a traceback (the full suite there)."""
+    result = subprocess.run([sys.executable, "-c", OLD_ARGPARSE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            timeout=120, preexec_fn=lambda: os.close(1))
+    assert result.returncode == 0 and not result.stderr, result.stderr.decode()

@@ -66,6 +66,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _print_message(self, message: str, file=None) -> None:
+        """A message to a closed stream is dropped, as newer argparse drops it; Debian's Python 3.11.2 raised
+        (`--help` with stdout closed was a traceback)."""
+        try:
+            super()._print_message(message, file)
+        except (AttributeError, OSError):
+            pass
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="xattn", description="Encoder-decoder Transformers built around cross-attention.")
