@@ -86,7 +86,8 @@ def _glibc_allocates(process: ctypes.CDLL, libc: ctypes.CDLL) -> bool:
         info, fields = libc.mallinfo, [(name, ctypes.c_int) for name, _ in fields]
     info.argtypes, info.restype = [], type("Mallinfo", (ctypes.Structure,), {"_fields_": fields})
     malloc, free = process.malloc, process.free
-    malloc.argtypes, malloc.restype, free.argtypes, free.restype = [ctypes.c_size_t], ctypes.c_void_p, [ctypes.c_void_p], None
+    malloc.argtypes, malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    free.argtypes, free.restype = [ctypes.c_void_p], None
     before = info().hblkhd
     block = malloc(PROBE_BYTES)
     if not block:

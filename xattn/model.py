@@ -246,19 +246,19 @@ class Transformer(nn.Module):
                       cross_layers: Sequence[int] = ()) -> DecoderStates:
         """`decode` without the output projection: the decoder's states (B, T, D) and its attention (what
         analysis reads from a teacher-forced pass, where logits over the vocabulary would be wasted work)."""
-        if cache is None:  # (the search's steps, with a cache, give the ids they chose)
+        if cache is None:  # teacher forcing (the search's steps, with a cache, give the ids they chose)
             check_ids("tgt", tgt, self.cfg.tgt_vocab_size)
+            if not isinstance(enc, EncoderOutput):
+                raise ParameterError("enc", f"decoding without a cache needs the encoder output (encode's), got "
+                                     f"{type(enc).__name__}")
+            if enc.states.shape[0] != tgt.shape[0]:
+                raise ParameterError("tgt", f"{tgt.shape[0]} rows against the {enc.states.shape[0]} sentences encoded")
         T = tgt.shape[1]
         rows = cache.positions if cache is not None else None  # (B,): rows at positions of their own (a stream's)
         offset = 0 if cache is None or rows is not None else cache.length
         where = self.tgt_pos.at(rows).unsqueeze(1) if rows is not None else self.tgt_pos(offset, T)
         x = self.dropout(self.tgt_embed(tgt) * self.embed_scale + where)
         if cache is None:  # teacher forcing: no cache; the cross-attention K/V of this call
-            if not isinstance(enc, EncoderOutput):
-                raise ParameterError("enc", f"decoding without a cache needs the encoder output (encode's), got "
-                                     f"{type(enc).__name__}")
-            if enc.states.shape[0] != tgt.shape[0]:
-                raise ParameterError("tgt", f"{tgt.shape[0]} rows against the {enc.states.shape[0]} sentences encoded")
             cross_kv, src_mask = [l.cross_attn.project_kv(enc.states) for l in self.decoder.layers], enc.mask
         else:
             cross_kv, src_mask = [(lc.cross_k, lc.cross_v) for lc in cache.layers], cache.src_mask

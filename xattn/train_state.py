@@ -139,7 +139,7 @@ class Progress:
     stop_reason: str | None = None      # why the last fit() ended
     finished: bool = False              # the end of training (averaging included) is done
     averaged: bool = False              # the best weights (at best_step) are the mean of the checkpoints kept for
-    #                                     averaging: published again from them on resume (Trainer._publish)
+    #                                     averaging: published again from them on resume (Trainer._resume)
 
 
 def differences(saved: Any, now: Any, prefix: str = "") -> list[str]:

@@ -29,9 +29,9 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401 (LOG, STATE_DIR: faults.py's)
+from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401
                                open_run_dir, published_before, refuse_another_run, release_run_dir, remove_leftovers,
-                               run_identity)
+                               run_identity)  # (F401: LOG and STATE_DIR, faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -141,7 +141,10 @@ class Trainer:
             p = self.progress  # the checkpoint's best weights, published after it: a kill may have come before
             if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
                     published_before(self.out_dir, self.state_dir):
-                self._publish(p.averaged)
+                if p.averaged:
+                    self._on_weights(self._average(), self._save_model)
+                else:
+                    self._save_model()
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
     def _take_over(self) -> None:
@@ -301,15 +304,16 @@ class Trainer:
             if evaluate:
                 scores = self.validate()
                 improved = scores["valid_bleu"] > p.best_score
-                p.best_score, p.best_step, p.bad_evals, p.averaged = (scores["valid_bleu"], p.step, 0, False) \
-                    if improved else (p.best_score, p.best_step, p.bad_evals + 1, p.averaged)
+                p.best_score, p.best_step, p.bad_evals = (scores["valid_bleu"], p.step, 0) if improved else \
+                    (p.best_score, p.best_step, p.bad_evals + 1)
+                p.averaged = p.averaged and not improved  # the best is no longer an average once beaten
                 patience_over = bool(tc.patience) and p.bad_evals >= tc.patience
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
             self._save_state(keep_for_averaging=tc.average_last if evaluate else 0)
             if improved:  # published after the checkpoint that records it (_resume publishes it again if need be)
-                self._publish()
+                self._save_model()
         self.ctx.barrier()
         return patience_over
 
@@ -318,12 +322,11 @@ class Trainer:
         average that validates better is published after the checkpoint that records it, as any best weights."""
         p = self.progress
         if self.ctx.rank == 0 and reason != "interrupted":
-            if len(self.state_dir.manifest.averaging) > 1:
-                self._validate_average()
+            average = self._validate_average() if len(self.state_dir.manifest.averaging) > 1 else None
             p.finished = True
             self._save_state()
-            if p.averaged and p.best_step == p.step:
-                self._publish(averaged=True)
+            if average is not None:
+                self._on_weights(average, self._save_model)
         if reason == "interrupted":
             self._print(f"interrupted at step {p.step}; run the same command again to resume")
         else:
@@ -331,34 +334,33 @@ class Trainer:
         self.ctx.barrier()
         release_run_dir(self.out_dir)  # (lock_run_dir: this process writes there no more)
 
-    def _validate_average(self) -> None:
-        """Validate the average of the kept checkpoints; if better, it becomes the best (Progress.averaged)."""
-        p, kept = self.progress, len(self.state_dir.manifest.averaging)
-        scores = self._on_average(self.validate)
+    def _validate_average(self) -> dict[str, torch.Tensor] | None:
+        """The average of the kept checkpoints if it validates better (then the best: Progress.averaged), else None."""
+        p, kept, average = self.progress, len(self.state_dir.manifest.averaging), self._average()
+        scores = self._on_weights(average, self.validate)
         better = scores["valid_bleu"] > p.best_score
         self._log({"step": p.step, "averaged": kept, **scores, "best": better})
         self._print(f"average of last {kept} checkpoints: BLEU {scores['valid_bleu']:.2f}"
                     f"{' (kept as model.safetensors)' if better else ' (not better; best kept)'}")
-        if better:
-            p.best_score, p.best_step, p.averaged = scores["valid_bleu"], p.step, True
+        if not better:
+            return None
+        p.best_score, p.best_step, p.averaged = scores["valid_bleu"], p.step, True
+        return average
 
-    def _on_average(self, fn):
-        """fn() run on the mean of the checkpoints kept for averaging (frozen parameters stay bit-identical)."""
+    def _average(self) -> dict[str, torch.Tensor]:
+        """The mean of the checkpoints kept for averaging (frozen parameters left out: they stay bit-identical)."""
         tensors = [read_weights(self.state_dir.dir / name)[0] for _, name in self.state_dir.manifest.averaging]
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
+        return {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0] if k not in frozen}
+
+    def _on_weights(self, weights: dict[str, torch.Tensor], fn):
+        """fn() run with `weights` in the model, whose own are then put back."""
         last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict({k: sum(t[k].float() for t in tensors) / len(tensors)
-                                    for k in tensors[0] if k not in frozen}, strict=False)
+        self.model.load_state_dict(weights, strict=False)
         try:
             return fn()
         finally:
             self.model.load_state_dict(last)
-
-    def _publish(self, averaged: bool = False) -> None:
-        """Publish the model's weights, or with `averaged` the average of the kept checkpoints, as the best."""
-        if averaged:
-            return self._on_average(self._save_model)
-        self._save_model()
 
     # ----------------------------------------------------------------------------------- helpers
 
