@@ -230,6 +230,42 @@ def test_a_target_in_absolute_form_is_the_same_request_as_its_path(server):
     assert routes == ["/health", "/health", "/health", "/health", "/translate", "/translate", "other"]
 
 
+def test_empty_lines_before_a_request_line_are_ignored(patient):
+    """RFC 9112, 2.2: a server should ignore empty lines received before a request line (some clients send a CRLF
+    after a body); h11 answered 400, and an empty line that arrived behind a body sat in h11's buffer until the next
+    request, which it spoiled."""
+    port, _ = patient
+    assert ask(port, b"\r\n\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+        b"HTTP/1.1 200")
+    keep = translate_request("drei").replace(b"Connection: close\r\n", b"")
+    with connect(port) as sock:  # a body and its CRLF, then the next request: pipelined in one write, and apart
+        sock.sendall(keep + b"\r\n" + keep + b"\r")
+        time.sleep(0.2)
+        sock.sendall(b"\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answers = b""
+        while chunk := sock.recv(65536):
+            answers += chunk
+    assert re.findall(rb"HTTP/1.1 (\d+)", answers) == [b"200", b"200", b"200"], answers
+
+
+def test_the_empty_lines_skipped_are_in_h11s_buffer_of_the_shape_this_h11_has():
+    """skip_empty_lines reads h11's private receive buffer: with another shape it would skip nothing, silently."""
+    import h11
+    from xattn.serve.connections import Bounded
+    conn = Bounded(16384)
+    conn.receive_data(b"\r\n\n\r")
+    assert conn.next_event() is h11.NEED_DATA and not conn.trailing_data[0]  # all skipped, the CR too
+    conn.receive_data(b"\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n\r\n")
+    assert isinstance(request := conn.next_event(), h11.Request) and request.target == b"/health"
+    assert conn.next_event() == h11.EndOfMessage()
+    assert conn.trailing_data == (b"\r\n", False)  # behind the request, until its answer is sent
+    conn.send(h11.Response(status_code=204, headers=[]))
+    conn.send(h11.EndOfMessage())
+    conn.start_next_cycle()
+    conn.receive_data(b"")
+    assert isinstance(conn.next_event(), h11.ConnectionClosed)
+
+
 def test_a_body_in_too_many_pieces_or_broken_framing_is_one_400_line(patient):
     """100,000 one-byte chunks took the event loop about 1 s (/health waited); a chunk-size line that is not one
     was logged twice, as the guard's 400 and as the app's 499 client_gone."""

@@ -133,6 +133,7 @@ class Guarded(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.reserved is not None and self.line is not None:  # over the limit: a health check, or refused
             self.line += data
+            self.line = self.line[EMPTY_LINES.match(self.line).end():]  # (empty lines first: skip_empty_lines)
             if (verdict := health_check(self.line)) is True:
                 data, self.line = self.line, None
             elif verdict is False:
@@ -267,13 +268,16 @@ class Bounded(h11.Connection):
     the guard's own says why (`problem`). A request with both Transfer-Encoding and Content-Length is a 400 too:
     h11 goes by Transfer-Encoding, a proxy in front may go by Content-Length, and the bytes between are a request
     smuggled past it (RFC 9112, 6.3, lets a server refuse it; it must close the connection either way). A target in
-    absolute form is passed on in origin form (`origin_form`)."""
+    absolute form is passed on in origin form (`origin_form`). Empty lines before a request line are dropped, as RFC
+    9112 (2.2) asks of a server (a client may send one after a body); h11 answered them 400 (`skip_empty_lines`)."""
 
     def __init__(self, max_head: int):
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
         self.max_head, self.error, self.pieces, self.problem = max_head, None, 0, None
 
     def next_event(self):
+        if self.their_state is h11.IDLE:
+            skip_empty_lines(self)
         try:
             event = super().next_event()
             if isinstance(event, h11.Request):
@@ -298,6 +302,20 @@ class Bounded(h11.Connection):
         except h11.RemoteProtocolError as e:
             self.error = e
             raise
+
+
+EMPTY_LINES = re.compile(rb"(?:\r?\n|\r\Z)*")
+"""Empty lines (CRLF, or a bare LF) at the start of what has arrived, and a CR that may begin one, last."""
+
+
+def skip_empty_lines(conn: h11.Connection) -> None:
+    """Drops the empty lines at the start of what `conn` has received and not yet read. They sit in h11's private
+    receive buffer, which h11 offers no way to skip them in (an empty line that arrives behind a request's body waits
+    there with the next request); a test pins its shape, and an h11 of another shape gets them as before (a 400)."""
+    buffer = getattr(conn, "_receive_buffer", None)
+    data = getattr(buffer, "_data", None)
+    if isinstance(data, bytearray) and hasattr(buffer, "_extract") and (skip := EMPTY_LINES.match(data).end()):
+        buffer._extract(skip)
 
 
 def split_target(target: bytes) -> tuple[bytes | None, bytes]:
