@@ -97,6 +97,34 @@ def test_translate_prints_each_line_of_a_pipe_before_the_input_ends(quickstart_d
     assert "".join(answers) == piped.stdout and len(answers) == 2 and all(a.strip() for a in answers)
 
 
+INTERRUPTED_AT_IMPORT = """
+import sys
+
+class Interrupt:  # Ctrl+C as the module `name` starts to import
+    def find_spec(self, name, path=None, target=None):
+        if name == sys.argv[1]:
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, Interrupt())
+from xattn.cli.main import main
+sys.exit(main(["translate", "--help"]))
+"""
+
+
+@pytest.mark.parametrize("module", ["yaml", "numpy"])
+def test_ctrl_c_as_the_command_starts_is_one_line(module):
+    """The command line's start imports every verb's module (NumPy and YAML with them, over a tenth of a second): a
+    Ctrl+C then was a traceback. The console script's own import of xattn.cli.main takes none of them, so only
+    Python's own start is left outside main."""
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_AT_IMPORT, module], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stderr, result.stdout) == (130, "xattn: interrupted\n", "")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, xattn.cli.main; print(*sorted(m for m in "
+                             "('numpy', 'yaml', 'torch', 'tqdm') if m in sys.modules))"], capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert loaded.stdout == "\n"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_leaves_no_half_written_output(numbers_model, tmp_path, signum):
     """What `timeout`, systemd, `docker stop` and a closed terminal send unwinds as Ctrl+C does: the output file's

@@ -1,5 +1,4 @@
 """xattn: encoder-decoder Transformers built around cross-attention."""
-from xattn.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, TrainConfig
 from xattn.errors import XattnError
 
 __version__ = "0.1.0"
@@ -10,9 +9,11 @@ transformers and FastAPI load only for those who use them."""
 
 
 LAZY = {"DecoderOutput": "model", "EncoderOutput": "model", "Transformer": "model", "Translation": "translator",
-        "Translator": "translator", "load": "translator"}
-"""Names imported on first use, with torch: `import xattn.data.prepare` (the workers of `xattn prepare`) and
-`xattn.config` load without it."""
+        "Translator": "translator", "load": "translator", **dict.fromkeys(
+            ("DataConfig", "DecodeConfig", "ModelConfig", "RunConfig", "TrainConfig"), "config")}
+"""Names imported on first use: torch's with `model` and `translator` (`import xattn.data.prepare`, the workers of
+`xattn prepare`, and `xattn.config` load without it), NumPy's and YAML's with `config` (the command line starts
+without them, so that a Ctrl+C as it starts is one line: cli/main.py)."""
 
 
 def __getattr__(name: str):

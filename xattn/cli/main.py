@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdin = Closed("stdin", "give the input as a file (-i FILE, or --src)")
     if sys.stdout is None:
         sys.stdout = Closed("stdout", "write the output to a file (-o FILE)")
-    args, extras = build_parser().parse_known_args(argv)
+    try:  # (each verb's module is imported here, NumPy's and YAML's with them: a tenth of a second or more)
+        args, extras = build_parser().parse_known_args(argv)
+    except KeyboardInterrupt:  # a Ctrl+C as the command starts: as later (below), not a traceback of an import
+        print("xattn: interrupted", file=sys.stderr)
+        return 130
     if extras:  # argparse stops filling `overrides` at the first option; section.key=value may come after it
         if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extras):
             return _fail(_verb(args), f"unrecognized arguments: {' '.join(extras)} (see xattn {_verb(args)} --help)")
