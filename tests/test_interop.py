@@ -229,6 +229,43 @@ def test_import_names_a_damaged_weights_file_and_a_config_that_does_not_fit_it(e
     assert not (tmp_path / "back").exists()
 
 
+def test_import_refuses_what_the_model_it_would_write_could_not_be_loaded_with_or_would_silently_drop(exported, tmp_path):
+    """A config.json of fewer layers than the weights (transformers drops the rest: the import translated otherwise,
+    exit 0), NaN weights and a vocab.json shorter than the embeddings (imported, exit 0, then refused by every verb
+    that loads the model) are refused by the import itself, naming the Hugging Face directory's file."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from xattn.interop.marian import import_marian
+
+    _, hf_dir = exported
+    fewer, nan, short = tmp_path / "fewer", tmp_path / "nan", tmp_path / "short"
+    for copy in (fewer, nan, short):
+        shutil.copytree(hf_dir, copy)
+        (copy / "xattn_config.yaml").unlink(missing_ok=True)
+    config = json.loads((fewer / "config.json").read_text())
+    assert config["encoder_layers"] >= 2
+    (fewer / "config.json").write_text(json.dumps(config | {"encoder_layers": config["encoder_layers"] - 1}))
+    with pytest.raises(XattnError, match=r"fewer: config.json does not fit the weights: the weights file holds \d+ "
+                                         r"tensor\(s\) the config has no place for, e.g. \S*encoder.layers.\d+\."):
+        import_marian(fewer, tmp_path / "back")
+    tensors = load_file(nan / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("fc1.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(XattnError, match=r"nan: the weights hold NaN or infinite values \(in \S+fc1.weight, as "
+                                         r"imported\)"):
+        import_marian(nan, tmp_path / "back")
+    vocab = json.loads((short / "vocab.json").read_text())
+    (short / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))
+    with pytest.raises(XattnError, match=rf"short/vocab.json: has {len(vocab) - 3} ids for the source, but the "
+                                         rf"weights' source embedding has {len(vocab)} rows"):
+        import_marian(short, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
+
+
 def test_export_refuses_unsupported_models(tmp_path):
     for key, value in (("norm", "pre"), ("positions", "learned"), ("score", "dot")):
         cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=1,

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from torch import Tensor
 
 from xattn.attention import MultiHeadAttention, ScaledDotScore
-from xattn.checkpoint import load_model_dir, save_model_dir
+from xattn.checkpoint import load_model_dir, save_model_dir, weights_of
 from xattn.config import DataConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.registry import ACTIVATIONS
@@ -326,6 +326,9 @@ def load_hf(hf_dir: str | Path):
     if missing := sorted(k for k in info.get("missing_keys", []) if not k.endswith("embed_positions.weight")):
         raise XattnError(f"{hf_dir}: the weights file lacks {len(missing)} tensor(s) the model needs, e.g. {missing[0]} "
                          "(transformers would fill them with random numbers)")
+    if unexpected := sorted(k for k in info.get("unexpected_keys", []) if not k.endswith("embed_positions.weight")):
+        raise XattnError(f"{hf_dir}: config.json does not fit the weights: the weights file holds {len(unexpected)} "
+                         f"tensor(s) the config has no place for, e.g. {unexpected[0]} (transformers would drop them)")
     return model.eval()
 
 
@@ -338,5 +341,12 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         if tokenizers.src.eos_id != model.cfg.eos_id or tokenizers.tgt.eos_id != model.cfg.eos_id:
             raise XattnError(f"{hf_dir}: the tokenizer's </s> id {tokenizers.src.eos_id} differs from the model's "
                              f"eos_token_id {model.cfg.eos_id}")
+        for side, tok, rows in (("source", tokenizers.src, model.cfg.src_vocab_size),  # (what loading the model
+                                ("target", tokenizers.tgt, model.cfg.tgt_vocab_size)):  # written would refuse)
+            if tok.vocab_size != rows:
+                raise XattnError(f"{hf_dir / 'vocab.json'}: has {tok.vocab_size} ids for the {side}, but the weights' "
+                                 f"{side} embedding has {rows} rows; the tokenizer and the weights do not belong together")
+        if bad := next((name for name, t in weights_of(model).items() if not torch.isfinite(t).all()), None):
+            raise XattnError(f"{hf_dir}: the weights hold NaN or infinite values (in {bad}, as imported)")
         save_model_dir(tmp, model, import_run_config(hf_dir, model.cfg, tokenizers))
     return Path(out_dir)
