@@ -137,6 +137,25 @@ def test_cli_counts_the_training_data_and_translate_uses_it(numbers_model, tmp_p
     assert set(translator.tokenizers.tgt.encode(out.text)) <= allowed
 
 
+def test_the_defaults_fit_a_target_vocabulary_smaller_than_they_are(numbers_model, tmp_path, capsys, monkeypatch):
+    """`xattn shortlist MODEL` of a model fine-tuned on few target pieces (65) was an error about --frequent, a flag
+    never given: the defaults are capped by the vocabulary; a value given over it is still refused."""
+    import shutil
+
+    import xattn.cli.shortlist as verb
+    from xattn.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    size = xattn.load(model).model.cfg.tgt_vocab_size
+    monkeypatch.setattr(verb, "PER_SOURCE", size + 1)
+    monkeypatch.setattr(verb, "FREQUENT", size + 7)
+    assert main(["shortlist", str(model)]) == 0
+    assert f"{size} target tokens per source token and " in capsys.readouterr().out  # (the frequent: those seen)
+    assert main(["shortlist", str(model), "--frequent", str(size + 1)]) == 2
+    assert f"--frequent: {size + 1} is more than the model's {size} target tokens" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--src", "S"], "--src and --tgt go together"),
     (["--src", "S", "--tgt", "T"], "T: ends at line 2, before the other side"),

@@ -9,6 +9,9 @@ from xattn.cli.common import add_verb, check_data_dir, path_arg
 from xattn.errors import XattnError
 
 
+PER_SOURCE, FREQUENT = 20, 100
+
+
 def register(sub) -> None:
     p = add_verb(sub, "shortlist", "Count a lexical shortlist (Marian's shortlists, CTranslate2's vocabulary map) "
                  "from parallel text into the model directory (shortlist.safetensors): for every source token the "
@@ -22,8 +25,10 @@ def register(sub) -> None:
                    "data, as its config.yaml names it)")
     p.add_argument("--tgt", type=path_arg, help="target side, line-aligned with --src")
     p.add_argument("--data-dir", type=path_arg, help="local Multi30k folder, for a model trained on Multi30k")
-    p.add_argument("--per-source", type=int, default=20, help="target tokens listed per source token (default 20)")
-    p.add_argument("--frequent", type=int, default=100, help="most frequent target tokens, on every list (default 100)")
+    p.add_argument("--per-source", type=int, help=f"target tokens listed per source token (default {PER_SOURCE}, or "
+                   "the target vocabulary's size if smaller)")
+    p.add_argument("--frequent", type=int, help=f"most frequent target tokens, on every list (default {FREQUENT}, or "
+                   "the target vocabulary's size if smaller)")
     p.add_argument("--max-pairs", type=int, default=1_000_000, help="count at most this many sentence pairs, the "
                    "first ones (default 1,000,000)")
 
@@ -35,7 +40,7 @@ def run(args) -> int:
 
     for flag, value, lo in (("--per-source", args.per_source, 1), ("--frequent", args.frequent, 0),
                             ("--max-pairs", args.max_pairs, 1)):
-        if value < lo:
+        if value is not None and value < lo:
             raise XattnError(f"{flag}: must be at least {lo}, got {value}")
     if bool(args.src) != bool(args.tgt):
         raise XattnError("--src and --tgt go together: give both, or neither to count the training data")
@@ -44,8 +49,11 @@ def run(args) -> int:
     folder = check_model_dir(args.model)
     cfg, _ = read_model(folder)
     for flag, value in (("--per-source", args.per_source), ("--frequent", args.frequent)):
-        if value > cfg.model.tgt_vocab_size:  # (a list longer than the vocabulary: a table of -1s, or no memory)
+        if value is not None and value > cfg.model.tgt_vocab_size:  # (a list longer than the vocabulary: a table
             raise XattnError(f"{flag}: {value} is more than the model's {cfg.model.tgt_vocab_size} target tokens")
+    size = cfg.model.tgt_vocab_size  # the defaults, within a small vocabulary (a model fine-tuned on few pieces)
+    per_source = min(PER_SOURCE, size) if args.per_source is None else args.per_source
+    frequent = min(FREQUENT, size) if args.frequent is None else args.frequent
     tokenizers = load_tokenizers(folder)
     counts = Counts(cfg.model.src_vocab_size, cfg.model.tgt_vocab_size)
     where = f"{args.src} + {args.tgt}" if args.src else "the training data"
@@ -55,8 +63,8 @@ def run(args) -> int:
             break
     if counts.pairs == 0:
         raise XattnError(f"{where}: no sentence pairs to count")
-    shortlist = counts.shortlist(args.per_source, args.frequent, [cfg.model.eos_id, tokenizers.tgt.unk_id])
-    path = shortlist.save(folder, {"per_source": args.per_source, "frequent": args.frequent, "counted": where,
+    shortlist = counts.shortlist(per_source, frequent, [cfg.model.eos_id, tokenizers.tgt.unk_id])
+    path = shortlist.save(folder, {"per_source": per_source, "frequent": frequent, "counted": where,
                                    "tokenizers": tokenizer_hashes(folder)})
     print(f"{path}: {shortlist.per_source} target tokens per source token and {len(shortlist.frequent)} on every "
           f"list, counted on {counts.pairs} sentence pairs of {where}")
