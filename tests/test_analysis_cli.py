@@ -146,6 +146,9 @@ def test_diagnose_json_lines(work, capsys):
     assert summary["sentences"] == 4
     code, out, _ = run(capsys, "diagnose", work / "model", "--src", work / "src.txt", "--hyp", work / "tgt.txt")
     assert code == 0 and [json.loads(x)["translation"] for x in out.splitlines()] == TGT
+    (work / "empty.txt").write_text("")  # an empty report, exit 0, read as nothing flagged; evaluate refuses one
+    code, out, err = run(capsys, "diagnose", work / "model", "--src", work / "empty.txt")
+    assert (code, out, err) == (2, "", f"xattn diagnose: error: {work / 'empty.txt'}: no lines to diagnose\n")
 
 
 MAGIC = {".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}

@@ -189,6 +189,10 @@ def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
     ref.write_text("seven\n")
     bad = _run("evaluate", str(quickstart_dir), "--src", str(src), "--ref", str(ref))
     assert bad.returncode == 2 and "line counts differ" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    for out in ("-", "/dev/stdout"):  # the translations went into the scores' stream (--json's too)
+        mixed = _run("evaluate", str(quickstart_dir), "--split", "test", "--json", "-o", out)
+        assert (mixed.returncode, mixed.stdout, mixed.stderr) == (2, "", "xattn evaluate: error: --output: the scores "
+                                                                 "go to standard output; write the translations to a file\n")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -477,7 +477,9 @@ CASES = {
     "train out damaged checkpoint": ([*TRAIN, "--out", "{damaged:manifest}"], "does not match its checksum"),
     "train out manifest key twice": ([*TRAIN, "--out", "{damaged:manifest-twice}"],
                                      "manifest.json: invalid JSON ('step' is given twice in one object)"),
-    "export out is a file": (["export", M, "{space}/file-not-dir"], "already exists and is not an empty directory"),
+    "export out is a file": (["export", M, "{space}/file-not-dir"], "file-not-dir: a file of that name exists; name "
+                             "a new directory"),
+    "export out cannot be made": (["export", M, "/proc/xattn-out"], "/proc/xattn-out: No such file or directory"),
     "import out is a file": (["import", M, "{space}/file-not-dir"], "{space}/file-not-dir"),
     "import not a Marian dir": (["import", M, "{space}/new-import"], "config.json"),
     "export no model": (["export", "{space}/nope", "{space}/new-export"], "not a model directory"),

@@ -198,14 +198,16 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         path = Path(os.path.realpath(path))
     if path.exists() and path.resolve() == Path.cwd().resolve():
         raise XattnError(f"{given}: the current directory, which cannot be replaced; name a new directory")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise XattnError(f"{given}: a file of that name exists; name a new directory")
+    if path.exists() and any(path.iterdir()):
         raise XattnError(f"{given}: already exists and is not an empty directory")
     make_parent(path, given)
     remove_leftovers(path)
     tmp = _temporary(path)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         yield tmp
         for folder, _, files in os.walk(tmp):
             for name in files:
@@ -216,6 +218,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
             path.rmdir()
         os.replace(tmp, path)
         _sync(path.parent, folder=True)
+    except OSError as e:  # named by what the user named, not by the temporary sibling (`/proc/.x.tmp-4711`)
+        name = os.fspath(e.filename) if isinstance(e.filename, (str, os.PathLike)) else None
+        if not isinstance(name, str) or not name.startswith(str(tmp)):
+            raise
+        raise type(e)(e.errno, e.strerror, str(given) + name[len(str(tmp)):]) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -39,6 +39,8 @@ def run(args) -> int:
     from xattn.cli.translate import load_translator
 
     sources = read_lines(args.src)
+    if not sources:  # (as evaluate, aer and heads refuse one: an empty report would read as nothing flagged)
+        raise XattnError(f"{args.src}: no lines to diagnose")
     hyps = read_lines(args.hyp) if args.hyp else None
     refs = read_lines(args.ref) if args.ref else None
     for name, lines in (("--hyp", hyps), ("--ref", refs)):

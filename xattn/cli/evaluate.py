@@ -69,6 +69,8 @@ def run(args) -> int:
     from xattn.decoding import seeded
     from xattn.evaluation import Scorer
 
+    if args.output == "-":  # (the translations and the scores would be one stream: no reader could part them)
+        raise XattnError("--output: the scores go to standard output; write the translations to a file")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
     scorer = Scorer()
