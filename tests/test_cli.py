@@ -189,6 +189,13 @@ def test_evaluate_named_split_and_files(quickstart_dir, tmp_path):
     ref.write_text("seven\n")
     bad = _run("evaluate", str(quickstart_dir), "--src", str(src), "--ref", str(ref))
     assert bad.returncode == 2 and "line counts differ" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    for search in (["--beam", "1"], ["--sample", "--seed", "1"]):  # (a BLEU unchanged by it, exit 0)
+        unused = _run("evaluate", str(quickstart_dir), "--src", str(src), "--ref", str(src), "--length-penalty", "3",
+                      *search)
+        assert unused.returncode == 2 and unused.stderr.startswith("xattn evaluate: error: --length-penalty: with "
+                                                                   "greedy search or sampling it changes only")
+    assert _run("evaluate", str(quickstart_dir), "--src", str(src), "--ref", str(src), "--length-penalty", "3",
+                "--beam", "2").returncode == 0
     for out in ("-", "/dev/stdout"):  # the translations went into the scores' stream (--json's too)
         mixed = _run("evaluate", str(quickstart_dir), "--split", "test", "--json", "-o", out)
         assert (mixed.returncode, mixed.stdout, mixed.stderr) == (2, "", "xattn evaluate: error: --output: the scores "

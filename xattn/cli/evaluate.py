@@ -73,6 +73,9 @@ def run(args) -> int:
         raise XattnError("--output: the scores go to standard output; write the translations to a file")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
+    if args.length_penalty is not None and (cfg.sampling or cfg.beam_size == 1):  # (translate --scores shows it)
+        raise XattnError("--length-penalty: with greedy search or sampling it changes only the translations' scores, "
+                         "which evaluate does not report; it chooses among a beam's (--beam 2 or more)")
     scorer = Scorer()
     generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
 
