@@ -350,7 +350,7 @@ def test_inputs_from_pipes_and_stdin_are_read_once(numbers_model, tmp_path, caps
     assert main(["evaluate", str(numbers_model), "--src", "-", "--ref", "-"]) == 2
     assert capsys.readouterr().err.strip().endswith("--src and --ref: both read stdin (-); give one of them as a file")
     assert main(["translate", str(numbers_model), "--prefix", "-"]) == 2
-    assert capsys.readouterr().err.strip().endswith("--prefix: reads stdin (-), as the input does; give one of them "
+    assert capsys.readouterr().err.strip().endswith("--input/-i and --prefix: both read stdin (-); give one of them "
                                                     "as a file")
 
 

@@ -359,6 +359,11 @@ CASES = {
     # refused before any work, not after it
     "evaluate output a directory": (["evaluate", M, "--split", "val", "-o", "{space}"], "{space} is a directory"),
     "diagnose output a directory": (["diagnose", M, "--src", "{space}/good.txt", "-o", "{space}"], "is a directory"),
+    "aer both stdin": (["aer", "--gold", "-", "--hyp", "-"], "--gold and --hyp: both read stdin (-); give one of them "
+                       "as a file"),  # (the second read nothing: "line counts differ: - has 20 lines, - has 0")
+    "diagnose both stdin": (["diagnose", M, "--src", "-", "--hyp", "-"], "--src and --hyp: both read stdin (-)"),
+    "translate prefix and input stdin": (["translate", M, "--prefix", "-"], "--input/-i and --prefix: both read "
+                                         "stdin (-)"),
     "importance output a directory": (["heads", "importance", M, "-o", "{space}"], "{space} is a directory"),
     "attention output a directory": (["attention", M, "eins", "-o", "{space}"], "{space} is a directory"),
     "output a directory not there yet": (["translate", M, "-i", "{space}/good.txt", "-o", "{space}/out/"],

@@ -157,6 +157,15 @@ def overwritten(args) -> str | None:
     return None
 
 
+def stdin_twice(args) -> str | None:
+    """What is wrong when two of the inputs of the verb `args` were parsed for read stdin (`--gold - --hyp -`: the
+    second read nothing, and the error was about line counts); None when at most one does."""
+    actions = args.parser._actions if hasattr(args, "parser") else []
+    names = ["/".join(a.option_strings) for a in actions if a.type is path_arg and a.option_strings and (
+        getattr(args, a.dest, None) == "-" or getattr(args, a.dest, None) is None and getattr(a, "reads_stdin", False))]
+    return f"{' and '.join(names)}: both read stdin (-); give one of them as a file" if len(names) > 1 else None
+
+
 def is_stdin(path: str) -> bool:
     """Whether standard input is the file `path` (`< path`)."""
     try:

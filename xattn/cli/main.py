@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     _TERMINATED.clear()
     previous = {s: signal.signal(s, _terminate) for s in stops}  # training sets its own while it runs
     try:
-        from xattn.cli.common import overwritten
+        from xattn.cli.common import overwritten, stdin_twice
 
-        if problem := overwritten(args):  # (an output that is an input would replace it)
+        if problem := overwritten(args) or stdin_twice(args):  # (an output that is an input would replace it)
             return _fail(_verb(args), problem)
         code = args.run(args) or 0
         if _TERMINATED:  # (raised where it was lost)

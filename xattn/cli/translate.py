@@ -155,8 +155,6 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
 
     count = 0
     generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
-    if args.prefix == "-" and args.input in (None, "-"):
-        raise XattnError("--prefix: reads stdin (-), as the input does; give one of them as a file")
     chunks = paired_line_chunks(args.prefix, args.input, (args.prefix, f"the input ({args.input or 'stdin'})")) \
         if args.prefix else ((None, texts) for texts in input_batches(args))
     for given, texts in chunks:
