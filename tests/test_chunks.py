@@ -11,7 +11,7 @@ from tests.conftest import MULTI30K
 from xattn.cli.main import main
 from xattn.errors import XattnError
 from xattn.evaluation import Scorer, evaluate
-from xattn.lines import count_lines, read_line_chunks, read_lines
+from xattn.lines import count_lines, paired_line_chunks, read_line_chunks, read_lines
 
 TRICKY = "\ufeffeins\r\nzwei\x0cdrei\nvier\u2028fünf\n\n  sechs  \nsieben"
 
@@ -36,6 +36,13 @@ def test_errors_name_the_line_across_block_borders(tmp_path):
     (tmp_path / "cr.txt").write_bytes(b"eins\rzwei\r")
     with pytest.raises(XattnError, match="carriage return alone"):
         list(read_line_chunks(tmp_path / "cr.txt", 2, 3))
+    (tmp_path / "three.txt").write_bytes(b"one\ntwo\nthree\n")  # counted first: it was "cr.txt has 1 lines, ..."
+    for pair in (("cr.txt", "three.txt"), ("three.txt", "cr.txt")):
+        with pytest.raises(XattnError, match="cr.txt: lines end in a carriage return alone"):
+            list(paired_line_chunks(*(tmp_path / name for name in pair)))
+    for text, lines in ((b"eins\r", 1), (b"\r\r", 1), (b"", 0)):  # a CR at the end only: one line (its \r dropped)
+        (tmp_path / "end.txt").write_bytes(text)
+        assert count_lines(tmp_path / "end.txt") == lines == len(read_lines(tmp_path / "end.txt"))
 
 
 def test_reading_a_large_file_holds_one_chunk(tmp_path):

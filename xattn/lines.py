@@ -77,11 +77,12 @@ def count_lines(path: str | Path | None) -> int | None:
     twice, its second reading found nothing, and a translation of it came out empty with exit 0."""
     if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)):
         return None
-    count, last, first = 0, b"\n", True
+    count, last, first, inside = 0, b"\n", True, False  # inside: a "\r" with more after it (_refuse_cr_only)
     try:
         with open_input(path) as f:
             while block := f.read(1 << 20):
                 block, first = block.removeprefix(BOM) if first else block, False  # (a file of a BOM alone: 0 lines)
+                inside = inside or last == b"\r" or b"\r" in block.rstrip(b"\r")
                 count, last = count + block.count(b"\n"), block[-1:] or last
     except FileNotFoundError:
         raise XattnError(f"{path}: no such file") from None
@@ -89,6 +90,8 @@ def count_lines(path: str | Path | None) -> int | None:
         raise XattnError(f"{path}: is a directory, not a text file") from None
     except (OSError, EOFError) as e:
         raise XattnError(f"{path}: cannot read ({e})") from None
+    if count == 0 and inside:  # (refused here as when read: a count of 1 made a count mismatch the error)
+        raise _cr_only(str(path))
     return count + (last != b"\n")
 
 
@@ -174,8 +177,12 @@ def decode_line(line: bytes, where: str, number: int) -> str:
 def _refuse_cr_only(raw: bytes, where: str) -> None:
     """Text without a "\n" but with a "\r" inside: lines ending in "\r" alone."""
     if b"\r" in raw.rstrip(b"\r"):
-        raise XattnError(f"{where}: lines end in a carriage return alone (\\r, old Mac style); "
-                         "convert them to \\n, e.g. tr '\\r' '\\n'")
+        raise _cr_only(where)
+
+
+def _cr_only(where: str) -> XattnError:
+    return XattnError(f"{where}: lines end in a carriage return alone (\\r, old Mac style); "
+                      "convert them to \\n, e.g. tr '\\r' '\\n'")
 
 
 def is_interactive(stream) -> bool:
