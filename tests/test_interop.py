@@ -287,6 +287,10 @@ def test_import_refuses_unsupported_configs():
         with pytest.raises(XattnError, match=rf"^config.json: {key} must be a whole number >= [01], got {shown}$"):
             check_importable(base | {key: value}, "config.json")
     check_importable(base | {"bos_token_id": None}, "config.json")  # (as transformers writes it: not read)
+    ct2 = {"add_source_bos": False, "add_source_eos": False, "bos_token": "<s>", "eos_token": "</s>"}  # (exported)
+    with pytest.raises(XattnError, match=r"^config.json: names no model_type, so it is no Hugging Face model's config "
+                                         r"\(a CTranslate2 model directory's, say\)"):  # (was: scale_embedding=False)
+        check_importable(ct2, "config.json")
     for name, ours in (("relu", "relu"), ("gelu", "gelu"), ("swish", "swish"), ("silu", "swish"), ("tanh", None),
                        (["relu"], None)):
         assert activation_of(name) == ours  # every activation xattn has (registry.ACTIVATIONS), by HF's names too

@@ -132,6 +132,10 @@ def activation_of(name: object) -> str | None:
 
 def check_importable(hf: dict[str, Any], where: str) -> None:
     """Raise an XattnError naming the first Marian setting xattn cannot represent."""
+    if "model_type" not in hf:  # (transformers writes it in every config.json; read as marian, a CTranslate2
+        #                          model's was refused for scale_embedding, which it does not name either)
+        raise XattnError(f"{where}: names no model_type, so it is no Hugging Face model's config (a CTranslate2 "
+                         "model directory's, say); import reads a Hugging Face Marian directory")
     for key, default, fine, why in UNSUPPORTED:
         if not fine(hf.get(key, default)):
             raise XattnError(f"{where}: {key}={hf.get(key, default)!r} is not supported ({why})")
