@@ -225,7 +225,7 @@ def test_links_are_outlined_unless_the_source_has_one_word(work, capsys):
     (["heads"], "the following arguments are required: SUBCOMMAND"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--ref", "{w}/short.txt"], "line counts differ"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--under", "-1"], "--under: must be >= 0"),
-    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be a finite number >= 0, got inf"),
+    (["diagnose", "{m}", "--src", "{w}/src.txt", "--detached", "inf"], "--detached: must be a finite number in [0, 1), got inf"),
     (["diagnose", "{m}", "--src", "{w}/src.txt", "--over", "nan"], "--over: must be a finite number >= 0, got nan"),
 ])
 def test_errors_are_one_line(work, capsys, argv, message):

@@ -471,7 +471,11 @@ CASES = {
     "head mask factor above 1": (["translate", M, "--head-mask", "{space}/mask-above-1.yaml"],
                                  "mask-above-1.yaml: cross[0][1]: must be in [0, 1], got 2"),
     "diagnose threshold infinite": (["diagnose", M, "--src", "{space}/good.txt", "--detached", "inf"],
-                                    "--detached: must be a finite number >= 0, got inf"),
+                                    "--detached: must be a finite number in [0, 1), got inf"),
+    "diagnose detached share of 1": (["diagnose", M, "--src", "{space}/good.txt", "--detached", "1"],
+                                     "--detached: must be in [0, 1), got 1.0"),  # (a share above it: none, silently)
+    "diagnose under above over": (["diagnose", M, "--src", "{space}/good.txt", "--under", "5", "--over", "4"],
+                                  "--under: 5 is not below the over threshold (4)"),
     # output directories
     "train out is a file": ([*TRAIN, "--out", "{space}/file-not-dir"], "exists and is not a directory"),
     "train out holds a model": ([*TRAIN, "--out", "{damaged:no-state}"], "holds a model but no training state"),

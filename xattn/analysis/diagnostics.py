@@ -17,7 +17,7 @@ import numpy as np
 
 from xattn.analysis.alignment import is_punctuation, word_attention
 from xattn.analysis.maps import HeadChoice, PairAttention
-from xattn.checks import NON_NEGATIVE, Check, validate
+from xattn.checks import FRACTION, NON_NEGATIVE, Check, ConfigError, validate
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,14 @@ class Thresholds:
     over: float = 4.0       # coverage above this: the word may be translated repeatedly
     detached: float = 0.5   # share of target words attending </s> most: output detached from the source
 
-    CHECKS: ClassVar[dict[str, Check]] = dict(under=NON_NEGATIVE, over=NON_NEGATIVE, detached=NON_NEGATIVE)
+    CHECKS: ClassVar[dict[str, Check]] = dict(under=NON_NEGATIVE, over=NON_NEGATIVE, detached=FRACTION)
+    # (detached: a share above it is flagged, so one of 1 or more would flag nothing, silently)
 
     def __post_init__(self) -> None:
         validate(self, "")
+        if self.under >= self.over:  # (every word between them flagged both ways)
+            raise ConfigError("under", f"{self.under:g} is not below the over threshold ({self.over:g}): a word "
+                              "is flagged as covered too little below one and too much above the other")
 
 
 @dataclass
