@@ -162,13 +162,16 @@ def test_the_defaults_fit_a_target_vocabulary_smaller_than_they_are(numbers_mode
     (["--per-source", "0"], "--per-source: must be at least 1"),
     (["--per-source", "1000000000"], "--per-source: 1000000000 is more than the model's"),
     (["--frequent", "100000"], "--frequent: 100000 is more than the model's"),
+    (["--src", "B", "--tgt", "B"], "B + {tmp}/B: no sentence pair has text on both sides; nothing to count"),
 ])
 def test_cli_refuses_bad_input_in_one_line(numbers_model, tmp_path, capsys, args, message):
     from xattn.cli.main import main
 
     (tmp_path / "S").write_text("eins\nzwei\ndrei\n")
     (tmp_path / "T").write_text("one\ntwo\n")
-    args = [str(tmp_path / a) if a in ("S", "T") else a for a in args]
+    (tmp_path / "B").write_text("\n \n\n")  # blank lines: counted, they replaced a shortlist with the specials alone
+    args = [str(tmp_path / a) if a in ("S", "T", "B") else a for a in args]
+    message = message.replace("{tmp}", str(tmp_path))
     assert main(["shortlist", str(numbers_model), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1

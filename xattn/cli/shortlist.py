@@ -63,6 +63,8 @@ def run(args) -> int:
             break
     if counts.pairs == 0:
         raise XattnError(f"{where}: no sentence pairs to count")
+    if not len(counts.keys):  # (blank lines only: a list of the specials alone would replace the model's shortlist)
+        raise XattnError(f"{where}: no sentence pair has text on both sides; nothing to count")
     shortlist = counts.shortlist(per_source, frequent, [cfg.model.eos_id, tokenizers.tgt.unk_id])
     path = shortlist.save(folder, {"per_source": per_source, "frequent": frequent, "counted": where,
                                    "tokenizers": tokenizer_hashes(folder)})
