@@ -150,6 +150,8 @@ CASES = {
                                       "no cross-attention heads left (all pruned)"),
     "align without cross heads": (["align", "{damaged:no-cross-heads}", "--pairs", "{space}/aer-pairs.txt"],
                                   "no cross-attention heads left (all pruned)"),
+    "importance without heads": (["heads", "importance", "{damaged:no-heads-at-all}"],  # (a table of no rows, exit 0)
+                                 "every attention head of this model was pruned; there is none to rank"),
     "alignment without cross heads": (["translate", "{damaged:no-cross-heads}", "--alignment"],
                                       "no cross-attention heads left (all pruned)"),
     # prepare
@@ -519,6 +521,7 @@ DAMAGE = {"nan": poison_weights, "heads": edit_model_config("n_heads", 4), "dmod
           "layer-1.5": analysis("alignment: {layer: 1.5, heads: mean, method: naive}\n"),
           "misspelt-section": analysis("alignmnet: {layer: 0, heads: mean, method: naive}\n"),
           "no-cross-heads": pruned("cross: [[0, 0]]\n"),
+          "no-heads-at-all": pruned("enc_self: [[0, 0]]\ndec_self: [[0, 0]]\ncross: [[0, 0]]\n"),
           "no-weights": remove("model.safetensors"), "no-config": remove("config.yaml"), "no-state": remove("train_state")}
 
 

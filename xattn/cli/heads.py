@@ -126,6 +126,8 @@ def run_importance(args) -> int:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
     measured = weights_id(Path(args.model))  # the weights loaded now, whatever the file holds when the table ends
     translator = Translator.from_dir(args.model, device=device_of(args))
+    if not any(sum(translator.model.cfg.heads_per_layer(place)) for place in ("enc_self", "dec_self", "cross")):
+        raise XattnError(f"{args.model}: every attention head of this model was pruned; there is none to rank")
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]
     split = args.split or "val"
