@@ -109,13 +109,17 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Fingerprint | Non
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise XattnError(f"{path}: cannot read weights ({e})") from None
-    for name, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise XattnError(f"{path}: tensor {name} holds NaN or infinite values")
+    if (name := non_finite(tensors)) is not None:
+        raise XattnError(f"{path}: tensor {name} holds NaN or infinite values")
     fingerprint = Fingerprint.from_metadata(meta, path)
     if fingerprint is not None and tensors_digest(tensors) != fingerprint.tensors:
         raise XattnError(f"{path}: the tensors do not match their checksum (the file is damaged)")
     return tensors, fingerprint
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor that holds NaN or an infinity, or None."""
+    return next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
 def check_fingerprint(fingerprint: Fingerprint | None, cfg: ModelConfig, tokenizers: dict[str, str] | None,

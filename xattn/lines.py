@@ -82,7 +82,7 @@ def count_lines(path: str | Path | None) -> int | None:
         with open_input(path) as f:
             while block := f.read(1 << 20):
                 block, first = block.removeprefix(BOM) if first else block, False  # (a file of a BOM alone: 0 lines)
-                inside = inside or last == b"\r" or b"\r" in block.rstrip(b"\r")
+                inside = inside or not count and (last == b"\r" or b"\r" in block.rstrip(b"\r"))
                 count, last = count + block.count(b"\n"), block[-1:] or last
     except FileNotFoundError:
         raise XattnError(f"{path}: no such file") from None

@@ -146,8 +146,7 @@ def overwritten(args) -> str | None:
         if not isinstance(out, str) or out == "-" or not os.path.isfile(out):
             continue
         for action in (a for a in actions if a.type is path_arg):
-            value = getattr(args, action.dest, None)
-            stdin = value == "-" or (value is None and getattr(action, "reads_stdin", False))
+            value, stdin = getattr(args, action.dest, None), reads_stdin(args, action)
             if (stdin and is_stdin(out)) or (isinstance(value, str) and not stdin and os.path.isfile(value)
                                              and os.path.samefile(value, out)):
                 name = "/".join(action.option_strings) or action.metavar or action.dest.upper()
@@ -161,9 +160,16 @@ def stdin_twice(args) -> str | None:
     """What is wrong when two of the inputs of the verb `args` were parsed for read stdin (`--gold - --hyp -`: the
     second read nothing, and the error was about line counts); None when at most one does."""
     actions = args.parser._actions if hasattr(args, "parser") else []
-    names = ["/".join(a.option_strings) for a in actions if a.type is path_arg and a.option_strings and (
-        getattr(args, a.dest, None) == "-" or getattr(args, a.dest, None) is None and getattr(a, "reads_stdin", False))]
+    names = ["/".join(a.option_strings) for a in actions if a.type is path_arg and a.option_strings
+             and reads_stdin(args, a)]
     return f"{' and '.join(names)}: both read stdin (-); give one of them as a file" if len(names) > 1 else None
+
+
+def reads_stdin(args, action) -> bool:
+    """Whether the file argument `action` reads stdin: given as `-`, or left out where that means stdin
+    (`reads_stdin` on the action)."""
+    value = getattr(args, action.dest, None)
+    return value == "-" or (value is None and getattr(action, "reads_stdin", False))
 
 
 def is_stdin(path: str) -> bool:

@@ -118,6 +118,7 @@ def run_importance(args) -> int:
     from xattn.analysis.importance import IMPORTANCE_FILE, About, batches, format_table, head_importance
     from xattn.checkpoint import weights_id
     from xattn.cli.evaluate import test_pairs
+    from xattn.registry import PLACES
     from xattn.translator import Translator
 
     if args.sentences is not None and args.sentences < 1:
@@ -126,7 +127,7 @@ def run_importance(args) -> int:
         raise XattnError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
     measured = weights_id(Path(args.model))  # the weights loaded now, whatever the file holds when the table ends
     translator = Translator.from_dir(args.model, device=device_of(args))
-    if not any(sum(translator.model.cfg.heads_per_layer(place)) for place in ("enc_self", "dec_self", "cross")):
+    if not any(sum(translator.model.cfg.heads_per_layer(place)) for place in PLACES):
         raise XattnError(f"{args.model}: every attention head of this model was pruned; there is none to rank")
     src, ref = test_pairs(args, translator.config.data, "val")
     src, ref = src[: args.sentences], ref[: args.sentences]

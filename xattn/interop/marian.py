@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from torch import Tensor
 
 from xattn.attention import MultiHeadAttention, ScaledDotScore
-from xattn.checkpoint import load_model_dir, save_model_dir, weights_of
+from xattn.checkpoint import load_model_dir, non_finite, save_model_dir, weights_of
 from xattn.config import DataConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.registry import ACTIVATIONS
@@ -350,7 +350,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
             if tok.vocab_size != rows:
                 raise XattnError(f"{hf_dir / 'vocab.json'}: has {tok.vocab_size} ids for the {side}, but the weights' "
                                  f"{side} embedding has {rows} rows; the tokenizer and the weights do not belong together")
-        if bad := next((name for name, t in weights_of(model).items() if not torch.isfinite(t).all()), None):
+        if (bad := non_finite(weights_of(model))) is not None:
             raise XattnError(f"{hf_dir}: the weights hold NaN or infinite values (in {bad}, as imported)")
         save_model_dir(tmp, model, import_run_config(hf_dir, model.cfg, tokenizers))
     return Path(out_dir)
