@@ -3,6 +3,7 @@ the environment turns it off or sets glibc's malloc itself; each live case in a 
 the whole process's."""
 import os
 import platform
+import resource
 import subprocess
 import sys
 
@@ -57,9 +58,11 @@ def test_freed_tensors_are_not_faulted_in_again_once_kept():
     off, returned = run(CHURN, XATTN_KEEP_MEMORY="0")
     assert (applied, off) == ("True", "False")
     # by glibc's own thresholds, much of the 128 MiB goes back after every round and is faulted in again (33,000 to
-    # 164,000 pages over the five rounds, by the process's history); kept, a few hundred to a thousand
-    assert int(returned) > 8192
-    assert int(kept) < int(returned) / 10
+    # 164,000 pages over the five rounds, by the process's history); kept, a few hundred to 4,900 (a Zen 5 VM, where
+    # kept against a tenth of the run returned's failed when that run returned 33,000): one in ten of the 163,840
+    # pages the five rounds touch lies between the two
+    touched = 5 * 128 * (1 << 20) // resource.getpagesize()
+    assert int(kept) < touched / 10 < int(returned)
 
 
 @glibc
