@@ -216,6 +216,12 @@ def test_api_key_and_cors(numbers_model, caplog):
     try:
         error(c.post("/translate", json={"q": "drei"}), 403, "an API key is required", "unauthorized")
         error(c.post("/translate", json={"q": "drei", "api_key": "wrong"}), 403, "invalid API key", "unauthorized")
+        # the key first, as LibreTranslate: a client without it learned of the fields' rules (422 naming beam_size)
+        for route, body in (("/translate", {"q": "drei", "beam_size": "x"}), ("/detect", {"q": 5}),
+                            ("/translate", {"q": "drei", "colour": "red", "api_key": 7})):
+            error(c.post(route, json=body), 403, "an API key is required", "unauthorized")
+        error(c.post("/translate_file", data={"beam_size": "x"}, files={"file": ("a.txt", b"drei\n")}), 403,
+              "an API key is required", "unauthorized")
         assert c.post("/translate", json={"q": "drei", "api_key": "s3cret"}).status_code == 200
         assert c.post("/translate", json={"q": "drei"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         ok = c.post("/translate", json={"q": "drei", "api_key": "s3cret"}, headers={"Origin": "http://example.org"})
@@ -404,7 +410,7 @@ def test_the_full_attention_limit_counts_the_target_positions_the_search_allows(
     plan(request, cfg, dataclasses.replace(Limits(), max_attention_values=374), lambda t: [10], 1)
     # an empty text is translated empty, with no step: 32 of them at beam 16 and max_len_b 500 were too much work
     empty, wide = parse_request({"q": [""] * 32, "attention": "full"}), xattn.DecodeConfig(beam_size=16, max_len_b=500)
-    texts, settings = plan(empty, wide, dataclasses.replace(Limits(), max_attention_values=32), lambda t: [0] * 32, 1)
+    split, settings = plan(empty, wide, dataclasses.replace(Limits(), max_attention_values=32), lambda t: [0] * 32, 1)
     assert settings.work == 0
 
 
@@ -561,13 +567,14 @@ def test_alternatives_are_distinct_texts_best_first(numbers_model):
     """Samples repeat and two hypotheses can print the same text: the alternatives are the others whose texts
     differ from the translation's and from each other's, best first, fewer when there are fewer."""
     from xattn.serve.api import TranslateRequest, result_of, with_alternatives
+    from xattn.serve.sentences import Joined
 
     one = xattn.load(numbers_model).translate(["drei"])[0]
     named = {text: dataclasses.replace(one, text=text, score=score)
              for text, score in (("a", -1.0), ("b", -2.0), ("c", -3.0))}
     a, b, c = named.values()
     listed = [a, dataclasses.replace(b), a, dataclasses.replace(a, score=-0.5), b, c]  # a first, then repeats
-    out = result_of(dataclasses.replace(a, alternatives=listed), "drei", TranslateRequest(q="drei"), None)
+    out = result_of(Joined(dataclasses.replace(a, alternatives=listed), ["drei"], ["a"]), TranslateRequest(q="drei"))
     assert [(x["translatedText"], x["score"]) for x in out["alternatives"]] == [("b", -2.0), ("c", -3.0)]
     first = with_alternatives([a], [dataclasses.replace(a, alternatives=[a, b, b, a, c])], 1)[0]
     assert [x.text for x in first.alternatives] == ["a", "b"]

@@ -255,7 +255,12 @@ def test_too_many_texts_in_a_multipart_form_are_a_413_as_in_json(client):
                                                              "error_type": "too_many_items"}, reply.text
 
 
+def counter(text: str, name: str) -> int:
+    return int(next(line for line in text.splitlines() if line.startswith(name + " ")).split()[1])
+
+
 def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
+    before = client.get("/metrics").text  # (the module's client served other tests' requests)
     with caplog.at_level(logging.INFO, logger="xattn.serve.access"):
         assert client.post("/translate", json={"q": ["drei", "vier"], "beam_size": 1}).status_code == 200
         assert client.post("/translate", json={"q": "drei", "beam_size": 0}).status_code == 422
@@ -305,6 +310,10 @@ def test_every_request_is_one_log_line_and_counted_in_metrics(client, caplog):
     assert 'xattn_model_ready{model="de-en"} 1' in text
     assert int(next(line for line in text.splitlines()
                     if line.startswith('xattn_output_tokens_total{model="de-en"}')).split()[1]) > 0
+    answered = [x for x in lines if x["status"] == 200 and x.get("model") == "de-en"]  # the counters: theirs only
+    for metric, field in (("xattn_texts_total", "texts"), ("xattn_characters_total", "characters")):
+        name = f'{metric}{{model="de-en"}}'
+        assert counter(text, name) - counter(before, name) == sum(x[field] for x in answered) > 0
 
 
 def test_a_client_gone_mid_body_is_a_499_with_no_line_of_its_own(caplog):

@@ -18,10 +18,10 @@ from xattn.checks import hints
 from xattn.config import DecodeConfig
 from xattn.decoding.step import length_problem
 from xattn.errors import XattnError
-from xattn.words import split_words
 from xattn.serve import detect
 from xattn.serve.detect import Guess
 from xattn.serve.limits import ApiError, Limits, shown
+from xattn.serve.sentences import Joined, Split
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
@@ -203,39 +203,45 @@ class Settings:
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
-         max_positions: int | None = None) -> tuple[list[str], Settings]:
-    """The texts and settings of a request for the model it was routed to (models.Models.route), checked against
-    the limits. `base`: the model's decoding settings; `token_counts(texts)`: source tokens of each text; `maps`:
-    attention maps per sentence (layers x heads); `max_positions`: the positions a model with learned positions has
-    (None: any length)."""
+         max_positions: int | None = None, language: str = "en") -> tuple[Split, Settings]:
+    """The sentences (serve/sentences.py) and settings of a request for the model it was routed to
+    (models.Models.route), checked against the limits. `base`: the model's decoding settings; `token_counts(texts)`:
+    source tokens of each text; `maps`: attention maps per sentence (layers x heads); `max_positions`: the positions
+    a model with learned positions has (None: any length); `language`: the model's source language, whose rules cut
+    the texts into sentences."""
     if req.format != "text":
         raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
                        "unsupported_format")
-    texts = request_texts(req.q, limits)
-    counts = token_counts(texts)
+    split = Split.of(request_texts(req.q, limits), language)
+    counts = token_counts(split.sentences)
     if (longest := max(counts)) > limits.max_source_tokens:
-        item = counts.index(longest)
-        raise ApiError(413, f"q[{item}]: {longest} source tokens, over the limit of {limits.max_source_tokens}",
+        name = split.names[counts.index(longest)]
+        raise ApiError(413, f"{name}: {longest} source tokens, over the limit of {limits.max_source_tokens}",
                        "too_many_tokens")
     if max_positions is not None and longest + 1 > max_positions:
-        item = counts.index(longest)
-        raise ApiError(413, f"q[{item}]: {longest} source tokens and </s> do not fit the model's {max_positions} "
+        name = split.names[counts.index(longest)]
+        raise ApiError(413, f"{name}: {longest} source tokens and </s> do not fit the model's {max_positions} "
                        "positions", "too_many_tokens")
     check_alternatives(req, base, limits)
     decode, wider = decode_config(req, base)
     check_decode(wider or decode, limits)
-    work, source, least = check_work(counts, wider or decode, limits, first=decode if wider is not None else None)
+    asked = {k for k in DECODE_FIELDS if getattr(req, k) is not None}
+    work, source, least = check_work(counts, wider or decode, limits, first=decode if wider is not None else None,
+                                     names=split.names, asked=asked)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
                        "attention to read", "invalid_request")
-    if req.attention == "full":
-        rows = [decode.max_output_tokens(n + 1) + 1 if n else 1 for n in counts]  # target positions, </s> included
-        values = sum(r * (n + 1) for r, n in zip(rows, counts)) * maps
+    if req.attention == "full":  # a text's sentences' maps make one (their target positions x their source's)
+        rows, columns = [0] * len(split.gaps), [0] * len(split.gaps)
+        for i, n in zip(split.owner, counts):
+            rows[i] += decode.max_output_tokens(n + 1) + 1 if n else 1  # target positions, </s> included
+            columns[i] += n + 1
+        values = sum(r * c for r, c in zip(rows, columns)) * maps
         if values > limits.max_attention_values:
             raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
                            f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
-    return texts, Settings(decode, req.attention != "none" or req.alignment, wider, work, source, least)
+    return split, Settings(decode, req.attention != "none" or req.alignment, wider, work, source, least)
 
 
 def decode_config(req: TranslateRequest, base: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig | None]:
@@ -288,29 +294,34 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
         raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
 
 
-def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits,
-               first: DecodeConfig | None = None) -> tuple[int, int, int]:
+def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: DecodeConfig | None = None,
+               names: list[str] | None = None, asked: set[str] = frozenset()) -> tuple[int, int, int]:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens, each weighed by its
     position (`positioned`: what one request can ask of the model, however its settings combine), with `first`'s
     too, a search that runs before cfg's (alternatives widen the model's own); each text's maximum output tokens
     within the limit; and a minimum length its maximum cannot reach. Returned: its rows x steps at most (the
     backlog's bound on what it will step; the batcher's long_work), its source rows: hypotheses x source tokens and their </s>, by which
     serve/backlog.py expects the rows it will step; and the rows it steps at least, hypotheses x min_len and the
-    </s> step for each text (0 without min_len: then how long it runs is the model's, which the backlog learns)."""
+    </s> step for each text (0 without min_len: then how long it runs is the model's, which the backlog learns).
+    `counts`: the source tokens of each sentence, named by `names` (default q[0], q[1], ...); `asked`: the decoding
+    fields the request set, which an error about them names (the sentence when it set neither max_len)."""
+    names = names or [f"q[{i}]" for i in range(len(counts))]
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
         i = max(over, key=lambda i: most[i])
-        raise ApiError(422, f"max_len_b: max_len_a * {counts[i] + 1} source tokens (q[{i}] and </s>) + max_len_b "
+        field = " and ".join(k for k in ("max_len_a", "max_len_b") if k in asked) or names[i]
+        raise ApiError(422, f"{field}: max_len_a * {counts[i] + 1} source tokens ({names[i]} and </s>) + max_len_b "
                        f"allows {most[i]} output tokens, over the limit of {limits.max_output_tokens}", "limit_exceeded")
     for i, n in enumerate(counts):  # no output token, or fewer than min_len: translate's rule, decoding.step's
         if problem := length_problem(cfg, n + 1):  # (an empty text has none: it is translated empty)
-            raise ApiError(422, f"q[{i}]: {problem.name}: {problem.problem}", "invalid_request")
+            raise ApiError(422, f"{names[i]}: {problem.name}: {problem.problem}", "invalid_request")
     rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
     work = sum(m for n, m in zip(counts, most) if n) * rows  # rows x steps at most (an empty text: no step)
     cost = sum(positioned(m) for n, m in zip(counts, most) if n) * rows
     if cost > limits.max_work:
         each = f"{first.hypotheses} + {cfg.hypotheses}" if first is not None else str(cfg.hypotheses)
-        raise ApiError(413, f"the request asks for up to {cost} units of decoding work ({len(counts)} texts x "
+        raise ApiError(413, f"the request asks for up to {cost} units of decoding work ({len(counts)} "
+                       f"{'sentences' if any(': sentence ' in n for n in names) else 'texts'} x "
                        f"{each} {'samples' if cfg.sampling else 'hypotheses'} x their maximum output tokens, a "
                        f"token at position t weighing 1 + t/{REACH}), over the limit of {limits.max_work}; send "
                        "fewer or shorter texts, or a smaller beam", "too_much_work")
@@ -348,12 +359,13 @@ def rounded(a: np.ndarray, digits: int = 4) -> list:
     return values.tolist()
 
 
-def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
-    """One item of `results`: score, tokens and words of both sides, attention and alignment (`links`, its word
-    links, when asked)."""
+def result_of(joined: Joined, req: TranslateRequest) -> dict:
+    """One item of `results`: score, tokens and words of both sides, attention and alignment (the word links, when
+    asked)."""
+    translation = joined.translation
     out = {"translatedText": translation.text, "score": round(float(translation.score), 4),
            "source_tokens": translation.src_tokens, "target_tokens": translation.tgt_tokens,
-           "source_words": split_words(text), "target_words": split_words(translation.text)}
+           "source_words": joined.source_words, "target_words": joined.target_words}
     if translation.relaxed:  # the decoding constraints left nothing but end of sentence: it ends early
         out["relaxed"] = True
     if req.attention != "none":
@@ -362,19 +374,17 @@ def result_of(translation, text: str, req: TranslateRequest, links) -> dict:
             weights = head_mean(weights)  # over the heads each layer has
         out["attention"] = rounded(weights)
     if req.alignment:
-        out["alignment"] = sorted([int(i), int(j)] for i, j in links)
+        out["alignment"] = sorted([int(i), int(j)] for i, j in joined.links)
     if translation.alternatives:
         out["alternatives"] = [{"translatedText": a.text, "score": round(float(a.score), 4)}
                                for a in distinct(translation, translation.alternatives)]
     return out
 
 
-def response(req: TranslateRequest, texts: list[str], translations: list, links,
-             detected: list[tuple[str, float]] | None = None) -> dict:
+def response(req: TranslateRequest, joined: list[Joined], detected: list[tuple[str, float]] | None = None) -> dict:
     """LibreTranslate's fields (translatedText, alternatives, detectedLanguage: `detected`, each text's language
     and confidence when the source was auto), then xattn's `results`."""
-    aligned = links(translations, texts) if req.alignment else [None] * len(texts)
-    results = [result_of(t, text, req, found) for t, text, found in zip(translations, texts, aligned)]
+    results = [result_of(j, req) for j in joined]
     single = isinstance(req.q, str)
     body: dict = {"translatedText": results[0]["translatedText"] if single else [r["translatedText"] for r in results]}
     if req.alternatives:

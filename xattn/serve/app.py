@@ -39,7 +39,7 @@ from xattn.serve.files import KEEP_FILES, KEEP_SECONDS, Document, Store, Upload,
 from xattn.serve.limits import ApiError, Limits
 from xattn.serve.metrics import Metrics, Observed, log_line
 from xattn.serve.models import Detect, Model, Models
-from xattn.serve.reading import check_key, noted, read_request, while_connected
+from xattn.serve.reading import check_key, given_key, noted, read_request, while_connected
 
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"app.js": "text/javascript", "app.css": "text/css", "heatmap.js": "text/javascript",
@@ -227,8 +227,8 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     async def translate(request: Request):
         fields, text = await read_request(request, limits)
         record = noted(request, fields.get("q"))  # before the fields are checked: a refused request's line has it
-        req = parse_request(fields, text)
-        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
+        check_key(api_key, given_key(fields), request.headers.getlist("authorization"))  # before any field: as
+        req = parse_request(fields, text)  # LibreTranslate, a client without the key learns nothing of the rest
         route = models.route(req.source, req.target, request_texts(req.q, limits))
         record["model"] = route.served.pair
         body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
@@ -240,8 +240,8 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
     async def detect_language(request: Request):
         fields, text = await read_request(request, limits)
         noted(request, fields.get("q"))
+        check_key(api_key, given_key(fields), request.headers.getlist("authorization"))
         req = parse_request(fields, text, kind=DetectRequest)
-        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         return detection(request_texts(req.q, limits))
 
 
@@ -249,11 +249,13 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
                      detected: list[tuple[str, float]] | None) -> dict:
     """The answer to a /translate request (or to a file's lines) by `model`; adds its figures to `record` (the
     access log's fields). `detected`: detectedLanguage of each text, when the source was auto."""
+    source, target = model.languages
     try:
-        texts, settings = plan(req, model.translator.decode_config, limits, model.token_counts, model.maps,
-                               model.max_positions)
+        split, settings = plan(req, model.translator.decode_config, limits, model.token_counts, model.maps,
+                               model.max_positions, source)
     except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
         raise ApiError(422, f"q: {e}", "invalid_request") from None
+    texts = split.sentences
     mergeable = not settings.decode.sampling
     record["batch"] = "stream" if model.batcher.streamed(settings, mergeable, len(texts), settings.work) else "call"
     try:
@@ -266,15 +268,20 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     except asyncio.TimeoutError:
         raise ApiError(504, f"no translation within {limits.timeout_s:g} s", "timeout") from None
     except ParameterError as e:  # a decoding setting this model cannot honour (shortlist: it has none)
-        raise ApiError(422, str(e), "invalid_request") from None
+        raise ApiError(422, split.rename(str(e)), "invalid_request") from None
     except XattnError as e:  # what the model cannot take (checked before where it can be)
-        raise ApiError(422, f"q: {e}", "invalid_request") from None
+        raise ApiError(422, f"q: {split.rename(str(e))}", "invalid_request") from None
     record["output_tokens"] = record.get("output_tokens", 0) + sum(len(t.tgt_tokens) - 1 for t in done)  # no </s>
+    if len(texts) > len(split.gaps):
+        record["sentences"] = record.get("sentences", 0) + len(texts)
+
+    def answer() -> dict:
+        links = model.links(done, texts) if req.alignment else None
+        return response(req, split.join(done, target, links), detected)
     try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
-        args = (req, texts, done, model.links, detected)
-        return await asyncio.to_thread(response, *args) if heavy(req) else response(*args)
+        return await asyncio.to_thread(answer) if heavy(req) else answer()
     except XattnError as e:  # words the alignment cannot place
-        raise ApiError(422, f"q: {e}", "invalid_request") from None
+        raise ApiError(422, f"q: {split.rename(str(e))}", "invalid_request") from None
 
 
 def busy(refusal: Exception, limits: Limits) -> ApiError:
@@ -307,8 +314,8 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
             record = noted(request, [line for line in sent.split("\n") if line.strip()], len(sent))
         else:
             record = request.scope.setdefault("xattn", {})
+        check_key(api_key, given_key(fields), request.headers.getlist("authorization"))
         req = parse_request({k: v for k, v in fields.items() if k != "file"}, text, kind=FileRequest)
-        check_key(api_key, req.api_key, request.headers.getlist("authorization"))
         filename, content = file_text(upload, limits)
         document = Document.parse(content)
         lines, numbers = document.texts()  # (a file of blank lines is refused as such, before any routing)

@@ -18,7 +18,7 @@
   more of it to send (beyond what the kernel buffers) is cut off. Without it, a client that sends requests and never
   reads holds its connection, and the megabytes of answer waiting for it, for ever, even once the connection is
   closing, where the room-making below cannot reach it.
-- A bound on every request head (`Bounded`), answered 431, and on the pieces a body arrives in (MAX_PIECES: each
+- A bound on every request head (`Bounded`), answered 431, and on the pieces a body arrives in (framing.MAX_PIECES: each
   costs the event loop a turn); errors of the protocol answered as JSON, and one access line for a request whose
   body broke the protocol (its app's, with the 400), not a log line of its own as well.
 
@@ -42,13 +42,11 @@ import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE  # as uvicorn takes it
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from xattn.serve.framing import EMPTY_LINES, STATUSES, Bounded, h11_reason, split_target
 from xattn.serve.metrics import log_line
 
 LOG = logging.getLogger("xattn.serve")
 READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
-MAX_PIECES = 10_000
-"""Pieces (chunks, or reads) a request body may arrive in: a body in one-byte chunks holds the event loop for as many
-reads (the figure: benchmarks/README.md, Serving under load, "Pieces of a body")."""
 QUIET_S = 1.0
 """Seconds a connection must have been quiet (no request in progress) before a new one may take its place."""
 RESERVE = 64
@@ -106,7 +104,7 @@ class Guarded(H11Protocol):
         self.conn = Bounded(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(Lingering(transport, self))
         self.quiet_since = now = time.monotonic()
         held = [c for c in self.connections if getattr(c, "reserved", None) is not None] \
             if len(self.connections) > self.max_connections else []  # (none held under the limit: no walk)
@@ -128,9 +126,11 @@ class Guarded(H11Protocol):
         self.line = None
         self.metrics.connection_closed("connection_limit")  # (no log line: a flood would write thousands)
         self.transport.write(refusal(self.max_connections))
-        self.transport.close()
+        self.transport.close(linger=False)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:  # answered and closing: what the client still sends is read and dropped
+            return
         if self.reserved is not None and self.line is not None:  # over the limit: a health check, or refused
             self.line += data
             self.line = self.line[EMPTY_LINES.match(self.line).end():]  # (empty lines first: skip_empty_lines)
@@ -176,12 +176,13 @@ class Guarded(H11Protocol):
             reply = answer("431 Request Header Fields Too Large", f"the request head is over {self.conn.max_head} "
                            "bytes, the server's limit", "too_large")
         else:
-            problem = self.conn.problem or "the request is not valid HTTP/1.1"
+            problem = self.conn.problem or f"the request is not valid HTTP/1.1: {h11_reason(self.conn.error)}"
+            status = STATUSES.get(getattr(self.conn.error, "error_status_hint", 400), "400 Bad Request")
             if scope is not None:  # its body broke off: the app's access line says 400 (metrics.Observed)
                 scope["xattn.bad_request"] = problem
             else:
-                self._closed("bad_request", "%s; answered 400 and closed", problem)
-            reply = answer("400 Bad Request", problem, "bad_request")
+                self._closed("bad_request", "%s; answered %s and closed", problem, status[:3])
+            reply = answer(status, problem, "bad_request")
         self.transport.write(reply)
         self.transport.close()
 
@@ -253,104 +254,45 @@ class Guarded(H11Protocol):
         if self.reserved is not None and self.line is not None:  # held, and no health check came: refused
             self._refuse()
         elif not self.transport.is_closing():
+            begun = self.conn.their_state is h11.SEND_BODY or self.conn.received_bytes()
             if (scope := self._in_progress()) is not None and "xattn" in scope:  # a request whose body was arriving:
-                scope["xattn.read_timeout"] = True  # its app answers 408, not a client gone, in its access line
+                scope["xattn.read_timeout"] = True  # its app's access line says 408, not a client gone
             else:
-                self._closed("read_timeout", "a client sent no whole request within %g s; closed", self.read_timeout)
-            self.transport.close()
+                self._closed("read_timeout", "a client sent no whole request within %g s; " +
+                             ("answered 408 and closed" if begun else "closed"), self.read_timeout)
+            if begun:  # (a connection that sent nothing is closed without a word: it may be a client's spare one)
+                self.transport.write(answer("408 Request Timeout", f"the request did not arrive within "
+                                            f"{self.read_timeout:g} s, the server's read timeout", "timeout"))
+            self.transport.close(linger=False)
 
 
-class Bounded(h11.Connection):
-    """h11's server side, with a bound on every request head: h11 bounds a head only while it is incomplete, so one
-    that arrives whole in a single read (or behind another, pipelined) would be taken at any size. A head over
-    `max_head` bytes (request line and header lines, as sent) is a protocol error of status 431, as h11's own for an
-    incomplete one; the last error is kept (`error`) for the answer, which uvicorn writes without it, and a 400 of
-    the guard's own says why (`problem`). A request with both Transfer-Encoding and Content-Length is a 400 too:
-    h11 goes by Transfer-Encoding, a proxy in front may go by Content-Length, and the bytes between are a request
-    smuggled past it (RFC 9112, 6.3, lets a server refuse it; it must close the connection either way). A target in
-    absolute form is passed on in origin form (`origin_form`). Empty lines before a request line are dropped, as RFC
-    9112 (2.2) asks of a server (a client may send one after a body); h11 answered them 400 (`skip_empty_lines`)."""
-
-    def __init__(self, max_head: int):
-        super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
-        self.max_head, self.error, self.pieces, self.problem = max_head, None, 0, None
-
-    def next_event(self):
-        if self.their_state is h11.IDLE:
-            skip_empty_lines(self)
-        try:
-            event = super().next_event()
-            if isinstance(event, h11.Request):
-                self.pieces = 0
-                if head_size(event) > self.max_head:
-                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
-                names = {name for name, _ in event.headers}
-                if b"transfer-encoding" in names and b"content-length" in names:
-                    self.problem = "the request has both Transfer-Encoding and Content-Length; send one"
-                    raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
-                try:
-                    event = origin_form(event)
-                except h11.RemoteProtocolError as e:
-                    self.problem = str(e)
-                    raise
-            elif isinstance(event, h11.Data):
-                self.pieces += 1
-                if self.pieces > MAX_PIECES:
-                    self.problem = f"the request body arrives in more than {MAX_PIECES} pieces"
-                    raise h11.RemoteProtocolError(self.problem, error_status_hint=400)
-            return event
-        except h11.RemoteProtocolError as e:
-            self.error = e
-            raise
+LINGER_S = 2.0
+"""Seconds a connection answered before its request had arrived whole (a body over the limit, a broken head) stays
+open after its answer, its further bytes read and dropped: closed with them unread, the system resets the
+connection, and the client may lose the answer with it (RFC 9112, 9.6); as Apache's lingering close."""
 
 
-EMPTY_LINES = re.compile(rb"(?:\r?\n|\r\Z)*")
-"""Empty lines (CRLF, or a bare LF) at the start of what has arrived, and a CR that may begin one, last."""
+class Lingering:
+    """A connection's transport whose close(), while the client may still be sending its request (its body unread:
+    an answer given before it came whole; a broken head), shuts the writing side once the answer is out and reads on,
+    dropping what comes (Guarded.data_received), until the client closes or LINGER_S have passed."""
 
+    def __init__(self, transport: asyncio.Transport, protocol: Guarded):
+        self._transport, self._protocol, self.lingering = transport, protocol, False
 
-def skip_empty_lines(conn: h11.Connection) -> None:
-    """Drops the empty lines at the start of what `conn` has received and not yet read. They sit in h11's private
-    receive buffer, which h11 offers no way to skip them in (an empty line that arrives behind a request's body waits
-    there with the next request); a test pins its shape, and an h11 of another shape gets them as before (a 400)."""
-    buffer = getattr(conn, "_receive_buffer", None)
-    data = getattr(buffer, "_data", None)
-    if isinstance(data, bytearray) and hasattr(buffer, "_extract") and (skip := EMPTY_LINES.match(data).end()):
-        buffer._extract(skip)
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
-
-def split_target(target: bytes) -> tuple[bytes | None, bytes]:
-    """(The authority of a request target in absolute form, `http://host:8000/x`, or None for one in origin form;
-    its path and query, `/x`), a fragment dropped (it is no part of a request, in either form)."""
-    target = target.partition(b"#")[0]
-    scheme, sep, rest = target.partition(b"://")
-    if not sep or scheme.lower() not in (b"http", b"https"):
-        return None, target
-    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
-    authority, path = rest[:end].rpartition(b"@")[2], rest[end:]  # (user information is no part of a Host)
-    return authority, path if path.startswith(b"/") else b"/" + path  # no path: http://host or http://host?x=/y
-
-
-def origin_form(request: h11.Request) -> h11.Request:
-    """A request whose target is in absolute form (`GET http://host/health`, as sent to a proxy), which a server
-    must accept (RFC 9112, 3.2.2), as the same request in origin form: the path and query after the authority, and
-    the authority as its Host (which the target's overrides, or gives where there was none: HTTP/1.0). uvicorn
-    would take the whole URL for the path. A target with no host (`http:///x`) is a 400, as RFC 9112 3.2 asks; a
-    fragment is dropped from a target in either form (`/health#top` was a 404)."""
-    authority, target = split_target(request.target)
-    if authority is None:
-        return request if target == request.target else \
-            h11.Request(method=request.method, target=target or b"/", headers=request.headers,
-                        http_version=request.http_version)
-    if not authority:
-        raise h11.RemoteProtocolError("the request target names no host", error_status_hint=400)
-    headers = [(name, value) for name, value in request.headers if name != b"host"] + [(b"host", authority)]
-    return h11.Request(method=request.method, target=target, headers=headers, http_version=request.http_version)
-
-
-def head_size(request: h11.Request) -> int:
-    """Bytes of a request's head as sent: its request line and header lines (h11 keeps them apart)."""
-    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
-    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
+    def close(self, linger: bool = True) -> None:
+        conn, transport = self._protocol.conn, self._transport
+        unread = conn.their_state is h11.SEND_BODY or conn.their_state is h11.ERROR
+        if not linger or not unread or self.lingering or transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        self.lingering = True
+        transport.resume_reading()
+        transport.write_eof()  # (after what is buffered: the answer goes out first)
+        self._protocol.loop.call_later(LINGER_S, transport.close)
 
 
 def guarded(read_timeout: float, write_timeout: float, max_connections: int, metrics: Counter) -> partial:

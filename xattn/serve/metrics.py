@@ -82,6 +82,8 @@ class Metrics:
         self.latency: dict[str, Histogram] = {}
         self.models: dict[str, BatchMetrics] = {}
         self.tokens: dict[str, int] = defaultdict(int)  # output tokens translated, by model
+        self.texts: dict[str, int] = defaultdict(int)  # texts and characters translated (answered 200), by model
+        self.characters: dict[str, int] = defaultdict(int)
         self.closed: dict[str, int] = dict.fromkeys(CLOSED_REASONS, 0)  # connections, by reason
         self.next_id = 0
 
@@ -105,6 +107,9 @@ class Metrics:
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
             if "model" in record:
                 self.tokens[record["model"]] += record.get("output_tokens", 0)
+                if status == 200:
+                    self.texts[record["model"]] += record.get("texts", 0)
+                    self.characters[record["model"]] += record.get("characters", 0)
         log_line(ACCESS, {"route": route, "status": status, "ms": round(1000 * seconds, 1), **record})
 
     def exposition(self, models: dict[str, tuple[bool, int]]) -> str:
@@ -137,6 +142,12 @@ class Metrics:
                       "# HELP xattn_output_tokens_total Tokens of the translations answered (rate: tokens per second).",
                       "# TYPE xattn_output_tokens_total counter",
                       *[f"xattn_output_tokens_total{{{labels[name]}}} {self.tokens[name]}" for name in models],
+                      "# HELP xattn_texts_total Texts translated (a file's lines that are not blank), in answers of "
+                      "status 200.", "# TYPE xattn_texts_total counter",
+                      *[f"xattn_texts_total{{{labels[name]}}} {self.texts[name]}" for name in models],
+                      "# HELP xattn_characters_total Characters of the texts translated (a file's, blank lines "
+                      "included), in answers of status 200.", "# TYPE xattn_characters_total counter",
+                      *[f"xattn_characters_total{{{labels[name]}}} {self.characters[name]}" for name in models],
                       "# HELP xattn_connections_closed_total Connections closed or refused that no request's "
                       "access line tells of: over --max-connections (503), an idle one to make room for a new one, a "
                       "head over the limit (431), not HTTP (400), no whole request within --read-timeout, answers not "

@@ -44,6 +44,12 @@ def check_key(expected: str | None, in_body: str | None, authorization: list[str
         raise ApiError(403, "invalid API key", "unauthorized")
 
 
+def given_key(fields: dict) -> str | None:
+    """The api_key field of a request's fields as read (before they are checked), if it is text."""
+    key = fields.get("api_key")
+    return key if isinstance(key, str) else None
+
+
 async def read_request(request: Request, limits: Limits, files: int = 0) -> tuple[dict, frozenset[str]]:
     """The request's fields, and the names of those that came as text (from a form or the query string, to be
     converted to their types; JSON values are typed already): the body's, and the query string's, as LibreTranslate
