@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 @dataclass
 class Translation:
     text: str
-    score: float                                  # the hypothesis' ranking score (normalised log-probability)
+    score: float                                  # the hypothesis' ranking score (normalised log-probability;
+    #   with a shortlist, over the sentence's list)
     src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
     tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
     cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention ((1, 1, T, S):

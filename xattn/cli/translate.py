@@ -24,7 +24,8 @@ DECODE_FLAGS = {
     "--top-k": ("top_k", int, "sample from the k most probable tokens"),
     "--top-p": ("top_p", float, "sample from the smallest set with this probability mass"),
     "--num-samples": ("num_samples", int, "samples per input, printed like --n-best"),
-    "--seed": ("seed", int, "random seed for sampling"),
+    "--seed": ("seed", int, "random seed for sampling (the same file gives the same samples; lines piped in are "
+                            "batched as they arrive, so their samples can change with how fast they come)"),
     "--stopping": ("stopping", str, "beam: exact (default: search until no active hypothesis can beat the best "
                    "finished one) or early (stop once --beam hypotheses have finished: faster, may return a worse one)"),
     "--max-tokens": ("max_tokens", int, "token budget of one translation batch"),
@@ -40,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--input", "-i", type=path_arg, help="input file (default: stdin)").reads_stdin = True
     p.add_argument("--output", "-o", type=output_arg, help="output file, written atomically (default: stdout)")
     p.add_argument("--prefix", type=path_arg, help="file with one target prefix per input line; translations continue it")
-    p.add_argument("--scores", action="store_true", help="print text ||| score")
+    p.add_argument("--scores", action="store_true", help="print text ||| score (the length-normalised "
+                   "log-probability; with --shortlist, over the sentence's list only)")
     p.add_argument("--alignment", action="store_true",
                    help="print text ||| links (Pharaoh i-j, 0-based; i counts the input line's words, "
                         "j the printed translation's), from the cross-attention; with --n-best: index ||| text ||| "

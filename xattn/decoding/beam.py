@@ -176,14 +176,23 @@ def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
     return beta * mass.sum(dim=-1)
 
 
-def coverage_layer(cfg: ModelConfig) -> int:
-    """The decoder layer whose cross-attention the coverage penalty reads: the last one with heads (a pruned
-    model's last layer may have none)."""
-    layer = nearest_with_heads(cfg.heads_per_layer("cross"), cfg.n_decoder_layers - 1)
+def coverage_reading(cfg: ModelConfig, head_mask: HeadMask | None = None) -> tuple[int, Tensor | None]:
+    """The decoder layer whose cross-attention the coverage penalty reads, the last one with heads (a pruned
+    model's last layer may have none), and how its heads weigh in its mean (None: alike). A head that `head_mask`
+    switches off (0) is left out as a pruned one is, since the translation no longer uses it (a layer whose every head
+    it switches off gives way as a pruned layer does), so a mask and the model pruned by it score alike; a head it
+    scales weighs by its factor."""
+    factors = (head_mask or {}).get("cross") or [None] * cfg.n_decoder_layers
+    heads = [h if f is None else int((f > 0).sum()) for h, f in zip(cfg.heads_per_layer("cross"), factors)]
+    layer = nearest_with_heads(heads, cfg.n_decoder_layers - 1)
     if layer is None:
-        raise ParameterError("coverage_penalty", "every cross-attention head of this model was pruned, so there is "
-                             "no coverage to penalise; leave it at 0")
-    return layer
+        raise ParameterError("coverage_penalty", "every cross-attention head of this model was pruned, or is masked "
+                             "to 0, so there is no coverage to penalise; leave it at 0")
+    if (f := factors[layer]) is None:
+        return layer, None
+    weights = torch.zeros(max(cfg.heads_per_layer("cross")))  # (H,): a head the layer lacks weighs nothing
+    weights[:f.numel()] = f.detach().float().cpu()
+    return layer, weights / weights.sum()
 
 
 def start(model: Transformer, src: Tensor, K: int, T: int, *, track: bool, cover: bool,
@@ -255,7 +264,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
     cache = prepare_cache(model, src, enc=enc, head_mask=head_mask)  # one row per sentence for the first step, where all K are alike
     src_mask = src.ne(model.cfg.pad_id)  # (B, S)
     beam, finished, trail = start(model, src, K, T, track=need_attention, cover=beta > 0, tracked=track)
-    read = coverage_layer(model.cfg) if beta > 0 else None
+    read, weights = coverage_reading(model.cfg, head_mask) if beta > 0 else (None, None)
+    weights = weights.to(device).view(1, 1, -1, 1) if weights is not None else None  # (1, 1, H, 1)
     last = torch.full((src.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=device)  # (B, 1), then (N * K, 1)
     columns = Columns.of(vocab.ids, model.cfg.tgt_vocab_size) if vocab is not None else None
     for t in range(T):
@@ -270,7 +280,8 @@ def beam_search(model: Transformer, src: Tensor, cfg: DecodeConfig, max_len: Ten
                           prefix[rows] if prefix is not None else None, columns)
         lp, exhausted = rules(raw, state)  # (N * K, V), (N * K,) or None
         attn = attn.view(N, K, *attn.shape[1:]) if attn is not None else None  # (N, K, L, H, S)
-        cover = attn[:, :, read].nanmean(dim=2) if beta > 0 else None  # (N, K, S); NaN: heads the layer lacks
+        cover = None if beta == 0 else attn[:, :, read].nanmean(dim=2) if weights is None else \
+            (attn[:, :, read] * weights).nansum(dim=2)  # (N, K, S); NaN: heads the layer lacks
         if beta > 0 and track is not None:  # the step returned every layer, for the coverage
             attn = track.mean(attn[:, :, track.layer])  # (N, K, 1, 1, S)
         c = candidates(lp, beam, K, state)  # (N, C) each
