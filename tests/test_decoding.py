@@ -588,3 +588,27 @@ def test_first_argmax_is_torchs_argmax_with_ties_infinities_and_nan(rows, column
         assert torch.equal(first_argmax(x.t().contiguous().t()), x.argmax(dim=-1))  # a strided view
     assert torch.equal(first_argmax(late[0]), late[0].argmax(dim=-1))  # other shapes: torch's own
     assert torch.equal(first_argmax(late.view(1, rows, columns)), late.argmax(dim=-1).view(1, rows))
+
+
+def test_search_names_the_argument_a_caller_got_wrong(tiny_model):
+    """`xattn.decoding.search` is public: a config that is not one, 1-D ids, a prefix of other rows or holding BOS,
+    raised AttributeError or IndexError, or were taken silently (a 3-row prefix for 1 sentence; BOS forced into the
+    output)."""
+    from xattn.decoding import search
+    from xattn.errors import ParameterError
+
+    model = tiny_model.eval()
+    src, cfg = torch.tensor([[5, 6, 2]]), xattn.DecodeConfig(max_len_b=4)
+    for kwargs, name, fragment in (
+            (dict(cfg={"beam_size": 2}), "cfg", "expected a DecodeConfig, got dict"),
+            (dict(src=torch.tensor([5, 6, 2])), "src", "expected a 2-D \\(batch, length\\) tensor"),
+            (dict(prefix=torch.tensor([[7]] * 3)), "prefix", "3 rows for the 1 sentences of src"),
+            (dict(prefix=torch.tensor([[99999]])), "prefix", "outside this model's vocabulary"),
+            (dict(prefix=torch.tensor([[7.0]])), "prefix", "expected a 2-D \\(batch, length\\) tensor"),
+            (dict(prefix=torch.tensor([[model.cfg.bos_id, 7]])), "prefix", "holds the BOS id"),
+            (dict(enc=model.encode(torch.tensor([[5, 2], [6, 2]]))), "enc", "got one of 2 sentences")):
+        args = dict(src=src, cfg=cfg) | kwargs
+        with pytest.raises(ParameterError, match=fragment) as e:
+            search(model, args.pop("src"), args.pop("cfg"), **args)
+        assert e.value.name == name
+    assert search(model, src, cfg, torch.tensor([[7, 8]]))[0][0].tokens[:2] == [7, 8]

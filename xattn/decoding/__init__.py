@@ -10,7 +10,8 @@ Lengths: `max_len[b]` bounds the tokens generated for sentence b, EOS excluded (
 prefix); at that length only EOS is allowed. Scores: a hypothesis of n tokens plus EOS ranks by
 log p / lp(n + 1), lp(len) = ((5 + len) / 6) ** alpha (GNMT, Wu et al. 2016), plus, in beam search,
 the coverage penalty beta * sum_j log(min(sum_i a_ij, 1)) over the source tokens j, where a is the
-last decoder layer's cross-attention averaged over heads (in a pruned model, the last layer with heads).
+last decoder layer's cross-attention averaged over heads (in a pruned model, the last layer with heads; heads a
+head mask switches off are left out, as pruned ones: beam.coverage_reading).
 Greedy reports the same normalised score, so a beam of one gives greedy's tokens and score.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from xattn.decoding.ancestral import ancestral, argmax, greedy, sampler
 from xattn.decoding.beam import beam_search
 from xattn.decoding.step import (Hypothesis, Step, Steps, Tracked, done, encode_in_parts, finish, gnmt_penalty,
                                  hypothesis, make_step, max_lengths, prepare_cache)
-from xattn.model import EncoderOutput, HeadMask, Transformer
+from xattn.model import EncoderOutput, HeadMask, Transformer, check_ids
 from xattn.decoding.processors import Vocab, constraints, warpers
 
 __all__ = ["Hypothesis", "Step", "Steps", "Tracked", "ancestral", "argmax", "beam_search", "done", "encode_in_parts",
@@ -36,7 +37,9 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
            need_attention: bool = False, enc: EncoderOutput | None = None,
            head_mask: HeadMask | None = None, vocab: Vocab | None = None,
            track: Tracked | None = None) -> list[list[Hypothesis]]:
-    """search_steps run to its end, `head_mask` checked first (a Translator checks its own once, when it is set)."""
+    """search_steps run to its end, its arguments checked first (a Translator makes its own, and checks its head
+    mask once, when it is set): ParameterErrors naming `cfg`, `src`, `prefix`, `enc` or `head_mask`."""
+    check_arguments(model, src, cfg, prefix, enc)
     if head_mask is not None:
         try:
             model.check_head_mask(head_mask)
@@ -44,6 +47,26 @@ def search(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | 
             raise ParameterError("head_mask", str(e).removeprefix("head_mask: ")) from None
     return finish(search_steps(model, src, cfg, prefix, need_attention=need_attention, enc=enc, head_mask=head_mask,
                                vocab=vocab, track=track))
+
+
+def check_arguments(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: Tensor | None,
+                    enc: EncoderOutput | None) -> None:
+    """What `search` takes, checked: a DecodeConfig; src (B, S) ids of the source vocabulary; prefix (B, P) ids of
+    the target vocabulary, one row per sentence, without BOS (a prefix is the start of the output, which the search
+    never lets hold BOS or pad but as padding); an EncoderOutput of src's B sentences."""
+    if not isinstance(cfg, DecodeConfig):
+        raise ParameterError("cfg", f"expected a DecodeConfig, got {type(cfg).__name__}")
+    check_ids("src", src, model.cfg.src_vocab_size)
+    if prefix is not None:
+        check_ids("prefix", prefix, model.cfg.tgt_vocab_size)
+        if prefix.shape[0] != src.shape[0]:
+            raise ParameterError("prefix", f"{prefix.shape[0]} rows for the {src.shape[0]} sentences of src")
+        if bool(prefix.eq(model.cfg.bos_id).any()):
+            raise ParameterError("prefix", f"holds the BOS id {model.cfg.bos_id}; a prefix is the first tokens of "
+                                 "the output, after BOS (pad it with the pad id)")
+    if enc is not None and (not isinstance(enc, EncoderOutput) or enc.states.shape[0] != src.shape[0]):
+        got = f"one of {enc.states.shape[0]} sentences" if isinstance(enc, EncoderOutput) else type(enc).__name__
+        raise ParameterError("enc", f"expected the EncoderOutput of src's {src.shape[0]} sentences, got {got}")
 
 
 def seeded(cfg: DecodeConfig, device: torch.device | str) -> torch.Generator:
