@@ -134,6 +134,11 @@ def test_languages_info_health_openapi_and_the_page(client):
         page = client.get(path)
         assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
         assert page.headers["content-type"].startswith(kind)
+        assert page.headers["cache-control"] == "no-cache" and page.headers["x-content-type-options"] == "nosniff"
+        # revalidated: the same ETag gets a 304 with no body (it got the whole file again), another one the file
+        same = client.get(path, headers={"If-None-Match": f'"x", W/{page.headers["etag"]}'})
+        assert same.status_code == 304 and same.content == b"" and same.headers["etag"] == page.headers["etag"]
+        assert client.get(path, headers={"If-None-Match": '"other"'}).content == page.content
         text = page.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not a request
         assert "http://" not in text and "https://" not in text and "//cdn" not in text
     assert '<link rel="icon" href="/static/favicon.svg"' in client.get("/").text

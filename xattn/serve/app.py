@@ -184,14 +184,28 @@ def add_error_handlers(app: FastAPI) -> None:
 
 def add_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
-    async def page():
-        return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Content-Security-Policy": CSP})
+    async def page(request: Request):
+        return page_file(request, STATIC / "index.html", "text/html")
 
     @app.get("/static/{name}", include_in_schema=False)
-    async def static(name: str):
+    async def static(request: Request, name: str):
         if name not in PAGE_FILES:
             raise ApiError(404, f"/static/{name}: no such file", "not_found")
-        return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers={"Content-Security-Policy": CSP})
+        return page_file(request, STATIC / name, PAGE_FILES[name])
+
+
+def page_file(request: Request, path: Path, media_type: str) -> Response:
+    """A file of the page, with its CSP; a browser revalidates it on every use (no-cache: a new xattn's page never
+    runs against an old script) and gets a 304 with no body while its ETag still matches; nosniff keeps a browser
+    from reading it as another type than the one given."""
+    answer = FileResponse(path, media_type=media_type, stat_result=path.stat(),
+                          headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
+                                   "X-Content-Type-Options": "nosniff"})
+    etag = answer.headers["etag"]
+    if etag in [tag.strip().removeprefix("W/") for tag in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers={k: answer.headers[k] for k in (
+            "etag", "last-modified", "cache-control", "content-security-policy", "x-content-type-options")})
+    return answer
 
 
 def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str | None) -> None:
