@@ -169,7 +169,7 @@ def test_languages_info_health_openapi_and_the_page(client):
     ({"q": "drei", "max_len_a": 5, "max_len_b": 503}, 422, "allows 513 output tokens, over the limit of 512",
      "limit_exceeded"),
     ({"q": "drei", "beem_size": 2}, 422, "beem_size: Extra inputs are not permitted", "invalid_request"),
-    ({"q": 5}, 422, "q", "invalid_request"),
+    ({"q": 5}, 422, "q: expected a text or a list of texts, got int", "invalid_request"),  # ("a valid string")
     ({"source": "de"}, 422, "q: Field required", "invalid_request"),
     ({"q": []}, 422, "q: an empty list", "invalid_request"),
     ({"q": "drei", "attention": "some"}, 422, "attention: Input should be 'none', 'mean' or 'full'", "invalid_request"),

@@ -98,6 +98,7 @@ def test_a_request_that_does_not_arrive_within_the_read_timeout_is_closed(server
     assert time.perf_counter() - start > 0.45  # (no upper bound: never closed, it would time out at 5 s)
     if sent:
         assert got.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close" in got, got
+        assert re.search(rb"\r\ndate: \w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d GMT\r\n", got)  # as every answer
         assert json.loads(got.partition(b"\r\n\r\n")[2]) == {
             "error": "the request did not arrive within 0.5 s, the server's read timeout", "error_type": "timeout"}
     else:

@@ -211,6 +211,9 @@ def test_what_libretranslate_accepts_is_accepted(client):
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["alternatives"]) == 2
     error(client.post("/translate", json={"q": "drei", "alternatives": "zwei"}), 422, "alternatives")
+    # LibreTranslate's int(alternatives) takes the number 2.0 too (refused here while the text "2.0" was taken)
+    assert len(client.post("/translate", json={"q": "drei", "alternatives": 2.0}).json()["alternatives"]) == 2
+    error(client.post("/translate", json={"q": "drei", "alternatives": 2.5}), 422, "alternatives")
 
 
 def test_the_key_may_come_in_the_query_string(keyed):

@@ -62,7 +62,9 @@ class RequestFields(FileRequest):
 
     @field_validator("alternatives", mode="before")
     @classmethod
-    def _count_as_text(cls, value):  # LibreTranslate reads int(alternatives): "3" is 3
+    def _count_as_text(cls, value):  # LibreTranslate reads int(alternatives): "3" is 3, and so is 3.0
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         return from_text(value, int, "alternatives") if isinstance(value, str) else value
 
     @field_validator("format", mode="before")
@@ -102,6 +104,8 @@ def parse_request(data: dict, text: Collection[str] = (), kind: type[BaseModel] 
         return kind.model_validate(data, strict=True)
     except ValidationError as e:
         first = max(e.errors(), key=lambda error: len(error["loc"]))  # of a union (q), the branch gone furthest
+        if first["loc"] == ("q", "str"):  # neither branch: "a valid string" hid that a list is taken too
+            first = {**first, "msg": f"expected a text or a list of texts, got {type(data['q']).__name__}"}
         raise ApiError(422, f"{field_path(first['loc'])}: {first['msg']}", "invalid_request") from None
 
 

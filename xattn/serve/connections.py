@@ -35,6 +35,7 @@ import json
 import logging
 import re
 import time
+from email.utils import formatdate
 from functools import partial
 from typing import Protocol
 
@@ -71,8 +72,8 @@ def health_check(line: bytes) -> bool | None:
 def answer(status: str, error: str, error_type: str, extra: str = "") -> bytes:
     """A whole JSON error answer that closes the connection, written before (or instead of) the app's."""
     body = json.dumps({"error": error, "error_type": error_type}).encode()
-    head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}"
-            "connection: close\r\n\r\n")
+    head = (f"HTTP/1.1 {status}\r\ndate: {formatdate(usegmt=True)}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n")  # (a Date, as RFC 9110 6.6.1 asks)
     return head.encode() + body
 
 
