@@ -326,6 +326,14 @@ def test_copy_puts_the_translation_on_the_clipboard(open_page):
     assert page.locator("#copy").is_enabled()
 
 
+def test_a_text_of_two_lines_is_shown_as_two_lines(open_page):
+    """The server translates a text line by line and keeps its line breaks; the page showed them as spaces."""
+    page = open_page()
+    translate(page, "sieben hundert drei\n\nvier")
+    shown_text, sent = page.inner_text("#translation"), page.text_content("#translation")
+    assert sent.count("\n") == 2 and shown_text == sent  # innerText is what is seen: the breaks kept
+
+
 @pytest.mark.parametrize("text", ["\u200b", " \ufeff\n", "\u2060\u00ad", "\u3164", "\u115f\u1160", "\u2800\u2800"])
 def test_a_text_of_invisible_characters_is_no_text(open_page, text):
     page = open_page()
