@@ -612,3 +612,7 @@ def test_search_names_the_argument_a_caller_got_wrong(tiny_model):
             search(model, args.pop("src"), args.pop("cfg"), **args)
         assert e.value.name == name
     assert search(model, src, cfg, torch.tensor([[7, 8]]))[0][0].tokens[:2] == [7, 8]
+    # a model whose BOS is its pad id (Marian's: decoder_start_token_id) takes a prefix padded with it
+    marian = xattn.Transformer(tiny_config(bos_id=0)).eval()
+    two = search(marian, torch.tensor([[5, 6, 2], [7, 2, 0]]), cfg, torch.tensor([[7, 8], [9, 0]]))
+    assert two[0][0].tokens[:2] == [7, 8] and two[1][0].tokens[:1] == [9]

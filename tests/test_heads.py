@@ -73,6 +73,8 @@ def test_a_mask_and_the_model_pruned_by_it_score_the_coverage_alike(removal):
     from xattn.decoding.beam import coverage_reading
     layer, weights = coverage_reading(model.cfg, half)
     assert layer == 1 and weights.tolist() == pytest.approx([0.4, 0.4, 0.2, 0.0])
+    # the model takes any finite factor (a gradient check's): a negative one weighs nothing, never a sum of 0
+    assert coverage_reading(model.cfg, {"cross": [None, torch.tensor([1.0, -1.0, 0.0, 0.0])]})[1].tolist() == [1, 0, 0, 0]
 
 
 @pytest.mark.parametrize("cross", [[3, 2], [0, 3], [4, 0]])

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -138,6 +139,7 @@ def test_languages_info_health_openapi_and_the_page(client):
         # revalidated: the same ETag gets a 304 with no body (it got the whole file again), another one the file
         same = client.get(path, headers={"If-None-Match": f'"x", W/{page.headers["etag"]}'})
         assert same.status_code == 304 and same.content == b"" and same.headers["etag"] == page.headers["etag"]
+        assert client.get(path, headers={"If-None-Match": "*"}).status_code == 304  # any version
         assert client.get(path, headers={"If-None-Match": '"other"'}).content == page.content
         text = page.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not a request
         assert "http://" not in text and "https://" not in text and "//cdn" not in text
@@ -256,8 +258,15 @@ def test_api_key_and_cors(numbers_model, caplog):
 def test_a_full_attention_response_has_a_size_limit(numbers_model):
     c = started(create_app(str(numbers_model), dataclasses.replace(Limits(), max_attention_values=1000)))
     try:
-        error(c.post("/translate", json={"q": ["drei vier"] * 20, "attention": "full"}), 413,
+        error(reply := c.post("/translate", json={"q": ["drei vier"] * 20, "attention": "full"}), 413,
               "attention: full attention could hold up to", "too_large")
+        full = int(re.search(r"up to (\d+) values", reply.json()["error"])[1])
+    finally:
+        c.__exit__(None, None, None)
+    # mean attention, a map per layer where full has one per head, is bounded by the same limit (a text of many
+    # sentences makes one map: tests/test_serve_sentences.py)
+    c = started(create_app(str(numbers_model), dataclasses.replace(Limits(), max_attention_values=full - 1)))
+    try:
         assert c.post("/translate", json={"q": ["drei vier"] * 20, "attention": "mean"}).status_code == 200
     finally:
         c.__exit__(None, None, None)

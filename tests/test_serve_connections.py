@@ -537,3 +537,50 @@ def test_a_body_over_the_cap_gets_its_413_however_much_of_it_follows(patient, fr
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert json.loads(answer.partition(b"\r\n\r\n")[2])["error_type"] == "too_large"
+
+
+def test_making_room_closes_a_slow_upload_at_once_and_each_new_connection_another(patient):
+    """A quiet connection closed to make room, its body still arriving, lingered (as an answered one does) and, not yet
+    closing, was picked again by the next arrival: every second arrival got in without closing any, and connections
+    went past --max-connections (a review's probe: 8 admitted over a limit of 4, 4 before)."""
+    port, _ = patient
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    slow = [connect(port) for _ in range(8)]
+    fresh = []
+    try:
+        for sock in slow:
+            sock.sendall(head)
+        time.sleep(1.2)  # quiet for QUIET_S
+        for _ in range(8):
+            fresh.append(connect(port))
+            time.sleep(0.05)  # (accepted in turn)
+        for sock in slow:  # each new connection closed one of them, at once
+            sock.settimeout(1.5)
+            assert closed_after(sock) < 1.5
+    finally:
+        for sock in slow + fresh:
+            sock.close()
+
+
+def test_a_lingering_close_is_not_also_a_read_timeout(server):
+    """The read deadline stayed armed while an answered connection lingered: it fired inside the linger, logged a
+    408 that was never sent and wrote after the connection's write_eof (a RuntimeError in the event loop)."""
+    port, log = server
+    before = len(log.read_text())
+    with connect(port) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999\r\n\r\n{\"q\": \"")
+        for _ in range(12):  # past the 0.5 s read timeout, within the 2 s linger
+            time.sleep(0.1)
+            try:
+                sock.sendall(b"x" * 1000)
+            except OSError:
+                break
+        sock.settimeout(5)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+    time.sleep(0.3)
+    text = log.read_text()[before:]
+    assert "read_timeout" not in text and "write_eof" not in text and "Traceback" not in text, text

@@ -551,8 +551,18 @@ def test_the_page_opens_on_the_alignment_layer_and_offers_only_layers_with_heads
             assert layer == 1  # the second-to-last layer, not the last one drawn by default before
 
 
-def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, tmp_path):
-    with serving(numbers_model, tmp_path / "log", "--api-key", "k3y", "--max-attention-values", "10") as url:
+def attention_values(server: str, text: str) -> tuple[int, int]:
+    """The values full and mean attention could hold for `text`, as the server bounds them up front."""
+    info = json.load(urllib.request.urlopen(server + "/info"))
+    a, b, maps, layers = info["decode"]["max_len_a"], info["decode"]["max_len_b"], sum(info["heads"]), info["layers"]
+    n = len(post(server, {"q": text})[1]["results"][0]["source_tokens"]) - 1
+    per_map = (int(a * (n + 1) + b) + 1) * (n + 1)  # (DecodeConfig.max_output_tokens, and </s>)
+    return per_map * maps, per_map * layers
+
+
+def test_the_page_asks_for_the_key_a_server_requires(open_page, server, numbers_model, tmp_path):
+    limit = attention_values(server, "drei")[1]  # the mean, not full attention
+    with serving(numbers_model, tmp_path / "log", "--api-key", "k3y", "--max-attention-values", str(limit)) as url:
         page = open_page(1280, url)
         assert page.locator("#key-field").is_visible()
         translate(page, "drei")  # in the page's words, with where to give it (the API's named its fields)
@@ -571,16 +581,11 @@ def test_the_page_asks_for_the_key_a_server_requires(open_page, numbers_model, t
 
 def test_a_text_too_long_for_each_heads_map_shows_the_mean_and_keeps_the_head(open_page, server, numbers_model,
                                                                              tmp_path):
-    info = json.load(urllib.request.urlopen(server + "/info"))
-    a, b, maps = info["decode"]["max_len_a"], info["decode"]["max_len_b"], sum(info["heads"])
-
-    def full(text: str) -> float:  # the values full attention could hold, as the server bounds them up front
-        n = len(post(server, {"q": text})[1]["results"][0]["source_tokens"]) - 1
-        return (int(a * (n + 1) + b) + 1) * (n + 1) * maps  # (DecodeConfig.max_output_tokens, and </s>)
-
-    short, long = "drei", "sieben hundert drei"
-    assert full(short) < full(long)
-    with serving(numbers_model, tmp_path / "log", "--max-attention-values", str(int(full(short)))) as url:
+    short, long, longer = "drei", "sieben hundert drei", "Sieben hundert drei. " * 12  # (twelve sentences: one map)
+    (full, _), (full_long, mean_long), (_, mean_longer) = (attention_values(server, t) for t in (short, long, longer))
+    limit = max(full, mean_long)
+    assert full_long > limit and mean_longer > limit
+    with serving(numbers_model, tmp_path / "log", "--max-attention-values", str(limit)) as url:
         page = open_page(1280, url)
         translate(page, short)
         page.select_option("#xa-head", "1")
@@ -591,6 +596,10 @@ def test_a_text_too_long_for_each_heads_map_shows_the_mean_and_keeps_the_head(op
         translate(page, short)
         assert page.input_value("#xa-head") == "1" and page.locator("#mean-only").is_hidden()
         assert not page.is_checked("#xa-links")
+        translate(page, longer)  # too long for even the mean (it was unbounded): the translation, and a note
+        assert page.text_content("#translation") and page.locator("#error").is_hidden()
+        assert page.locator("#too-long").is_visible() and page.locator("#attention").is_hidden()
+        assert page.locator("#no-attention").is_hidden()
 
 
 # ------------------------------------------------------------------------------ several models

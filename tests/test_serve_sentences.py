@@ -1,6 +1,7 @@
 """A request's texts cut into sentences, translated one at a time, and joined back (xattn/serve/sentences.py)."""
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -24,6 +25,8 @@ from test_serve import error, started  # noqa: E402
     ("Eins.\r\n\r\n  Zwei.", ["Eins.", "Zwei."], ["\r\n\r\n  "]),
     ("Das kostet 3.50 Euro. Er war z.B. müde.", ["Das kostet 3.50 Euro.", "Er war z.B. müde."], [" "]),
     ("Hallo.Welt ist rund.", ["Hallo.Welt ist rund."], []),  # no whitespace: one sentence
+    ("Ein Mann fährt Rad\rEine Frau liest", ["Ein Mann fährt Rad", "Eine Frau liest"], ["\r"]),  # every line break
+    ("Ein Mann fährt Rad\u2028Eine Frau liest", ["Ein Mann fährt Rad", "Eine Frau liest"], ["\u2028"]),
     ("我喜欢猫。你呢？", ["我喜欢猫。", "你呢？"], [""]),  # a full stop of a script without spaces
     ("", [""], []),
     (" \n\t ", [""], []),
@@ -94,6 +97,28 @@ def test_a_joined_texts_attention_links_and_alternatives_are_its_sentences(serve
     expected = [f"{a[k] if k < len(a) else a[0]} {b[k] if k < len(b) else b[0]}" for k in range(1, 3)
                 for a, b in [firsts]]
     assert whole["alternatives"] == [e for e in expected if e != whole["translatedText"]][:2]
+
+
+def test_a_joined_texts_mean_attention_is_its_sentences_means_and_is_bounded(served, numbers_model):
+    """Mean attention was built from the whole block-diagonal map of every head and went unbounded: 833 sentences in
+    one text gave a 67 MB answer (a review's probe). Each sentence's heads are averaged first, and the map's size
+    counts against --max-attention-values as full attention's does (by layers, not maps)."""
+    parts = [served.post("/translate", json={"q": s, "attention": "mean"}).json()["results"][0]
+             for s in ("drei hundert.", "Vier und zwanzig.")]
+    it = served.post("/translate", json={"q": TWO, "attention": "mean"}).json()["results"][0]
+    weights = np.array(it["attention"], dtype=np.float64)  # (L, T, S)
+    T1, S1 = len(parts[0]["target_tokens"]), len(parts[0]["source_tokens"])
+    assert weights.shape[1:] == (T1 + len(parts[1]["target_tokens"]), S1 + len(parts[1]["source_tokens"]))
+    assert np.allclose(weights[:, :T1, :S1], parts[0]["attention"], atol=2e-4)
+    assert np.allclose(weights[:, T1:, S1:], parts[1]["attention"], atol=2e-4)
+    from xattn.serve.limits import Limits
+    c = started(create_app(str(numbers_model), dataclasses.replace(Limits(), max_attention_values=20_000)))
+    try:
+        assert c.post("/translate", json={"q": "Drei. " * 5, "attention": "mean"}).status_code == 200
+        error(c.post("/translate", json={"q": "Drei. " * 40, "attention": "mean"}), 413,
+              "attention: mean attention could hold up to")
+    finally:
+        c.__exit__(None, None, None)
 
 
 def test_an_error_about_one_sentence_names_it(served):

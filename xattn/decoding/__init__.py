@@ -61,7 +61,7 @@ def check_arguments(model: Transformer, src: Tensor, cfg: DecodeConfig, prefix: 
         check_ids("prefix", prefix, model.cfg.tgt_vocab_size)
         if prefix.shape[0] != src.shape[0]:
             raise ParameterError("prefix", f"{prefix.shape[0]} rows for the {src.shape[0]} sentences of src")
-        if bool(prefix.eq(model.cfg.bos_id).any()):
+        if model.cfg.bos_id != model.cfg.pad_id and bool(prefix.eq(model.cfg.bos_id).any()):  # (Marian's: one id)
             raise ParameterError("prefix", f"holds the BOS id {model.cfg.bos_id}; a prefix is the first tokens of "
                                  "the output, after BOS (pad it with the pad id)")
     if enc is not None and (not isinstance(enc, EncoderOutput) or enc.states.shape[0] != src.shape[0]):

@@ -191,7 +191,7 @@ def coverage_reading(cfg: ModelConfig, head_mask: HeadMask | None = None) -> tup
     if (f := factors[layer]) is None:
         return layer, None
     weights = torch.zeros(max(cfg.heads_per_layer("cross")))  # (H,): a head the layer lacks weighs nothing
-    weights[:f.numel()] = f.detach().float().cpu()
+    weights[:f.numel()] = f.detach().float().cpu().clamp(min=0)  # (Transformer.encode takes any finite factor)
     return layer, weights / weights.sum()
 
 

@@ -207,12 +207,12 @@ class Settings:
 
 
 def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts, maps: int,
-         max_positions: int | None = None, language: str = "en") -> tuple[Split, Settings]:
+         max_positions: int | None = None, language: str = "en", layers: int = 1) -> tuple[Split, Settings]:
     """The sentences (serve/sentences.py) and settings of a request for the model it was routed to
     (models.Models.route), checked against the limits. `base`: the model's decoding settings; `token_counts(texts)`:
     source tokens of each text; `maps`: attention maps per sentence (layers x heads); `max_positions`: the positions
     a model with learned positions has (None: any length); `language`: the model's source language, whose rules cut
-    the texts into sentences."""
+    the texts into sentences; `layers`: its decoder layers (the maps of mean attention)."""
     if req.format != "text":
         raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
                        "unsupported_format")
@@ -236,15 +236,18 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "
                        "attention to read", "invalid_request")
-    if req.attention == "full":  # a text's sentences' maps make one (their target positions x their source's)
+    if req.attention != "none":  # a text's sentences' maps make one (their target positions x their source's)
         rows, columns = [0] * len(split.gaps), [0] * len(split.gaps)
         for i, n in zip(split.owner, counts):
             rows[i] += decode.max_output_tokens(n + 1) + 1 if n else 1  # target positions, </s> included
             columns[i] += n + 1
-        values = sum(r * c for r, c in zip(rows, columns)) * maps
+        per_map = sum(r * c for r, c in zip(rows, columns))  # (its square in the sentences: a text of many)
+        values = per_map * (maps if req.attention == "full" else layers)
         if values > limits.max_attention_values:
-            raise ApiError(413, f"attention: full attention could hold up to {values:.0f} values, over the limit of "
-                           f"{limits.max_attention_values}; ask for mean, or fewer or shorter texts", "too_large")
+            raise ApiError(413, f"attention: {req.attention} attention could hold up to {values:.0f} values, over "
+                           f"the limit of {limits.max_attention_values}; "
+                           + ("ask for mean, or " if req.attention == "full" else "send ") + "fewer or shorter texts "
+                           "(a text's sentences make one map, their positions by theirs)", "too_large")
     return split, Settings(decode, req.attention != "none" or req.alignment, wider, work, source, least)
 
 

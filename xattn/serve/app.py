@@ -201,8 +201,8 @@ def page_file(request: Request, path: Path, media_type: str) -> Response:
     answer = FileResponse(path, media_type=media_type, stat_result=path.stat(),
                           headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
                                    "X-Content-Type-Options": "nosniff"})
-    etag = answer.headers["etag"]
-    if etag in [tag.strip().removeprefix("W/") for tag in request.headers.get("if-none-match", "").split(",")]:
+    etag, asked = answer.headers["etag"], request.headers.get("if-none-match", "")
+    if asked.strip() == "*" or etag in [tag.strip().removeprefix("W/") for tag in asked.split(",")]:
         return Response(status_code=304, headers={k: answer.headers[k] for k in (
             "etag", "last-modified", "cache-control", "content-security-policy", "x-content-type-options")})
     return answer
@@ -266,7 +266,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
     source, target = model.languages
     try:
         split, settings = plan(req, model.translator.decode_config, limits, model.token_counts, model.maps,
-                               model.max_positions, source)
+                               model.max_positions, source, model.translator.model.cfg.n_decoder_layers)
     except XattnError as e:  # text the tokenizer cannot take (a lone surrogate)
         raise ApiError(422, f"q: {e}", "invalid_request") from None
     texts = split.sentences
@@ -291,7 +291,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
 
     def answer() -> dict:
         links = model.links(done, texts) if req.alignment else None
-        return response(req, split.join(done, target, links), detected)
+        return response(req, split.join(done, target, links, mean=req.attention == "mean"), detected)
     try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
         return await asyncio.to_thread(answer) if heavy(req) else answer()
     except XattnError as e:  # words the alignment cannot place

@@ -192,14 +192,14 @@ class Guarded(H11Protocol):
         now = time.monotonic()
         quiet = [c for c in self.connections if c is not self and getattr(c, "quiet_since", None) is not None
                  and getattr(c, "reserved", None) is None and now - c.quiet_since >= QUIET_S
-                 and not c.transport.is_closing()]
+                 and not c.transport.is_closing() and not getattr(c.transport, "lingering", False)]
         if not quiet:
             return False
         oldest = min(quiet, key=lambda c: c.quiet_since)
         self._closed("made_room", "%d connections open: closed one quiet for %.1f s to make room",
                      len(self.connections) - 1, now - oldest.quiet_since)
         oldest._disarm()
-        oldest.transport.close()
+        oldest.transport.close(linger=False)  # (never answered: nothing to wait for)
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -252,6 +252,8 @@ class Guarded(H11Protocol):
 
     def _too_slow(self) -> None:
         self.deadline = None
+        if self.transport.lingering:  # answered already, and closing (Lingering)
+            return
         if self.reserved is not None and self.line is not None:  # held, and no health check came: refused
             self._refuse()
         elif not self.transport.is_closing():
@@ -291,6 +293,7 @@ class Lingering:
             transport.close()
             return
         self.lingering = True
+        self._protocol._disarm()  # (its read deadline: the request is answered)
         transport.resume_reading()
         transport.write_eof()  # (after what is buffered: the answer goes out first)
         self._protocol.loop.call_later(LINGER_S, transport.close)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import sentencex
 
+from xattn.analysis.maps import head_mean
 from xattn.words import split_words
 
 if TYPE_CHECKING:
@@ -37,6 +38,9 @@ UNSPACED = {"zh", "ja", "th", "lo", "km", "my", "bo", "yue", "wuu"}
 """Target languages written without spaces between sentences: their sentences' translations are joined with nothing
 where the source's had no whitespace between them (other languages get a space there)."""
 ITEM = re.compile(r"\btexts\[(\d+)\]")  # a sentence as the translator names it
+LINE_BREAKS = re.compile("(\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])")
+"""Where a text's lines end: what str.splitlines breaks at (a line that ends without a full stop, then a \r or a
+U+2028, went to the model as one sentence with the next)."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,14 @@ class Split:
         """A message of the translator's, naming sentences as texts[j], naming them as the request does."""
         return ITEM.sub(lambda m: self.names[int(m[1])] if int(m[1]) < len(self.names) else m[0], message)
 
-    def join(self, translations: list[Translation], target: str,
-             links: list[list[tuple[int, int]]] | None = None) -> list[Joined]:
-        """Each text's translation from its sentences' (`translations`, with their word `links` when asked)."""
+    def join(self, translations: list[Translation], target: str, links: list[list[tuple[int, int]]] | None = None,
+             mean: bool = False) -> list[Joined]:
+        """Each text's translation from its sentences' (`translations`, with their word `links` when asked). `mean`:
+        only the mean of each layer's heads is wanted, so each sentence's heads are averaged before their maps are
+        joined (a (L, 1, T, S) map, whose mean of heads is that mean), not after, in a map H times as large."""
+        if mean:
+            translations = [t if t.cross_attention is None else dataclasses.replace(
+                t, cross_attention=head_mean(t.cross_attention)[:, None]) for t in translations]
         by_text: list[list[int]] = [[] for _ in self.gaps]
         for j, i in enumerate(self.owner):
             by_text[i].append(j)
@@ -89,8 +98,8 @@ class Split:
 def split_text(text: str, language: str) -> tuple[list[str], list[str]]:
     """A text's sentences (stripped) and the whitespace between them."""
     sentences, gaps, pending = [], [], ""
-    for line in re.split(r"(\n)", text):
-        for segment in ([line] if line == "\n" else sentencex.segment(language, line)):
+    for line in LINE_BREAKS.split(text):
+        for segment in ([line] if LINE_BREAKS.fullmatch(line) else sentencex.segment(language, line)):
             body = segment.strip()
             if not body:
                 pending += segment

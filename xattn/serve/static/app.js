@@ -157,8 +157,9 @@ async function translate(event) {
   busy(true);
   try {
     let [reply, data] = await post(body, key);
-    if (reply.status === 413 && data.error_type === "too_large") {  // full attention over the server's limit
-      body.attention = "mean";
+    for (const fewer of ["mean", "none"]) {  // attention over the server's limit: the mean of the heads, or none
+      if (!(reply.status === 413 && data.error_type === "too_large" && body.attention !== "none")) break;
+      body.attention = fewer;
       [reply, data] = await post(body, key);
     }
     if (mine !== ticket) return;
@@ -257,6 +258,7 @@ function clear() {  // nothing of the last answer stays: text, alternatives, hea
   $("detected").hidden = true;
   $("attention").hidden = true;
   $("no-attention").hidden = true;
+  $("too-long").hidden = true;
   $("mean-only").hidden = true;
   $("xa-view").replaceChildren();
   $("links").replaceChildren();
@@ -302,7 +304,10 @@ function show(text, sent, data, asked, model) {
     `None of the ${many} asked for differed`) + ` from the translation and from each other (${way}).`;
   $("fewer").hidden = alternatives.length >= asked.alternatives;
   counted();
-  if (kind === "none") { $("no-attention").hidden = false; return; }
+  if (kind === "none") {  // a model without heads; or a text too long for even the mean (many sentences)
+    $(asked.alignment ? "too-long" : "no-attention").hidden = false;
+    return;
+  }
   $("attention").hidden = false;  // before drawing: the heatmap and the links measure what they draw
   $("mean-only").hidden = kind !== "mean";
   const previous = heatmap && heatmap.model === model && heatmap.viewer.choice();
