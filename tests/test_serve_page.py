@@ -288,11 +288,11 @@ def test_a_tap_on_a_phone_picks_the_cell_under_the_finger(browser, server, guard
 def test_ctrl_enter_translates_and_the_counter_counts_characters(open_page):
     page = open_page()
     page.fill("#text", "drei")
-    assert page.text_content("#count") == "4 / 300 characters \u00b7 at most 256 tokens"
+    assert page.text_content("#count") == "4 / 300 characters \u00b7 at most 256 tokens a sentence"
     page.fill("#text", "\U0001F642" * 3)  # characters as the server counts them, not UTF-16 units
-    assert page.text_content("#count") == "3 / 300 characters \u00b7 at most 256 tokens"
+    assert page.text_content("#count") == "3 / 300 characters \u00b7 at most 256 tokens a sentence"
     page.fill("#text", "x" * 301)
-    assert page.text_content("#count") == "301 / 300 characters: 1 too many \u00b7 at most 256 tokens"
+    assert page.text_content("#count") == "301 / 300 characters: 1 too many \u00b7 at most 256 tokens a sentence"
     assert "over" in page.get_attribute("#count", "class")
     page.fill("#text", "drei")
     page.focus("#text")

@@ -15,7 +15,8 @@ from xattn.errors import XattnError
 LIMIT_FLAGS = {
     "--max-chars": ("max_chars", int, "characters per request, all texts together"),
     "--max-items": ("max_items", int, "texts per request"),
-    "--max-source-tokens": ("max_source_tokens", int, "subword tokens of one text"),
+    "--max-source-tokens": ("max_source_tokens", int, "subword tokens of one sentence (a text is translated a "
+                            "sentence at a time)"),
     "--max-beam": ("max_beam", int, "beam size"),
     "--max-n-best": ("max_n_best", int, "n-best hypotheses (and alternatives + 1)"),
     "--max-samples": ("max_samples", int, "samples per text"),
@@ -27,7 +28,7 @@ LIMIT_FLAGS = {
                     "batches run beside it, taking turns step by step, instead of waiting for it"),
     "--long-after": ("long_after_s", float, "seconds per request it serves after which the next batches run "
                      "beside a running call instead of waiting for it, whatever its work"),
-    "--max-attention-values": ("max_attention_values", int, "numbers in a `full` attention response"),
+    "--max-attention-values": ("max_attention_values", int, "numbers in an attention response (full or mean)"),
     "--queue-size": ("queue_size", int, "requests waiting (or running beside the next batches) before 429"),
     "--timeout": ("timeout_s", float, "seconds before 504"),
     "--max-backlog": ("max_backlog_s", float, "while the server is behind, the seconds of translation that the "

@@ -9,7 +9,7 @@ class Limits:
     """What one request may ask for; `xattn serve` has a flag for each."""
     max_chars: int = 5000              # characters of all items together
     max_items: int = 32                # items of a list `q`
-    max_source_tokens: int = 256       # subword tokens of one item
+    max_source_tokens: int = 256       # subword tokens of one sentence (serve/sentences.py)
     max_beam: int = 16
     max_n_best: int = 8                # also `alternatives` + 1
     max_samples: int = 8
@@ -18,7 +18,7 @@ class Limits:
     #                                    a token at position t weighing 1 + t/64 (api.positioned)
     long_work: int = 4096              # work above which a request runs alone, beside the next batches, in turns
     long_after_s: float = 0.1          # a call still running after this long per request runs beside the next ones too
-    max_attention_values: int = 1_000_000  # numbers in a response's `full` attention (an upper bound)
+    max_attention_values: int = 1_000_000  # numbers in a response's attention, full or mean (an upper bound)
     queue_size: int = 256              # requests waiting, or in calls no longer waited for: more is 429
     timeout_s: float = 30.0            # a request not answered by then is 504
     max_backlog_s: float | None = None  # behind, a request that the work ahead would keep waiting longer is 429

@@ -111,7 +111,7 @@ function counted() {  // the character counter, and whether what is shown is sti
   const text = $("text").value, chars = [...text].length, most = server ? server.limits.max_chars : null;
   $("count").textContent = most === null ? `${chars} characters` : `${chars} / ${most} characters` +
     (chars > most ? `: ${chars - most} too many` : "") +
-    ` \u00b7 at most ${server.limits.max_source_tokens} tokens`;  // (a token: a word or a piece of one)
+    ` \u00b7 at most ${server.limits.max_source_tokens} tokens a sentence`;  // (a token: a word or a piece of one)
   $("copy").textContent = "Copy";  // what was copied is no longer what the text would give
   $("count").classList.toggle("over", most !== null && chars > most);
   // what is shown, an answer or an error, is greyed and said to be out of date once the text or a setting it was
