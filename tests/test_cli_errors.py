@@ -986,3 +986,38 @@ def test_help_with_stdout_closed_is_quiet_with_an_older_argparse_too():
     result = subprocess.run([sys.executable, "-c", OLD_ARGPARSE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             timeout=120, preexec_fn=lambda: os.close(1))
     assert result.returncode == 0 and not result.stderr, result.stderr.decode()
+
+
+@pytest.mark.parametrize("argv, name", [(["translate", "{m}", "-i", "{t}", "-o", "{m}/config.yaml"], "config.yaml"),
+                                        (["align", "{m}", "--src", "{t}", "--tgt", "{t}", "-o", "{m}/model.safetensors"],
+                                         "model.safetensors"),
+                                        (["translate", "{m}", "-i", "{t}", "-o", "{m}/spm.model"], "spm.model")])
+def test_an_output_onto_a_file_of_the_model_is_refused(numbers_model, tmp_path, capsys, argv, name):
+    """`translate -o MODEL/config.yaml` replaced the model's config with translations, exit 0 (a probe), and `align -o
+    MODEL/model.safetensors` its weights: the model directory's files are the verb's inputs too. Another file
+    there (a hypothesis file) is written as before."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(numbers_model, model)
+    (text := tmp_path / "t.txt").write_text("drei\n")
+    before = (model / name).read_bytes()
+    assert main([a.format(m=model, t=text) for a in argv]) == 2
+    assert f"is a file of the model directory {model}" in capsys.readouterr().err
+    assert (model / name).read_bytes() == before
+    assert main(["translate", str(model), "-i", str(text), "-o", str(model / "test.hyp")]) == 0
+    assert main(["translate", str(model), "-i", str(text), "-o", str(model / "test.hyp")]) == 0  # (again, over it)
+
+
+def test_a_figure_too_large_to_draw_is_refused_before_it_takes_the_memory(numbers_model, tmp_path, capsys):
+    """A 1,100-word sentence drawn as a PNG took about 24 GB and was killed by the system (a probe; 300 words took
+    2.5 GB): a figure of more than MAX_CELLS cells is one line naming the .html view, which draws any size."""
+    from xattn.analysis.plots import MAX_CELLS
+
+    text = " ".join(["drei hundert vier"] * 70)
+    out = tmp_path / "long.png"
+    assert main(["attention", str(numbers_model), text, "--reference", text, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cells, over the {MAX_CELLS} a PNG, SVG or PDF takes" in err and "write it as .html" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["attention", str(numbers_model), text, "--reference", text, "-o", str(tmp_path / "long.html")]) == 0

@@ -288,3 +288,21 @@ def test_a_carriage_return_inside_the_last_line_is_a_character_as_in_every_other
     with pytest.raises(XattnError, match="cr.de: lines end in a carriage return alone"):
         prepare(DataConfig(dataset=None, train_src=str(tmp_path / "cr.de"), train_tgt=str(tmp_path / "c.en"),
                            vocab_size=20), tmp_path / "out2", workers=1)
+
+
+def test_a_run_into_a_prepared_corpus_is_refused_in_one_line(tmp_path, capsys):
+    """`train --out` a prepared corpus wrote the run's tokenizer over the corpus's (exit 0; the corpus then failed its
+    checksum), and `--out` its own data.prepared was a SameFileError traceback (a probe)."""
+    from tests.conftest import NUMBERS_TINY
+    from xattn.cli.main import main
+
+    corpus = tmp_path / "corpus"
+    assert main(["prepare", "numbers-de-en", "data.numbers_size=300", "data.vocab_size=120", "--out", str(corpus),
+                 "--workers", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in corpus.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for extra in ([], [f"data.prepared={corpus}"]):
+        assert main(["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=2", *extra, "--out", str(corpus)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and f"{corpus}: holds a prepared corpus" in err, err
+    assert {p.name: p.read_bytes() for p in corpus.iterdir() if p.is_file() and p.name in before} == before

@@ -209,6 +209,9 @@ def open_run_dir(out_dir: Path) -> tuple[TrainStateDir, Manifest | None]:
     run would replace (refused in one line)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise XattnError(f"{out_dir}: exists and is not a directory; train into a new or a model directory")
+    if (out_dir / MANIFEST).is_file() and list(out_dir.glob("src.*")):  # (data/prepared.py's manifest and arrays)
+        raise XattnError(f"{out_dir}: holds a prepared corpus ({MANIFEST} and its arrays), which a run would write "
+                         f"its own tokenizer over; train into another directory, with data.prepared={out_dir}")
     state_dir = TrainStateDir(out_dir / STATE_DIR)
     manifest = state_dir.read()
     if manifest is None and (out_dir / WEIGHTS).is_file():

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}  # extension -> matplotlib's format
 DPI = 120
+MAX_CELLS = 40_000
+"""Cells a figure may draw (pieces x pieces x panels): its memory grows with them (a probe: 100 words took 0.59 GB,
+300 words 2.5 GB and a 6,760 x 9,992-pixel image, 1,100 words about 24 GB before the system killed it); the HTML
+view draws any size."""
 MAX_FONT, MIN_FONT = 10.0, 7.0  # points; labels shrink from MAX_FONT with sentence length, never below MIN_FONT
 CELL = 1.5                      # a cell's side in label line heights, so that neighbouring labels never touch
 CMAP, MASKED_COLOR, LINK_COLOR = "Blues", "#c8c8c8", "#d62728"
@@ -46,6 +50,12 @@ def figure(maps: AttentionMaps, choice: HeadChoice | None = None, grid: bool = F
     if grid and choice is not None:
         raise ValueError("figure: choose a view (choice) or every layer and head (grid), not both")
     heads, what = heads_per_layer(maps.weights), TITLES[maps.kind]
+    panels = len(heads) * (max(heads) + 1) if grid else 1
+    if (cells := len(maps.rows) * len(maps.cols) * panels) > MAX_CELLS:
+        raise XattnError(f"a figure of {len(maps.rows)} x {len(maps.cols)} pieces" + (f" in {panels} panels" if grid
+                         else "") + f" would draw {cells} cells, over the {MAX_CELLS} a PNG, SVG or PDF takes (its "
+                         "memory grows with them: a 300-word sentence took 2.5 GB); write it as .html, or draw "
+                         "a shorter text")
     choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
     choice.check(heads, what)
     with fonts_for([*maps.rows, *maps.cols, title or ""]), warnings.catch_warnings():

@@ -147,6 +147,9 @@ def overwritten(args) -> str | None:
             continue
         for action in (a for a in actions if a.type is path_arg):
             value, stdin = getattr(args, action.dest, None), reads_stdin(args, action)
+            if isinstance(value, str) and os.path.isdir(value) and model_file(value, out):
+                return f"{'/'.join(out_action.option_strings)} {out}: is a file of the model directory {value}; the " \
+                    "output would replace it: write it elsewhere"
             if (stdin and is_stdin(out)) or (isinstance(value, str) and not stdin and os.path.isfile(value)
                                              and os.path.samefile(value, out)):
                 name = "/".join(action.option_strings) or action.metavar or action.dest.upper()
@@ -154,6 +157,19 @@ def overwritten(args) -> str | None:
                     (" (read from stdin)" if stdin else "") + \
                     " too; the output would replace what it is made from: write it elsewhere"
     return None
+
+
+MODEL_SUFFIXES = (".safetensors", ".model", ".yaml", ".json", ".jsonl")
+"""What a model directory's own files end in (weights, tokenizers, config, analysis choice, vocabularies, log)."""
+
+
+def model_file(directory: str, out: str) -> bool:
+    """Whether the existing file `out` is one of a model directory's own (`translate -o MODEL/config.yaml` replaced
+    it, exit 0): in `directory` (a model's: it holds config.yaml) or its train_state/, by what it ends in."""
+    folder = Path(out).resolve().parent
+    model = Path(directory).resolve()
+    return (model / "config.yaml").is_file() and folder in (model, model / "train_state") \
+        and out.endswith(MODEL_SUFFIXES)
 
 
 def stdin_twice(args) -> str | None:
