@@ -345,3 +345,19 @@ def test_running_a_finished_run_again_leaves_its_published_average_as_it_is(tmp_
     time.sleep(0.05)  # (a rewrite would have a later time)
     assert train(cfg, out, quiet=True).stop_reason == "max_steps"
     assert (out / WEIGHTS).stat().st_mtime_ns == published
+
+
+def test_a_run_already_done_keeps_its_config(tmp_path, capsys):
+    """A re-run of a finished run with a smaller budget trains nothing ("already trained to max_steps"), but wrote
+    its settings into config.yaml all the same, which then named a budget the weights never had (a probe)."""
+    from tests.conftest import NUMBERS_TINY
+    from xattn.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=4", "--out", str(out)]) == 0
+    before = (out / "config.yaml").read_bytes()
+    assert main(["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=2", "--out", str(out)]) == 0
+    assert "already trained to max_steps" in capsys.readouterr().out
+    assert (out / "config.yaml").read_bytes() == before
+    assert main(["train", "numbers-de-en", *NUMBERS_TINY, "train.max_steps=5", "--out", str(out)]) == 0  # goes on:
+    assert "max_steps: 5" in (out / "config.yaml").read_text()  # its settings are the run's now

@@ -137,7 +137,6 @@ class Trainer:
             if log.is_file() and log.stat().st_size > manifest.log_bytes:
                 with log.open("r+b") as f:
                     f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
-            save_config(self.cfg, self.out_dir / CONFIG)
             p = self.progress  # the checkpoint's best weights, published after it: a kill may have come before
             if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
                     published_before(self.out_dir, self.state_dir):
@@ -228,8 +227,7 @@ class Trainer:
     def fit(self) -> Progress:
         """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt: a first SIGINT or SIGTERM
         stops training at the next step, checkpointed; a SIGTERM is then raised again, for the handler it found."""
-        tc, p = self.cfg.train, self.progress
-        window = RunningRate()
+        tc, p, window = self.cfg.train, self.progress, RunningRate()
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
         if stop_reason is not None and p.finished:
@@ -239,6 +237,8 @@ class Trainer:
             p.stop_reason = stop_reason
             return p
         p.finished = False  # training goes on, or only its end (averaging) is left to redo
+        if self.ctx.rank == 0:  # a resume's settings, once they apply (a run already done keeps its own)
+            save_config(self.cfg, self.out_dir / CONFIG)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
