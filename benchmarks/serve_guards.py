@@ -272,7 +272,7 @@ SMALL = {"greedy": {}, "beam5": {"beam_size": 5}}
 
 
 def beside(model: Path, threads: int, texts: list[str]) -> dict:
-    from xattn.serve.api import positioned
+    from xattn.serve.work import positioned
 
     server, port = start_server(model, threads, "--timeout", "600")
     try:

@@ -126,7 +126,7 @@ def test_the_work_bound_weighs_each_output_token_by_its_position(client):
     """A step reads every position before it, so at position 500 a row costs about 8x what it does at the start:
     12 texts x beam 16 x 512 tokens (98,304 rows x steps, within the old bound of 100,000) ran past the 30 s
     timeout; 32 x 16 x 195 (99,840) took about 20 s. By positions, the first is refused and the second is not."""
-    from xattn.serve.api import REACH, positioned
+    from xattn.serve.work import REACH, positioned
 
     assert positioned(1) == 1 and positioned(REACH) == REACH + (REACH + 1) // 2  # the last token there weighs 2
     long = {"q": ["drei"] * 12, "beam_size": 16, "min_len": 500, "max_len_a": 0, "max_len_b": 512}

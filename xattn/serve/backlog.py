@@ -7,7 +7,7 @@ of them reached the timeout (504) having used the engine's time for nothing (ben
 figures: benchmarks/README.md, "Admission by time").
 
 The estimate: the engine gives every request an equal share of its time (serve/engine.py's fair turns), so while a
-request of work w (api.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
+request of work w (work.check_work: rows x maximum output tokens, an upper bound known up front) runs, every request
 admitted before it runs at most w of its own work; they delay it by sum(min(w_j, w)) units of work, its own work
 aside (the limits on one request bound that). The engine's rate is the rows its decoder steps ran per second of its
 busy time, over the last WINDOW_S seconds of it: the rows are counted at every step, so it does not jump when a

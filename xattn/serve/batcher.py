@@ -11,7 +11,7 @@ the first, then whatever else is queued, up to
 groups them by settings and runs one translate call per group on the engine thread (serve/engine.py), so the event
 loop never blocks and concurrent clients share batches. The collector waits for a call to end before it collects
 the next batch, so that the requests arriving meanwhile share it; but not for long: a call whose requests' work
-(api.check_work) is over `long_work` is not waited for, nor one still running after `long_after` seconds per
+(work.check_work) is over `long_work` is not waited for, nor one still running after `long_after` seconds per
 request it serves (the work counts steps and rows, not their cost: a request just under `long_work` can take
 seconds; a call for many requests may hold the next batch for longer, as the engine's fair turns let it hold the
 engine longer, so that the clients of a busy server keep meeting in full batches rather than splitting into small
@@ -100,9 +100,9 @@ class Batcher:
         admitted before it would keep it waiting more than `max_backlog` seconds (while the server is behind; at
         once, or later once its call would end past the timeout: Backlog.shed), asyncio.TimeoutError once `timeout`
         seconds have passed (the job is then gone: dropped between two steps, as when its client leaves). `work`:
-        the request's decoding work (api.check_work), which tells a long request from the others; `source`: its
+        the request's decoding work (work.check_work), which tells a long request from the others; `source`: its
         hypotheses x source tokens, by which the backlog expects what it will run, and `least` the rows its
-        min_len makes it step at least (api.check_work). The deadline is a timer on the
+        min_len makes it step at least (work.check_work). The deadline is a timer on the
         job's own future, not asyncio.wait_for: that would run this in a task of its own, two more turns of the
         event loop on the way in and out."""
         loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ class Job:
     settings: Hashable                # requests with equal settings may share a call
     mergeable: bool
     future: asyncio.Future = field(repr=False)
-    work: int = 0                     # decoding work (api.check_work): over `long_work`, others run beside it
+    work: int = 0                     # decoding work (work.check_work): over `long_work`, others run beside it
     long: bool = False                # its work is over the batcher's long_work: see MAX_LONG
     source: int = 0                   # hypotheses x source tokens (api.Settings.source): what it will likely step
     least: int = 0                    # the rows its min_len makes it step at least (api.Settings.least)

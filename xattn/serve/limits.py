@@ -15,7 +15,7 @@ class Limits:
     max_samples: int = 8
     max_output_tokens: int = 512       # decode.max_len_a * source tokens + max_len_b
     max_work: int = 256_000            # a request's decoding work: per text, hypotheses x its maximum output tokens,
-    #                                    a token at position t weighing 1 + t/64 (api.positioned)
+    #                                    a token at position t weighing 1 + t/64 (work.positioned)
     long_work: int = 4096              # work above which a request runs alone, beside the next batches, in turns
     long_after_s: float = 0.1          # a call still running after this long per request runs beside the next ones too
     max_attention_values: int = 1_000_000  # numbers in a response's attention, full or mean (an upper bound)
