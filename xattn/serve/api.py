@@ -21,7 +21,7 @@ from xattn.serve import detect
 from xattn.serve.detect import Guess
 from xattn.serve.limits import ApiError, Limits, shown
 from xattn.serve.work import check_work
-from xattn.serve.sentences import Joined, Split
+from xattn.serve.sentences import Joined, Split, distinct
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
@@ -285,13 +285,6 @@ def with_alternatives(first: list, wider: list, count: int) -> list:
     search's translations (`wider`, same texts) that are `distinct`: fewer when the wider search found fewer."""
     return [dataclasses.replace(f, alternatives=[f, *distinct(f, w.alternatives)[:count]])
             for f, w in zip(first, wider)]
-
-
-def distinct(translation, others: list) -> list:
-    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
-    repeat, and two hypotheses of a beam can print the same text."""
-    seen = {translation.text}
-    return [a for a in others if a.text not in seen and not seen.add(a.text)]
 
 
 def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits) -> None:

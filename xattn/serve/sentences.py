@@ -123,7 +123,7 @@ def joined(parts: list[Translation], texts: list[str], gaps: list[str], target: 
     if len(parts) == 1:
         return Joined(parts[0], source_words, target_words, links[0] if links is not None else None)
     first = together(parts, gaps, target)
-    options = [own_texts([p, *p.alternatives]) for p in parts]  # each sentence's distinct ones, its first first
+    options = [[p, *distinct(p, p.alternatives)] for p in parts]  # each sentence's distinct ones, its first first
     alternatives = [together([o[k] if k < len(o) else o[0] for o in options], gaps, target)
                     for k in range(max(map(len, options)))] if any(p.alternatives for p in parts) else []
     if links is not None:  # each sentence's words numbered after the words of those before it
@@ -131,10 +131,11 @@ def joined(parts: list[Translation], texts: list[str], gaps: list[str], target: 
     return Joined(dataclasses.replace(first, alternatives=alternatives), source_words, target_words, links)
 
 
-def own_texts(translations: list[Translation]) -> list[Translation]:
-    """The first translation of each text among `translations`, in order."""
-    seen: set[str] = set()
-    return [t for t in translations if t.text not in seen and not seen.add(t.text)]
+def distinct(translation, others: list) -> list:
+    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
+    repeat, and two hypotheses of a beam can print the same text."""
+    seen = {translation.text}
+    return [a for a in others if a.text not in seen and not seen.add(a.text)]
 
 
 def together(parts: list[Translation], gaps: list[str], target: str) -> Translation:
