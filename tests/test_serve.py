@@ -402,6 +402,26 @@ def test_alternatives_over_the_limit_name_alternatives(client):
           "alternatives: 20, over the limit of 7", "limit_exceeded")
 
 
+def test_the_limits_hold_for_the_settings_the_search_uses_and_name_the_models_own():
+    """A model whose beam is above --max-beam: a sampling request was refused for the beam it does not use (a 422
+    naming beam_size, which it could not send back, since sampling refuses beam settings); a search request is
+    told the beam is the model's own, which it can lower."""
+    from xattn.serve.api import parse_request, plan
+    from xattn.serve.limits import ApiError
+
+    model, limits = xattn.DecodeConfig(beam_size=5, n_best=5, num_samples=6), dataclasses.replace(
+        Limits(), max_beam=4, max_n_best=4, max_samples=6)
+    plan(parse_request({"q": "x", "sampling": True}), model, limits, lambda t: [3], 1)
+    plan(parse_request({"q": "x", "beam_size": 4}), model, limits, lambda t: [3], 1)
+    with pytest.raises(ApiError, match=r"^beam_size: 5, over the limit of 4 \(the model's own setting; send a smaller"):
+        plan(parse_request({"q": "x"}), model, limits, lambda t: [3], 1)
+    with pytest.raises(ApiError, match=r"^n_best: 5, over the limit of 4$"):
+        plan(parse_request({"q": "x", "beam_size": 5, "n_best": 5}), model, dataclasses.replace(limits, max_beam=5),
+             lambda t: [3], 1)
+    with pytest.raises(ApiError, match=r"^num_samples: 7, over the limit of 6$"):
+        plan(parse_request({"q": "x", "sampling": True, "num_samples": 7}), model, limits, lambda t: [3], 1)
+
+
 def test_a_text_longer_than_learned_positions_is_413():
     from xattn.serve.api import parse_request, plan
     from xattn.serve.limits import ApiError

@@ -228,8 +228,8 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
                        "positions", "too_many_tokens")
     check_alternatives(req, base, limits)
     decode, wider = decode_config(req, base)
-    check_decode(wider or decode, limits)
     asked = {k for k in DECODE_FIELDS if getattr(req, k) is not None}
+    check_decode(wider or decode, limits, asked)
     work, source, least = check_work(counts, wider or decode, limits, first=decode if wider is not None else None,
                                      names=split.names, asked=asked)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
@@ -294,11 +294,15 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
         raise ApiError(422, f"alternatives: {req.alternatives}, over the limit of {limit - 1}", "limit_exceeded")
 
 
-def check_decode(cfg: DecodeConfig, limits: Limits) -> None:
-    for name, value, limit in (("beam_size", cfg.beam_size, limits.max_beam), ("n_best", cfg.n_best, limits.max_n_best),
-                               ("num_samples", cfg.num_samples, limits.max_samples)):
+def check_decode(cfg: DecodeConfig, limits: Limits, asked: set[str]) -> None:
+    """The settings of cfg's kind of search (the beam and its n-best, or the samples) within the limits; one the
+    request did not set (`asked`: the fields it set) is the model's own, which the request can lower."""
+    used = (("num_samples", cfg.num_samples, limits.max_samples),) if cfg.sampling else \
+        (("beam_size", cfg.beam_size, limits.max_beam), ("n_best", cfg.n_best, limits.max_n_best))
+    for name, value, limit in used:
         if value > limit:
-            raise ApiError(422, f"{name}: {value}, over the limit of {limit}", "limit_exceeded")
+            whose = "" if name in asked else " (the model's own setting; send a smaller one)"
+            raise ApiError(422, f"{name}: {value}, over the limit of {limit}{whose}", "limit_exceeded")
 
 
 def rounded(a: np.ndarray, digits: int = 4) -> list:
