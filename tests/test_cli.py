@@ -52,6 +52,20 @@ def test_translate_stdin_and_files(quickstart_dir, tmp_path):
     assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 2
 
 
+def test_n_best_prints_distinct_texts_and_samples_every_draw():
+    """Two hypotheses of a beam can read alike (▁a + b and ▁ab: other tokens, one text); --n-best printed both, where
+    the README promises distinct hypotheses and the server gives distinct alternatives. Samples may repeat."""
+    from dataclasses import replace
+
+    from xattn.cli.translate import output_lines
+    from xattn.translator import Translation
+
+    best, same, other = (Translation(text, score, [], []) for text, score in (("a b", -1.0), ("a b", -1.5), ("c", -2.0)))
+    result = replace(best, alternatives=[best, same, other])
+    assert output_lines([result], ["x"], 4, False, None) == ["4 ||| a b ||| -1.0000", "4 ||| c ||| -2.0000"]
+    assert len(output_lines([result], ["x"], 4, False, None, samples=True)) == 3
+
+
 def test_translate_sampling_and_prefix(quickstart_dir, tmp_path):
     args = ("translate", str(quickstart_dir), "--sample", "--top-p", "0.9", "--num-samples", "3", "--seed", "7")
     first, again = _run(*args, stdin="dreiundzwanzig\n"), _run(*args, stdin="dreiundzwanzig\n")

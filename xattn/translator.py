@@ -48,6 +48,13 @@ class Translation:
     #   the order drawn (the first is the translation)
 
 
+def distinct(translation: Translation, others: list[Translation]) -> list[Translation]:
+    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
+    repeat, and two hypotheses of a beam can print the same text (▁a + b and ▁ab)."""
+    seen = {translation.text}
+    return [a for a in others if a.text not in seen and not seen.add(a.text)]
+
+
 def copy_mask(mask: HeadMask | None) -> HeadMask | None:
     return None if mask is None else {place: [None if f is None else f.detach().clone() for f in layers]
                                       for place, layers in mask.items()}

@@ -164,7 +164,7 @@ def translated(args, translator, cfg, links, relaxed: list[int]) -> Iterator[lis
             results = translator.translate(texts, cfg, prefixes=given, return_attention=args.alignment,
                                            attention_heads=links.heads if links else None, generator=generator)
         relaxed += [count + i + 1 for i, r in enumerate(results) if r.relaxed]
-        yield output_lines(results, texts, count, args.scores, links)
+        yield output_lines(results, texts, count, args.scores, links, cfg.sampling)
         count += len(texts)
 
 
@@ -181,10 +181,18 @@ def input_batches(args) -> Iterator[list[str]]:
         yield from read_line_chunks(args.input)
 
 
-def output_lines(results, texts: list[str], offset: int, scores: bool, links) -> list[str]:
-    """The printed lines of `results` (translations of `texts`, input lines offset + 1, ...)."""
+def output_lines(results, texts: list[str], offset: int, scores: bool, links, samples: bool = False) -> list[str]:
+    """The printed lines of `results` (translations of `texts`, input lines offset + 1, ...): every sample, which
+    may repeat (`samples`), or a beam's distinct hypotheses, two of which may read alike (▁a + b and ▁ab)."""
+    from xattn.translator import distinct
+
+    def printed(alternatives: list) -> list:
+        if samples or not alternatives:
+            return alternatives
+        return [alternatives[0], *distinct(alternatives[0], alternatives[1:])]
+
     if any(r.alternatives for r in results):
-        rows = [(i, alt) for i, r in enumerate(results) for alt in r.alternatives]
+        rows = [(i, alt) for i, r in enumerate(results) for alt in printed(r.alternatives)]
         aligned = links([alt for _, alt in rows], [texts[i] for i, _ in rows],
                         [offset + i + 1 for i, _ in rows]) if links else None
         return [f"{offset + i} ||| {alt.text} ||| {alt.score:.4f}" + (f" ||| {aligned[k]}" if links else "")

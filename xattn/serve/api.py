@@ -21,7 +21,8 @@ from xattn.serve import detect
 from xattn.serve.detect import Guess
 from xattn.serve.limits import ApiError, Limits, shown
 from xattn.serve.work import check_work
-from xattn.serve.sentences import Joined, Split, distinct
+from xattn.serve.sentences import Joined, Split
+from xattn.translator import distinct
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")

@@ -21,16 +21,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import sentencex
 
 from xattn.analysis.maps import head_mean
+from xattn.translator import Translation, distinct
 from xattn.words import split_words
 
-if TYPE_CHECKING:
-    from xattn.translator import Translation
 
 UNSPACED_STOPS = "。！？｡．︒"
 """Sentence-final marks of scripts written without spaces: a boundary right after one needs no whitespace."""
@@ -129,13 +126,6 @@ def joined(parts: list[Translation], texts: list[str], gaps: list[str], target: 
     if links is not None:  # each sentence's words numbered after the words of those before it
         links = offset_links(links, [len(split_words(t)) for t in texts], [len(split_words(p.text)) for p in parts])
     return Joined(dataclasses.replace(first, alternatives=alternatives), source_words, target_words, links)
-
-
-def distinct(translation, others: list) -> list:
-    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
-    repeat, and two hypotheses of a beam can print the same text."""
-    seen = {translation.text}
-    return [a for a in others if a.text not in seen and not seen.add(a.text)]
 
 
 def together(parts: list[Translation], gaps: list[str], target: str) -> Translation:
