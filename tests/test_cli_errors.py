@@ -259,6 +259,16 @@ CASES = {
     "num-samples zero": (["translate", M, "--sample", "--num-samples", "0"], "--num-samples"),
     "seed negative": (["translate", M, "--sample", "--seed", "-1"], "--seed"),
     "length penalty inf": (["translate", M, "--length-penalty", "inf"], "--length-penalty"),
+    # greedy search or sampling: the penalty changes only scores, which these do not show (it was ignored silently)
+    "length penalty, greedy translate": (["translate", M, "--beam", "1", "--length-penalty", "2"],
+                                         "--length-penalty: with greedy search or sampling it changes only the "
+                                         "translations' scores, which translate prints with --scores"),
+    "length penalty, sampled evaluate": (["evaluate", M, "--split", "val", "--sample", "--length-penalty", "2"],
+                                         "which evaluate does not report"),
+    "length penalty, greedy attention": (["attention", M, "eins", "--beam", "1", "--length-penalty", "2", "-o",
+                                          "{space}/a.png"], "which attention does not show"),
+    "length penalty, greedy diagnose": (["diagnose", M, "--src", "{space}/good.txt", "--beam", "1", "--length-penalty",
+                                         "2"], "which diagnose does not report"),
     "max-tokens zero": (["translate", M, "--max-tokens", "0"], "--max-tokens"),
     "beam not a number": (["translate", M, "--beam", "abc"], "argument --beam: invalid int value"),
     "unknown flag": (["translate", M, "--bem", "3"], "unrecognized arguments"),
@@ -736,6 +746,16 @@ def test_python_api_names_its_own_parameters(space):
         with pytest.raises(xattn.XattnError, match=message):
             translator.head_mask = {"cross": [factors]}
     assert translator.head_mask is None
+
+
+def test_a_greedy_length_penalty_is_taken_where_the_scores_are_printed(space, monkeypatch, capsys):
+    """The other side of the cases "length penalty, greedy ...": where translate prints scores, the penalty changes
+    what it prints, so it is taken."""
+    plain = run_main(["translate", str(space / "model"), "--beam", "1", "--scores"], b"eins\n", monkeypatch, capsys)
+    scaled = run_main(["translate", str(space / "model"), "--beam", "1", "--scores", "--length-penalty", "2"], b"eins\n",
+                      monkeypatch, capsys)
+    assert plain[0] == scaled[0] == 0 and plain[1].split(" ||| ")[0] == scaled[1].split(" ||| ")[0]
+    assert plain[1].split(" ||| ")[1] != scaled[1].split(" ||| ")[1]
 
 
 def test_a_model_that_samples_by_default_can_be_searched_with_no_sample(space, monkeypatch, capsys):

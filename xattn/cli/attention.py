@@ -5,7 +5,7 @@ from pathlib import Path
 
 from xattn.registry import ATTENTION_KINDS
 from xattn.cli.common import add_head_flags, add_verb, output_arg, path_arg
-from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
+from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags, refuse_unscored_penalty
 from xattn.errors import XattnError
 from xattn.words import split_words
 
@@ -117,6 +117,7 @@ def attention_pair(args, translator):
     if args.reference is not None:
         return teacher_forced(translator, [args.sentence], [args.reference], kinds)[0]
     cfg = decode_config(args, translator.decode_config)
+    refuse_unscored_penalty(args, cfg, "attention does not show")
     result = translator.translate([args.sentence], cfg, return_attention=True, attention_from="rescore",
                                   return_self_attention=args.kind == "decoder-self")[0]
     pair = PairAttention.from_translation(result, args.sentence, tokenizer=translator.tokenizers.src)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from xattn.cli.common import add_head_flags, add_verb, lines_of, output_arg, path_arg, write_output_lines
-from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags
+from xattn.cli.translate import add_decode_flags, decode_config, refuse_search_flags, refuse_unscored_penalty
 from xattn.checks import ConfigError, build
 from xattn.errors import XattnError
 from xattn.io import json_text
@@ -59,9 +59,10 @@ def run(args) -> int:
     cfg = translator.model.cfg
     choice = settings_for(args.model, cfg, args.layer, args.heads).choice
     if hyps is None:
+        decode = decode_config(args, translator.decode_config)
+        refuse_unscored_penalty(args, decode, "diagnose does not report")
         with lines_of(args, args.src):
-            results = translator.translate(sources, decode_config(args, translator.decode_config),
-                                           return_attention=True, attention_from="rescore")
+            results = translator.translate(sources, decode, return_attention=True, attention_from="rescore")
         hyps = [r.text for r in results]
         pairs = PairAttention.from_translations(results, sources, translator.tokenizers.src,
                                                 range(1, len(sources) + 1))

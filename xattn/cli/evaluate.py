@@ -5,7 +5,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from xattn.cli.common import add_verb, check_data_dir, lines_of, output_arg, path_arg, write_line_chunks
-from xattn.cli.translate import add_decode_flags, decode_config, load_translator
+from xattn.cli.translate import add_decode_flags, decode_config, load_translator, refuse_unscored_penalty
 from xattn.errors import XattnError
 from xattn.io import json_text
 from xattn.lines import paired_line_chunks
@@ -71,9 +71,7 @@ def run(args) -> int:
         raise XattnError("--output: the scores go to standard output; write the translations to a file")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
-    if args.length_penalty is not None and (cfg.sampling or cfg.beam_size == 1):  # (translate --scores shows it)
-        raise XattnError("--length-penalty: with greedy search or sampling it changes only the translations' scores, "
-                         "which evaluate does not report; it chooses among a beam's (--beam 2 or more)")
+    refuse_unscored_penalty(args, cfg, "evaluate does not report")
     scorer = Scorer()
     generator = seeded(cfg, translator.device) if cfg.sampling else None  # one for the run: chunks draw anew
 

@@ -105,6 +105,15 @@ def decode_config(args, base):
         raise XattnError(f"{flags[e.key]}: {problem}") from None
 
 
+def refuse_unscored_penalty(args, cfg, unseen: str | None) -> None:
+    """--length-penalty chooses among a beam's hypotheses; with greedy search or sampling it changes only the scores,
+    so a command that does not show them (`unseen`: that it does not, e.g. "evaluate does not report"; None where it
+    does) would ignore it: one error line."""
+    if args.length_penalty is not None and (cfg.sampling or cfg.beam_size == 1) and unseen is not None:
+        raise XattnError(f"--length-penalty: with greedy search or sampling it changes only the translations' scores, "
+                         f"which {unseen}; it chooses among a beam's hypotheses (--beam 2 or more)")
+
+
 def refuse_search_flags(args, reason: str) -> None:
     """One error line when the command line sets how translations are searched, though nothing is searched
     (`reason`: why, e.g. the translation is given)."""
@@ -140,6 +149,7 @@ def run(args) -> int:
         raise XattnError(f"{', '.join(unused)}: {'applies' if len(unused) == 1 else 'apply'} to --alignment only")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode_config)
+    refuse_unscored_penalty(args, cfg, None if args.scores or cfg.returned > 1 else "translate prints with --scores")
     links = alignment_of(args, translator) if args.alignment else None
     relaxed: list[int] = []
     write_line_chunks(args.output, translated(args, translator, cfg, links, relaxed))
