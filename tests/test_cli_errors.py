@@ -643,8 +643,11 @@ def test_a_sequence_beyond_learned_positions_is_an_error_and_decoding_stays_with
     with pytest.raises(xattn.XattnError, match="longer than model.max_positions=8"):
         model.encode(torch.randint(3, 40, (1, 9)))
     from xattn.decoding import search
-    hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=20))
+    hyps = search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=2, max_len_a=3, min_len=7))
     assert all(len(h.tokens) <= 7 for hyps_ in hyps for h in hyps_)
+    for beam in (1, 2):  # a min_len the positions cannot hold was cut to them silently, the translation ending short
+        with pytest.raises(xattn.XattnError, match=r"min_len: 8 is above the 7 output tokens the model's 8 learned"):
+            search(model, torch.randint(3, 40, (2, 7)), xattn.DecodeConfig(beam_size=beam, max_len_a=3, min_len=8))
 
 
 def test_python_api_device_errors_are_xattn_errors(space):
@@ -828,6 +831,10 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
     assert f"{tmp_path / 'in.de'}: line 3: " in err and "do not fit the model's 20 positions (learned)" in err
     with pytest.raises(ItemError, match=r"texts\[1\]: .* do not fit the model's 20 positions"):
         xattn.load(model).translate(["drei", " ".join(["siebenhundertzwölf"] * 15)])
+    code, _, err = run_main(["translate", str(model), "--min-len", "25", "--max-len-b", "100"], b"drei\n", monkeypatch,
+                            capsys)
+    assert code == 2 and err == ("xattn translate: error: stdin: line 1: --min-len: 25 is above the 19 output tokens "
+                                 "the model's 20 learned positions hold (BOS and the tokens before </s>); lower it\n")
     (tmp_path / "in.en").write_text("three\nfour\nseven hundred\nfive\n")
     code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
                             b"", monkeypatch, capsys)

@@ -429,6 +429,9 @@ def test_a_text_longer_than_learned_positions_is_413():
     with pytest.raises(ApiError) as e:
         plan(parse_request({"q": "a b c"}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 3)
     assert e.value.status == 413 and "do not fit the model's 3 positions" in e.value.message
+    with pytest.raises(ApiError, match=r"^q\[0\]: min_len: 8 is above the 7 output tokens the model's 8 learned"):
+        plan(parse_request({"q": "a b c", "min_len": 8}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 8)
+    plan(parse_request({"q": "a b c", "min_len": 7}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 8)
 
 
 def test_the_full_attention_limit_counts_the_target_positions_the_search_allows():

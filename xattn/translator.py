@@ -221,7 +221,8 @@ class Translator:
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
         for i, source in enumerate(ids):
-            if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0):
+            if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0,
+                                         mc.max_positions if mc.positions == "learned" else None):
                 raise ParameterError(problem.name, problem.problem, item=("texts", i))
         return ids
 

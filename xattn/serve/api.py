@@ -232,7 +232,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
     asked = {k for k in DECODE_FIELDS if getattr(req, k) is not None}
     check_decode(wider or decode, limits, asked)
     work, source, least = check_work(counts, wider or decode, limits, first=decode if wider is not None else None,
-                                     names=split.names, asked=asked)
+                                     names=split.names, asked=asked, max_positions=max_positions)
     if maps == 0 and (asked := [name for name, on in (("attention", req.attention != "none"), ("alignment", req.alignment),
                                                       ("coverage_penalty", decode.coverage_penalty > 0)) if on]):
         raise ApiError(422, f"{asked[0]}: every cross-attention head of this model was pruned; there is no "

@@ -9,7 +9,8 @@ from xattn.serve.limits import ApiError, Limits
 
 
 def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: DecodeConfig | None = None,
-               names: list[str] | None = None, asked: set[str] = frozenset()) -> tuple[int, int, int]:
+               names: list[str] | None = None, asked: set[str] = frozenset(),
+               max_positions: int | None = None) -> tuple[int, int, int]:
     """A request's work, bounded up front: over its texts, hypotheses x maximum output tokens, each weighed by its
     position (`positioned`: what one request can ask of the model, however its settings combine), with `first`'s
     too, a search that runs before cfg's (alternatives widen the model's own); each text's maximum output tokens
@@ -18,7 +19,8 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: Deco
     serve/backlog.py expects the rows it will step; and the rows it steps at least, hypotheses x min_len and the
     </s> step for each text (0 without min_len: then how long it runs is the model's, which the backlog learns).
     `counts`: the source tokens of each sentence, named by `names` (default q[0], q[1], ...); `asked`: the decoding
-    fields the request set, which an error about them names (the sentence when it set neither max_len)."""
+    fields the request set, which an error about them names (the sentence when it set neither max_len);
+    `max_positions`: the model's learned positions (None: sinusoidal), which bound what min_len can ask."""
     names = names or [f"q[{i}]" for i in range(len(counts))]
     most = [cfg.max_output_tokens(n + 1) for n in counts]  # of a source counted with its </s>, as the search counts
     if over := [i for i, (n, m) in enumerate(zip(counts, most)) if n and m > limits.max_output_tokens]:
@@ -27,7 +29,7 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: Deco
         raise ApiError(422, f"{field}: max_len_a * {counts[i] + 1} source tokens ({names[i]} and </s>) + max_len_b "
                        f"allows {most[i]} output tokens, over the limit of {limits.max_output_tokens}", "limit_exceeded")
     for i, n in enumerate(counts):  # no output token, or fewer than min_len: translate's rule, decoding.step's
-        if problem := length_problem(cfg, n + 1):  # (an empty text has none: it is translated empty)
+        if problem := length_problem(cfg, n + 1, max_positions=max_positions):  # (an empty text has none)
             raise ApiError(422, f"{names[i]}: {problem.name}: {problem.problem}", "invalid_request")
     rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
     work = sum(m for n, m in zip(counts, most) if n) * rows  # rows x steps at most (an empty text: no step)
