@@ -62,6 +62,27 @@ def served(numbers_model):
 TWO = "drei hundert. Vier und zwanzig."  # two sentences by German rules
 
 
+def test_only_the_maps_an_answer_carries_are_joined():
+    """Mean attention with alternatives on a text whose first sentence had fewer distinct alternatives than its
+    second was a 500: the second's alternative kept its (L, H) map beside the first's (L, 1) mean, which no diagonal
+    holds. Alternatives now carry no map (no answer sends one), and attention "none" joins none (alignment alone
+    built a map the square of the text's sentences, sent to no one)."""
+    from xattn.translator import Translation
+
+    def sentence(text: str, *others: str) -> Translation:
+        own = Translation(text, -1.0, ["x", "</s>"], ["y", "</s>"], np.ones((1, 2, 2, 2), dtype=np.float32))
+        return dataclasses.replace(own, alternatives=[own, *(dataclasses.replace(own, text=o) for o in others)])
+
+    split = Split.of(["Eins. Zwei."], "de")
+    parts = [sentence("one.", "one."), sentence("two.", "second.")]
+    for attention, shape in (("mean", (1, 1, 4, 4)), ("full", (1, 2, 4, 4)), ("none", None)):
+        (text,) = split.join(parts, "en", attention=attention)
+        maps = text.translation.cross_attention
+        assert (None if maps is None else maps.shape) == shape
+        assert [a.text for a in text.translation.alternatives] == ["one. two.", "one. second."]
+        assert all(a.cross_attention is None for a in text.translation.alternatives)
+
+
 def test_a_text_of_several_sentences_and_lines_is_translated_whole(served, numbers_model):
     """A text of several sentences was given to the model as one, which translated the first and stopped (the
     probe's "Zwei Männer spielen Fußball. Eine Frau liest ein Buch. ..." came back as one sentence): each sentence

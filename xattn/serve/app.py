@@ -291,7 +291,7 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
 
     def answer() -> dict:
         links = model.links(done, texts) if req.alignment else None
-        return response(req, split.join(done, target, links, mean=req.attention == "mean"), detected)
+        return response(req, split.join(done, target, links, attention=req.attention), detected)
     try:  # alignment and attention take time: off the event loop; a plain answer is quicker built here
         return await asyncio.to_thread(answer) if heavy(req) else answer()
     except XattnError as e:  # words the alignment cannot place

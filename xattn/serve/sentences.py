@@ -77,13 +77,16 @@ class Split:
         return ITEM.sub(lambda m: self.names[int(m[1])] if int(m[1]) < len(self.names) else m[0], message)
 
     def join(self, translations: list[Translation], target: str, links: list[list[tuple[int, int]]] | None = None,
-             mean: bool = False) -> list[Joined]:
-        """Each text's translation from its sentences' (`translations`, with their word `links` when asked). `mean`:
-        only the mean of each layer's heads is wanted, so each sentence's heads are averaged before their maps are
-        joined (a (L, 1, T, S) map, whose mean of heads is that mean), not after, in a map H times as large."""
-        if mean:
+             attention: str = "none") -> list[Joined]:
+        """Each text's translation from its sentences' (`translations`, with their word `links` when asked).
+        `attention`: the maps the answer carries, the only ones joined: none (alignment's links are the sentences'
+        own: a joined map would be memory spent on nothing, growing with the square of the sentences), each layer's
+        mean of heads (`mean`: each sentence's heads averaged before their maps are joined, a (L, 1, T, S) map whose
+        mean of heads is that mean, not after, in a map H times as large), or `full`. Alternatives carry none."""
+        if attention != "full":
             translations = [t if t.cross_attention is None else dataclasses.replace(
-                t, cross_attention=head_mean(t.cross_attention)[:, None]) for t in translations]
+                t, cross_attention=head_mean(t.cross_attention)[:, None] if attention == "mean" else None)
+                for t in translations]
         by_text: list[list[int]] = [[] for _ in self.gaps]
         for j, i in enumerate(self.owner):
             by_text[i].append(j)
@@ -121,15 +124,17 @@ def joined(parts: list[Translation], texts: list[str], gaps: list[str], target: 
         return Joined(parts[0], source_words, target_words, links[0] if links is not None else None)
     first = together(parts, gaps, target)
     options = [[p, *distinct(p, p.alternatives)] for p in parts]  # each sentence's distinct ones, its first first
-    alternatives = [together([o[k] if k < len(o) else o[0] for o in options], gaps, target)
+    alternatives = [together([o[k] if k < len(o) else o[0] for o in options], gaps, target, with_maps=False)
                     for k in range(max(map(len, options)))] if any(p.alternatives for p in parts) else []
     if links is not None:  # each sentence's words numbered after the words of those before it
         links = offset_links(links, [len(split_words(t)) for t in texts], [len(split_words(p.text)) for p in parts])
     return Joined(dataclasses.replace(first, alternatives=alternatives), source_words, target_words, links)
 
 
-def together(parts: list[Translation], gaps: list[str], target: str) -> Translation:
-    """The translations of a text's sentences as one (no alternatives)."""
+def together(parts: list[Translation], gaps: list[str], target: str, with_maps: bool = True) -> Translation:
+    """The translations of a text's sentences as one (no alternatives; with their maps joined, but for an
+    alternative's, which no answer carries, and whose sentences' maps need not be alike, a sentence's
+    first translation standing in for an alternative it lacks: `with_maps` False)."""
     text = parts[0].text
     for gap, part in zip(gaps, parts[1:]):
         text += (gap or ("" if target in UNSPACED else " ")) + part.text
@@ -137,7 +142,7 @@ def together(parts: list[Translation], gaps: list[str], target: str) -> Translat
     return dataclasses.replace(parts[0], text=text, score=sum(p.score for p in parts),
                                src_tokens=[t for p in parts for t in p.src_tokens],
                                tgt_tokens=[t for p in parts for t in p.tgt_tokens],
-                               cross_attention=diagonal(maps) if all(m is not None for m in maps) else None,
+                               cross_attention=diagonal(maps) if with_maps and all(m is not None for m in maps) else None,
                                self_attention=None, relaxed=any(p.relaxed for p in parts), alternatives=[])
 
 
