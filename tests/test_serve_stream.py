@@ -168,3 +168,58 @@ def test_requests_waiting_for_a_step_join_in_one_encoder_pass_and_a_failing_one_
     assert together == [["A"], ["B", "C"], ["D"]]
     assert apart[0] == ["E"] and isinstance(apart[1], ValueError) and apart[2] == ["F"]
     assert streams.adds == [["a"], ["b", "c", "d"], ["e"], ["f"]]  # b, c, d in one pass; bad's failure alone
+
+
+def test_a_request_that_fits_passes_one_waiting_for_room_until_as_many_sentences_as_it_holds_have():
+    """In strict order, a request of a full batch's sentences waited for the batches to empty, and every request
+    behind it, one sentence included, waited with it. Those that fit now pass it, until as many sentences as it holds
+    have: then the batches drain for it, and it runs."""
+    from collections import deque
+
+    from xattn.serve.engine import Engine, Job
+    from xattn.serve.metrics import BatchMetrics
+
+    class Stream:
+        def __init__(self):
+            self.added = []
+
+        def add(self, texts, tags):
+            self.added += texts
+
+        def __len__(self):
+            return len(self.added)
+
+    class Streams:
+        def open_stream(self, settings):
+            return Stream()
+
+    loop = asyncio.new_event_loop()
+    try:
+        engine, open_ = Engine(Streams(), 4, BatchMetrics()), {}
+        jobs = {name: Job([f"{name}{i}" for i in range(size)], "greedy", True, loop.create_future())
+                for name, size in (("a", 3), ("b", 3), ("c", 1), ("d", 1), ("e", 1), ("f", 1))}
+        held = deque(jobs.values())
+        engine.waiting = len(held)
+
+        def admitted() -> list[str]:
+            return [text[0] for text in open_["greedy"].stream.added] if open_ else []
+
+        def ends(name: str) -> None:  # its sentences leave the batch
+            rows = open_["greedy"].rows
+            for tag in [tag for tag, (job, _) in rows.items() if job is jobs[name]]:
+                del rows[tag]
+
+        engine._admit(held, open_)
+        assert admitted() == ["a"] * 3 + ["c"] and [job.texts[0][0] for job in held] == ["b", "d", "e", "f"]
+        for name, joins in (("c", "d"), ("d", "e")):
+            ends(name)
+            engine._admit(held, open_)
+            assert admitted()[-1] == joins
+        ends("e")  # 3 sentences have passed b: f waits behind it now
+        engine._admit(held, open_)
+        assert admitted()[-1] == "e" and [job.texts[0][0] for job in held] == ["b", "f"]
+        ends("a")
+        engine._admit(held, open_)
+        assert admitted()[-4:] == ["b"] * 3 + ["f"] and not held and engine.waiting == 0
+    finally:
+        loop.close()

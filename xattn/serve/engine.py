@@ -46,6 +46,7 @@ class Job:
     rows: int = 0                     # the rows its sentences stepped in a continuous batch (a call's: Call.rows)
     ended: bool = False               # its translation ended: its answer is on its way to the event loop
     results: list | None = field(default=None, repr=False)  # a streamed job's, as its sentences end
+    passed: int = 0                   # sentences streamed ahead of it while it waited for room (Engine._admit)
 
 
 class Streams(Protocol):
@@ -344,14 +345,28 @@ class Engine:
 
     def _admit(self, held: deque[Job], open_: dict[Hashable, Streaming]) -> None:
         """Streamed jobs into their continuous batches while there is room (`max_rows` sentences in all; one
-        larger alone); a batch that was empty starts at `start_share`."""
+        larger alone), in arrival order, but that a job that fits may pass the first one that does not, until as
+        many sentences as that one holds have passed it (then the batches drain for it): in strict order, a request
+        of a full batch's sentences held every one behind it, a sentence included, until the batches had emptied.
+        A batch that was empty starts at `start_share`."""
         rows = sum(len(s.rows) for s in open_.values())
         joining: dict[Hashable, list[Job]] = {}
-        while held and (not rows or rows + len(held[0].texts) <= self.max_rows):
+        blocked, kept = None, deque()  # the first job that does not fit; the jobs left waiting, in order
+        while held:
             job = held.popleft()
-            self.waiting -= 1
             if job.future.done():
+                self.waiting -= 1
                 continue
+            if blocked is not None and (blocked.passed >= len(blocked.texts) or rows >= self.max_rows):
+                kept.append(job)
+                break
+            if rows and rows + len(job.texts) > self.max_rows:
+                blocked = blocked or job
+                kept.append(job)
+                continue
+            self.waiting -= 1
+            if blocked is not None:
+                blocked.passed += len(job.texts)
             if job.settings not in open_:
                 try:
                     open_[job.settings] = Streaming(self.streams.open_stream(job.settings))
@@ -360,6 +375,7 @@ class Engine:
                     continue
             joining.setdefault(job.settings, []).append(job)
             rows += len(job.texts)
+        held.extendleft(reversed(kept))
         for settings, jobs in joining.items():
             streaming = open_[settings]
             if not len(streaming):
