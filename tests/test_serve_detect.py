@@ -159,6 +159,27 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
     assert disposition == "attachment; filename*=utf-8''Z%C3%A4hlen_en.TXT"
 
 
+def test_a_files_lines_are_identified_off_the_event_loop(client, monkeypatch):
+    """`source: auto` identifies each line of a file, thousands in a 5,000-character one: on the event loop, that
+    held up every other client, /health included."""
+    import asyncio
+
+    from xattn.serve import models as models_module
+
+    where, identify = [], models_module.detected_source
+
+    def detected_source(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            where.append("loop")
+        except RuntimeError:
+            where.append("thread")
+        return identify(*args, **kwargs)
+    monkeypatch.setattr(models_module, "detected_source", detected_source)
+    download(client, upload(client, "drei\nvier\n"))
+    assert where == ["thread"]
+
+
 def test_a_file_name_not_in_the_body_s_charset_is_a_422_not_mojibake(client):
     """A Latin-1 file name (raw \xe4) was read as Latin-1 by the parser, and the download named `äÿ_en.txt`."""
     def body(name: bytes, field: bytes = b'name="file"; filename="', more: bytes = b"") -> bytes:
