@@ -619,21 +619,26 @@ def test_alternatives_are_distinct_texts_best_first(numbers_model):
             .alternatives] == ["a", "b"]
 
 
+def running_where() -> str:
+    """"loop" when called on an event loop's thread, else "thread"."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+        return "loop"
+    except RuntimeError:
+        return "thread"
+
+
 def test_an_answer_with_attention_is_encoded_off_the_event_loop(client, monkeypatch):
     """Full attention runs to megabytes of JSON (a second of encoding at the limit): encoded on the event loop, it held
     up every other client, /health included, for as long."""
-    import asyncio
-
     from xattn.serve import app as app_module
 
     where = []
 
     def json_text(*args, **kwargs):
-        try:
-            asyncio.get_running_loop()
-            where.append("loop")
-        except RuntimeError:
-            where.append("thread")
+        where.append(running_where())
         return encode(*args, **kwargs)
     encode = app_module.json_text
     monkeypatch.setattr(app_module, "json_text", json_text)

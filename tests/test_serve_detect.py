@@ -12,7 +12,7 @@ from xattn.serve.app import create_app  # noqa: E402
 from xattn.serve.files import Document, Store  # noqa: E402
 from xattn.serve.limits import ApiError, Limits  # noqa: E402
 
-from test_serve import client, error, started  # noqa: E402,F401 - client: a server on the numbers model
+from test_serve import client, error, running_where, started  # noqa: E402,F401 - client: a server on the numbers model
 
 CLEAR = {  # Multi30k-like captions (written for this test) and a few other languages
     "en": "A man in a blue shirt is standing on a ladder and cleaning the windows.",
@@ -162,18 +162,12 @@ def test_a_file_is_translated_line_by_line_keeping_its_lines(client):
 def test_a_files_lines_are_identified_off_the_event_loop(client, monkeypatch):
     """`source: auto` identifies each line of a file, thousands in a 5,000-character one: on the event loop, that
     held up every other client, /health included."""
-    import asyncio
-
     from xattn.serve import models as models_module
 
     where, identify = [], models_module.detected_source
 
     def detected_source(*args, **kwargs):
-        try:
-            asyncio.get_running_loop()
-            where.append("loop")
-        except RuntimeError:
-            where.append("thread")
+        where.append(running_where())
         return identify(*args, **kwargs)
     monkeypatch.setattr(models_module, "detected_source", detected_source)
     download(client, upload(client, "drei\nvier\n"))
