@@ -516,6 +516,34 @@ def test_the_reserve_cannot_hold_the_server_shut(numbers_model, tmp_path):
                 sock.close()
 
 
+def test_a_held_connection_keeps_its_place_while_its_request_line_arrives_however_long_it_was_held(numbers_model,
+                                                                                                    tmp_path):
+    """The grace of a request line's first GRACE_S counted from when the connection was held, not from when its line
+    began: a health check that connected, waited, and began its line just as a flood's newcomer came lost its place
+    to it, half-sent, and got a 503."""
+    from xattn.serve.connections import GRACE_S, RESERVE
+
+    with serving(numbers_model, tmp_path / "server.log", "--read-timeout", "10", "--max-connections", "4") as url:
+        port = int(url.rsplit(":", 1)[1])
+        started = [connect(port) for _ in range(4)]  # requests begun: in progress, never quiet
+        for sock in started:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.1)
+        held = [connect(port) for _ in range(RESERVE)]
+        time.sleep(GRACE_S + 0.2)
+        try:
+            for sock in held:
+                sock.sendall(b"GET /hea")
+            time.sleep(0.1)
+            with connect(port) as newcomer:  # no room, and every held one is within its line's grace: refused
+                assert newcomer.recv(65536).startswith(b"HTTP/1.1 503")
+            held[0].sendall(b"lth HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in started + held:
+                sock.close()
+
+
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_a_body_over_the_cap_gets_its_413_however_much_of_it_follows(patient, framing):
     """The server answers 413 before it has read the body. It then closed the connection with the body unread, so

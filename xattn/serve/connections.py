@@ -101,6 +101,7 @@ class Guarded(H11Protocol):
         self.reserved: float | None = None     # when it was held in RESERVE (over the limit): a health check only
         self.line: bytes | None = b""          # what of a reserved connection's request line has arrived (None:
         #                                        a health check, read on)
+        self.began: float | None = None        # when that line began to arrive
         size = self.config.h11_max_incomplete_event_size
         self.conn = Bounded(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
 
@@ -113,7 +114,7 @@ class Guarded(H11Protocol):
             self.reserved = now
             held = sorted((c for c in held if not c.transport.is_closing()), key=lambda c: c.reserved)
             # the oldest first, but never one being answered, nor one whose request line began within GRACE_S
-            others = [c for c in held if c.line is not None and not (c.line and now - c.reserved < GRACE_S)]
+            others = [c for c in held if c.line is not None and not (c.line and now - c.began < GRACE_S)]
             if (over := len(held) + 1 - RESERVE) > len(others):  # every held one keeps its place: this one has none
                 self._refuse()
                 return
@@ -135,6 +136,7 @@ class Guarded(H11Protocol):
         if self.reserved is not None and self.line is not None:  # over the limit: a health check, or refused
             self.line += data
             self.line = self.line[EMPTY_LINES.match(self.line).end():]  # (empty lines first: skip_empty_lines)
+            self.began = self.began or (time.monotonic() if self.line else None)
             if (verdict := health_check(self.line)) is True:
                 data, self.line = self.line, None
             elif verdict is False:
