@@ -260,6 +260,8 @@ CASES = {
     "seed negative": (["translate", M, "--sample", "--seed", "-1"], "--seed"),
     "length penalty inf": (["translate", M, "--length-penalty", "inf"], "--length-penalty"),
     # greedy search or sampling: the penalty changes only scores, which these do not show (it was ignored silently)
+    "diagnose over alone below under": (["diagnose", M, "--src", "{space}/good.txt", "--over", "0.1"],
+                                        "--over: 0.1 is not above the under threshold (0.2, --under)"),
     "length penalty, greedy translate": (["translate", M, "--beam", "1", "--length-penalty", "2"],
                                          "--length-penalty: with greedy search or sampling it changes only the "
                                          "translations' scores, which translate prints with --scores"),
@@ -791,6 +793,14 @@ def test_a_model_s_own_decode_setting_is_named_by_its_config_not_by_a_flag_not_g
                                         "500 is above"), err
     code, _, err = run_main(["translate", str(model), "--min-len", "400"], b"eins\n", monkeypatch, capsys)
     assert code == 2 and err.startswith("xattn translate: error: stdin: line 1: --min-len: 400 is above"), err
+    zero = space / "no-length-model"  # a flag that makes the model's own setting wrong: both named (the key bare before)
+    if not zero.exists():
+        shutil.copytree(space / "model", zero)
+        config = (zero / "config.yaml").read_text()
+        (zero / "config.yaml").write_text(config.replace("  max_len_b: 10\n", "  max_len_b: 0\n"))
+    code, _, err = run_main(["translate", str(zero), "--max-len-a", "0"], b"eins\n", monkeypatch, capsys)
+    assert code == 2 and err == (f"xattn translate: error: {zero}/config.yaml: decode.max_len_b: --max-len-a and "
+                                 "decode.max_len_b are both 0: nothing could be generated\n"), err
 
 
 def test_a_line_whose_length_a_setting_cannot_meet_is_named_by_file_and_line(space, monkeypatch, capsys):

@@ -51,6 +51,9 @@ def run(args) -> int:
     try:
         thresholds = build(Thresholds, changes, "")
     except ConfigError as e:  # the key is the flag's name
+        if e.key == "under" and "under" not in changes:  # --over alone, at or below the default --under
+            raise XattnError(f"--over: {changes['over']:g} is not above the under threshold ({Thresholds.under:g}, "
+                             "--under); raise it, or lower --under") from None
         raise XattnError(f"--{e}") from None
     if hyps is not None:
         refuse_search_flags(args, "not used with --hyp, whose translations are read teacher-forced (nothing is "

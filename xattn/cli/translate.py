@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 
 from xattn.cli.common import (ALIGNMENT_FLAGS, add_alignment_flags, add_verb, alignment_settings, device_of,
                               lines_of, output_arg, path_arg, settle_loaded, write_line_chunks)
@@ -95,8 +96,14 @@ def decode_config(args, base):
         return cfg
     except ConfigError as e:
         flags = {f"decode.{field}": flag for flag, (field, _, _) in DECODE_FLAGS.items()} | {"decode.sampling": "--sample"}
-        if e.key not in flags or e.key.removeprefix("decode.") not in changes:
-            raise
+        if e.key not in flags or e.key.removeprefix("decode.") not in changes:  # the model's own setting, named
+            given = {key: flag for key, flag in flags.items() if key.removeprefix("decode.") in changes}
+            if not any(key in e.problem for key in given):
+                raise
+            problem = e.problem  # with the flags given that take part in it, by their names
+            for key, flag in sorted(given.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
+                problem = problem.replace(key, flag)
+            raise XattnError(f"{Path(args.model) / 'config.yaml'}: {e.key}: {problem}") from None
         problem = e.problem
         for key, flag in sorted(flags.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
             problem = problem.replace(key, flag)
