@@ -95,6 +95,27 @@ def test_token_batches_respect_budget():
     assert [max(lengths[i] for i in b) for b in batches] == sorted(max(lengths[i] for i in b) for b in batches)
 
 
+def test_a_batch_holds_no_more_output_positions_than_its_budget(translator, monkeypatch):
+    """The searches make their token buffers for the longest output allowed: --max-len-b 100000 on 4,000 one-word
+    lines asked for 3.2 GB at once (a traceback, or the OOM killer). Batches are cut by those positions too, where a
+    length that large asks for it; with default lengths the token budget alone decides."""
+    from xattn import batching, translator as translator_module
+
+    assert len(token_batches([2] * 4000, 8000, 1, lambda n: 13)) == 1  # the real budget: far above default lengths
+    made = []
+
+    def recorded(*args, **kwargs):
+        made.append(token_batches(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(translator_module, "token_batches", recorded)
+    monkeypatch.setattr(batching, "OUTPUT_POSITIONS", 2000)
+    texts = ["a"] * 60
+    for beam, max_len_b, most in ((1, 100, 19), (2, 100, 9), (1, 10, 60)):
+        cfg = xattn.DecodeConfig(beam_size=beam, n_best=1, max_len_a=0, max_len_b=max_len_b)
+        assert [r.text for r in translator.translate(texts, cfg)] == [r.text for r in translator.translate(texts[:1], cfg)] * 60
+        assert max(map(len, made[-2])) == most  # (19 x 101 and 2 x 9 x 101 <= 2000; 60 x 11 <= 2000)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_attention_shapes_rows_and_unchanged_translation(translator, beam_size):
     cfg = xattn.DecodeConfig(beam_size=beam_size, n_best=1)

@@ -2,7 +2,7 @@
 workers (xattn.workers), and the padded id tensor of a batch."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -16,14 +16,25 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device |
     return out.to(device)
 
 
-def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
-    """Indices grouped by length so that beam_size * batch * longest source <= max_tokens.
+OUTPUT_POSITIONS = 1 << 22
+"""The most rows x output positions a batch of a search may hold: its token buffers are made for the longest output
+its sentences may have. Default lengths (1.5 x source + 10) stay far below it under any max_tokens budget; a
+max_len_b of 100,000 on 4,000 one-word lines asked for 3.2 GB at once, and ended in a traceback or the OOM killer."""
 
-    Sorting by length keeps padding low; a sentence over the budget on its own gets its own batch.
+
+def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1,
+                  outputs: Callable[[int], int] | None = None) -> list[list[int]]:
+    """Indices grouped by length so that beam_size * batch * longest source <= max_tokens, and, with `outputs` (a
+    source length -> the output positions its search may take, growing with it), beam_size * batch * the longest's
+    outputs <= OUTPUT_POSITIONS.
+
+    Sorting by length keeps padding low; a sentence over a budget on its own gets its own batch.
     """
     batches: list[list[int]] = []
     for i in by_length(lengths):
-        if batches and beam_size * (len(batches[-1]) + 1) * lengths[i] <= max_tokens:
+        rows = beam_size * (len(batches[-1]) + 1) if batches else 0
+        if batches and rows * lengths[i] <= max_tokens and (outputs is None or rows * outputs(lengths[i])
+                                                              <= OUTPUT_POSITIONS):
             batches[-1].append(i)
         else:
             batches.append([i])

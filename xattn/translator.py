@@ -246,7 +246,8 @@ class Translator:
         results: list[Translation | None] = [None] * len(ids)
         if cfg.sampling and generator is None:  # one a call at least: its batches never draw alike
             generator = seeded(cfg, self.device)
-        for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses):
+        for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses,
+                                   lambda n: cfg.max_output_tokens(n) + 1):  # (+ EOS)
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
             translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix,
                                                             generator)
