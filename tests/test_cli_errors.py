@@ -659,6 +659,16 @@ def test_python_api_device_errors_are_xattn_errors(space):
             xattn.load(space / "model", device=device)
 
 
+def test_int8_without_a_device_runs_on_the_cpu_where_a_gpu_is(space, monkeypatch, capsys):
+    """int8 decodes on the CPU only: with a GPU present, `--quantize int8` without --device picked the GPU and was
+    refused as `device: ...`, a flag not given."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    code, out, err = run_main(["translate", str(space / "model"), "--quantize", "int8"], b"eins\n", monkeypatch, capsys)
+    assert code == 0 and out.strip(), err
+
+
 def test_overrides_may_follow_options(space, capsys):
     out = space / "after-options"
     argv = ["train", "numbers-de-en", "--quiet", "--out", str(out), *NUMBERS_TINY, "train.max_steps=1",

@@ -134,15 +134,15 @@ class Translator:
         """Load a model directory (config.yaml, model.safetensors, tokenizer files).
 
         Decoding runs on a copy with packed float32 linear layers (CPU); `quantize="int8"`: dynamic int8
-        linear layers instead (CPU only); `compile`: torch.compile the decoder step. `model` stays plain.
-        `workers`: Translator.workers.
+        linear layers instead (CPU only: without a `device`, on the CPU whatever GPU there is); `compile`:
+        torch.compile the decoder step. `model` stays plain. `workers`: Translator.workers.
         """
         if not isinstance(path, (str, Path)):
             raise ParameterError("path", f"a model directory (a str or Path), got {type(path).__name__}")
         if not isinstance(compile, bool):
             raise ParameterError("compile", f"True or False, got {compile!r}")
         speedups = Speedups(quantize=quantize, compile=compile)
-        device = resolve_device(str(device) if device is not None else "auto", "device")
+        device = resolve_device(str(device) if device is not None else "cpu" if quantize == "int8" else "auto", "device")
         loaded = load_model_dir(path, device)
         translator = cls(loaded.model, loaded.tokenizers, device, loaded.config, speedups)
         translator.workers = workers

@@ -139,7 +139,7 @@ def load_translator(args):
     from xattn.translator import Translator
 
     keep_freed_memory()
-    device = device_of(args)
+    device = device_of(args) if args.device is not None else None  # (None: the translator's choice, the CPU for int8)
     translator = Translator.from_dir(args.model, device=device, quantize=args.quantize, compile=args.compile,
                                      workers=1 if args.workers is None else args.workers)
     if getattr(args, "head_mask", None):
