@@ -227,7 +227,7 @@ CASES = {
     "beam 0": (["translate", M, "--beam", "0"], "--beam: must be in [1, 1024], got 0"),
     "beam negative": (["translate", M, "--beam", "-3"], "--beam"),
     "n-best above beam": (["translate", M, "--n-best", "5", "--beam", "2"], "--n-best: 5 is above --beam (2)"),
-    "n-best above the model's beam": (["translate", M, "--n-best", "3"], "--n-best"),
+    "n-best above the model's beam": (["translate", M, "--n-best", "3"], "--n-best: 3 is above decode.beam_size (2)"),
     "max-len-a negative": (["translate", M, "--max-len-a", "-1"], "--max-len-a"),
     "max-len-b negative": (["translate", M, "--max-len-b", "-2"], "--max-len-b"),
     "max length zero": (["translate", M, "--max-len-a", "0", "--max-len-b", "0"], "nothing could be generated"),
@@ -853,8 +853,8 @@ def test_a_line_too_long_for_learned_positions_is_named_by_file_and_line(tmp_pat
         xattn.load(model).translate(["drei", " ".join(["siebenhundertzwölf"] * 15)])
     code, _, err = run_main(["translate", str(model), "--min-len", "25", "--max-len-b", "100"], b"drei\n", monkeypatch,
                             capsys)
-    assert code == 2 and err == ("xattn translate: error: stdin: line 1: --min-len: 25 is above the 19 output tokens "
-                                 "the model's 20 learned positions hold (BOS and the tokens before </s>); lower it\n")
+    assert code == 2 and err == ("xattn translate: error: --min-len: 25 is above the 19 output tokens the model's 20 "
+                                 "learned positions hold (BOS and the tokens before </s>); lower it\n")
     (tmp_path / "in.en").write_text("three\nfour\nseven hundred\nfive\n")
     code, _, err = run_main(["align", str(model), "--src", str(tmp_path / "in.de"), "--tgt", str(tmp_path / "in.en")],
                             b"", monkeypatch, capsys)

@@ -422,6 +422,22 @@ def test_the_limits_hold_for_the_settings_the_search_uses_and_name_the_models_ow
         plan(parse_request({"q": "x", "sampling": True, "num_samples": 7}), model, limits, lambda t: [3], 1)
 
 
+def test_a_model_whose_own_min_len_its_positions_cannot_hold_is_refused_at_start(numbers_model, tmp_path):
+    """Every request that left min_len to such a model was refused for it (or, before, cut short silently)."""
+    import shutil
+
+    from xattn.serve.models import Models
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    config = (model / "config.yaml").read_text().replace("  positions: sinusoidal\n", "  positions: learned\n")
+    (model / "config.yaml").write_text(config.replace("  max_positions: 1024\n", "  max_positions: 101\n")
+                                       .replace("  min_len: 0\n", "  min_len: 101\n"))
+    with pytest.raises(xattn.XattnError, match=r"config.yaml: decode.min_len: 101 is above the 100 output tokens the "
+                                               r"model's 101 learned positions hold"):
+        Models.read([str(model)])
+
+
 def test_a_text_longer_than_learned_positions_is_413():
     from xattn.serve.api import parse_request, plan
     from xattn.serve.limits import ApiError
@@ -429,7 +445,7 @@ def test_a_text_longer_than_learned_positions_is_413():
     with pytest.raises(ApiError) as e:
         plan(parse_request({"q": "a b c"}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 3)
     assert e.value.status == 413 and "do not fit the model's 3 positions" in e.value.message
-    with pytest.raises(ApiError, match=r"^q\[0\]: min_len: 8 is above the 7 output tokens the model's 8 learned"):
+    with pytest.raises(ApiError, match=r"^min_len: 8 is above the 7 output tokens the model's 8 learned"):
         plan(parse_request({"q": "a b c", "min_len": 8}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 8)
     plan(parse_request({"q": "a b c", "min_len": 7}), xattn.DecodeConfig(), Limits(), lambda t: [3], 4, 8)
 
@@ -512,6 +528,9 @@ def test_a_model_that_fails_to_load_is_503_with_the_reason_and_the_command_exits
     (["--cors-origin", "https://example.org/page"], "--cors-origin: 'https://example.org/page' is not an origin"),
     (["--cors-origin", "example.org"], "--cors-origin: 'example.org' is not an origin"),
     (["--api-key", ""], "--api-key: an empty key"),
+    # a model's own beam over the limit: every request that left it to the model was refused for it
+    (["--max-beam", "1", "--max-n-best", "1"], "config.yaml: decode.beam_size: 2 is above the server's limit of 1 "
+                                               "(max_beam, --max-beam); raise the limit, or lower the model's setting"),
     (["--max-n-best", "12", "--max-beam", "10"], "--max-n-best: 12 is above --max-beam (10)"),
     (["--api-key", "key "], "--api-key: an empty key, or one with spaces around it"),
 ])

@@ -114,6 +114,12 @@ def test_a_batch_holds_no_more_output_positions_than_its_budget(translator, monk
         cfg = xattn.DecodeConfig(beam_size=beam, n_best=1, max_len_a=0, max_len_b=max_len_b)
         assert [r.text for r in translator.translate(texts, cfg)] == [r.text for r in translator.translate(texts[:1], cfg)] * 60
         assert max(map(len, made[-2])) == most  # (19 x 101 and 2 x 9 x 101 <= 2000; 60 x 11 <= 2000)
+    cfg = xattn.DecodeConfig(beam_size=1, n_best=1, max_len_a=0, max_len_b=10)
+    mc = translator.model.cfg
+    tracked = translator.translate(texts, cfg, return_attention=True)  # its attention's buffers too: L x H values a step
+    per_row = 11 * (1 + mc.n_decoder_layers * max(mc.heads_per_layer("cross")) * 2 // 2)
+    assert max(map(len, made[-1])) == 2000 // per_row < 60 and [t.text for t in tracked] == [t.text for t in
+                                                                                             translator.translate(texts, cfg)]
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

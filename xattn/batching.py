@@ -16,17 +16,19 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device |
     return out.to(device)
 
 
-OUTPUT_POSITIONS = 1 << 22
-"""The most rows x output positions a batch of a search may hold: its token buffers are made for the longest output
-its sentences may have. Default lengths (1.5 x source + 10) stay far below it under any max_tokens budget; a
-max_len_b of 100,000 on 4,000 one-word lines asked for 3.2 GB at once, and ended in a traceback or the OOM killer."""
+OUTPUT_POSITIONS = 1 << 24
+"""The most rows x output positions a batch of a search may hold, in tokens (int64; a position's attention tracked
+along the search counts half a token per float32 value): its token buffers, and its attention's, are made for the
+longest output its sentences may have. Default lengths (1.5 x source + 10) stay below it under the default token
+budget; a max_len_b of 100,000 on 4,000 one-word lines asked for 3.2 GB at once, and ended in a traceback or the
+OOM killer."""
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1,
                   outputs: Callable[[int], int] | None = None) -> list[list[int]]:
     """Indices grouped by length so that beam_size * batch * longest source <= max_tokens, and, with `outputs` (a
-    source length -> the output positions its search may take, growing with it), beam_size * batch * the longest's
-    outputs <= OUTPUT_POSITIONS.
+    source length -> what its search may hold per row, in OUTPUT_POSITIONS' tokens, growing with it), beam_size *
+    batch * the longest's outputs <= OUTPUT_POSITIONS.
 
     Sorting by length keeps padding low; a sentence over a budget on its own gets its own batch.
     """

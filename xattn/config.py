@@ -128,6 +128,12 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def learned_positions(self) -> int | None:
+        """The positions a learned table holds (BOS and the tokens before EOS, on the target side); None for
+        sinusoidal positions, which extend as needed."""
+        return self.max_positions if self.positions == "learned" else None
+
     def beyond_positions(self, sequences) -> int | None:
         """The index of the first of `sequences` (token lists) longer than learned positions hold; None when all fit
         (sinusoidal positions extend as needed)."""

@@ -4,7 +4,7 @@ Shapes: B sentences in a batch, R hypotheses, S source length, T target position
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Sequence
 
@@ -15,9 +15,9 @@ from torch import Tensor
 from xattn.batching import pad_batch, shares, token_batches
 from xattn.checkpoint import load_model_dir
 from xattn.config import DecodeConfig, RunConfig
-from xattn.errors import ItemError, ParameterError, XattnError
+from xattn.errors import ItemError, ParameterError
 from xattn.decoding import Hypothesis, Steps, Vocab, encode_in_parts, finish, search_steps, seeded
-from xattn.decoding.step import length_problem
+from xattn.decoding.step import length_problem, positions_problem
 from xattn.decoding.stream import Stream, stream_problem
 from xattn.devices import resolve_device
 from xattn.inference import InferenceModel, Speedups
@@ -26,33 +26,11 @@ from xattn.options import Options
 from xattn.registry import kind_problem
 from xattn.shortlist import FILE as SHORTLIST, Shortlist
 from xattn.tokenizer import text_list
+from xattn.translation import Translation
 from xattn.workers import THREADS, part_generators, run_parts
 
 if TYPE_CHECKING:
     from xattn.tokenizer import TokenizerPair
-
-
-@dataclass
-class Translation:
-    text: str
-    score: float                                  # the hypothesis' ranking score (normalised log-probability;
-    #   with a shortlist, over the sentence's list)
-    src_tokens: list[str]                         # source pieces + "</s>": the S axis of cross_attention
-    tgt_tokens: list[str]                         # target pieces + "</s>": the T axis (position predicting it)
-    cross_attention: np.ndarray | None = None     # (L, H, T, S) float32, with return_attention ((1, 1, T, S):
-    #   the mean of the chosen heads, with attention_heads)
-    self_attention: np.ndarray | None = None      # (L, H, T, T) float32, with return_self_attention
-    relaxed: bool = False                         # the decoding constraints left no token but end of sentence
-    #   here, so the translation ends early (e.g. min_len with no_repeat_ngram_size 1 on a small vocabulary)
-    alternatives: list[Translation] = field(default_factory=list)  # the n-best, best first; or the samples, in
-    #   the order drawn (the first is the translation)
-
-
-def distinct(translation: Translation, others: list[Translation]) -> list[Translation]:
-    """Of `others` (best first), those whose texts differ from `translation`'s and from each other's: samples
-    repeat, and two hypotheses of a beam can print the same text (▁a + b and ▁ab)."""
-    seen = {translation.text}
-    return [a for a in others if a.text not in seen and not seen.add(a.text)]
 
 
 def copy_mask(mask: HeadMask | None) -> HeadMask | None:
@@ -220,9 +198,10 @@ class Translator:
         if (long := mc.beyond_positions(ids)) is not None:
             raise ItemError("texts", long, f"{len(ids[long])} tokens (</s> included) do not fit the model's "
                             f"{mc.max_positions} positions (learned); shorten it or split it")
+        if any(len(s) > 1 for s in ids) and (problem := positions_problem(cfg, mc.learned_positions)):
+            raise problem  # (whatever the text: the setting's, named alone)
         for i, source in enumerate(ids):
-            if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0,
-                                         mc.max_positions if mc.positions == "learned" else None):
+            if problem := length_problem(cfg, len(source), len(forced[i]) if forced is not None else 0):
                 raise ParameterError(problem.name, problem.problem, item=("texts", i))
         return ids
 
@@ -246,8 +225,11 @@ class Translator:
         results: list[Translation | None] = [None] * len(ids)
         if cfg.sampling and generator is None:  # one a call at least: its batches never draw alike
             generator = seeded(cfg, self.device)
+        mc = self.model.cfg  # a position's attention tracked along the search (float32): half a token's (int64) per value
+        values = (0 if not (options.cross and options.source == "search") else 1 if options.tracked is not None
+                  else mc.n_decoder_layers * max(mc.heads_per_layer("cross")))
         for batch in token_batches([len(s) for s in ids], cfg.max_tokens, cfg.hypotheses,
-                                   lambda n: cfg.max_output_tokens(n) + 1):  # (+ EOS)
+                                   lambda n: (cfg.max_output_tokens(n) + 1) * (1 + values * n // 2)):  # (+ EOS)
             batch_prefix = [forced[i] for i in batch] if forced is not None else None
             translations = yield from self._translate_batch(model, [ids[i] for i in batch], cfg, options, batch_prefix,
                                                             generator)

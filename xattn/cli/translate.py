@@ -66,7 +66,8 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
                    help="sample instead of searching (--no-sample: search, where the model's decode settings sample)")
     p.add_argument("--shortlist", action="store_true", help="score only the target tokens the model's lexical "
                    "shortlist (xattn shortlist) lists for each sentence's source tokens: faster, may change a few translations")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N (default: cuda if available; the CPU with --quantize int8)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="decode the input in N parts at once, each on a thread of its own with its share of PyTorch's "
@@ -96,17 +97,15 @@ def decode_config(args, base):
         return cfg
     except ConfigError as e:
         flags = {f"decode.{field}": flag for flag, (field, _, _) in DECODE_FLAGS.items()} | {"decode.sampling": "--sample"}
-        if e.key not in flags or e.key.removeprefix("decode.") not in changes:  # the model's own setting, named
-            given = {key: flag for key, flag in flags.items() if key.removeprefix("decode.") in changes}
-            if not any(key in e.problem for key in given):
-                raise
-            problem = e.problem  # with the flags given that take part in it, by their names
-            for key, flag in sorted(given.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
-                problem = problem.replace(key, flag)
-            raise XattnError(f"{Path(args.model) / 'config.yaml'}: {e.key}: {problem}") from None
+        # a value is named by the flag that gave it, or else by its key (the model's own); Unused's advice by flags
+        named = flags if isinstance(e, Unused) else {k: f for k, f in flags.items() if k.removeprefix("decode.") in changes}
         problem = e.problem
-        for key, flag in sorted(flags.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
+        for key, flag in sorted(named.items(), key=lambda item: -len(item[0])):  # decode.top_p before decode.top
             problem = problem.replace(key, flag)
+        if e.key not in named:  # the model's own setting, wrong with a flag given (named in the problem) or alone
+            if problem == e.problem:
+                raise
+            raise XattnError(f"{Path(args.model) / 'config.yaml'}: {e.key}: {problem}") from None
         if isinstance(e, Unused) and base.sampling and args.sample is None:  # a beam flag for a model that samples
             problem += "; this model's decode settings sample: --no-sample searches"
         raise XattnError(f"{flags[e.key]}: {problem}") from None
@@ -201,7 +200,7 @@ def input_batches(args) -> Iterator[list[str]]:
 def output_lines(results, texts: list[str], offset: int, scores: bool, links, samples: bool = False) -> list[str]:
     """The printed lines of `results` (translations of `texts`, input lines offset + 1, ...): every sample, which
     may repeat (`samples`), or a beam's distinct hypotheses, two of which may read alike (▁a + b and ▁ab)."""
-    from xattn.translator import distinct
+    from xattn.translation import distinct
 
     def printed(alternatives: list) -> list:
         if samples or not alternatives:

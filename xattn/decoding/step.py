@@ -216,14 +216,12 @@ def in_steps(attention: Tensor, steps: int) -> Tensor:
     return attention[:steps].permute(1, 2, 0, 3).contiguous()
 
 
-def length_problem(cfg: DecodeConfig, src_len: int, prefix_len: int = 0,
-                   max_positions: int | None = None) -> ParameterError | None:
+def length_problem(cfg: DecodeConfig, src_len: int, prefix_len: int = 0) -> ParameterError | None:
     """What `cfg`'s lengths cannot do for a source of `src_len` tokens (its </s> included) whose translation is
     forced to start with `prefix_len` tokens: leave it no output token (max_len_b), or fewer than min_len (either
-    would be a silently empty or short translation); None if they can. `max_positions`: a model's learned positions
-    (None: sinusoidal), which hold BOS and max_positions - 1 output tokens, whatever the maximum output length. A
-    source of </s> alone (an empty sentence) has no problem: its translation is empty, and the limit never cuts a
-    prefix."""
+    would be a silently empty or short translation); None if they can. A source of </s> alone (an empty sentence)
+    has no problem: its translation is empty, and the limit never cuts a prefix. (What a model's learned positions
+    hold, whatever the source: positions_problem.)"""
     if src_len <= 1:
         return None
     limit = max(cfg.max_output_tokens(src_len), prefix_len)
@@ -234,13 +232,13 @@ def length_problem(cfg: DecodeConfig, src_len: int, prefix_len: int = 0,
         return ParameterError("min_len", f"{cfg.min_len} is above the {limit} output tokens the maximum output length "
                               f"allows a sentence of {src_len} source tokens (</s> included); lower it or raise the "
                               "maximum")
-    return positions_problem(cfg, max_positions) if max_positions is not None else None
+    return None
 
 
-def positions_problem(cfg: DecodeConfig, max_positions: int) -> ParameterError | None:
+def positions_problem(cfg: DecodeConfig, max_positions: int | None) -> ParameterError | None:
     """min_len above the max_positions - 1 output tokens a model's learned positions hold (with BOS), which would cut
-    every translation short of it silently; None if it is not."""
-    if max_positions - 1 < cfg.min_len:
+    every translation short of it silently; None if it is not, or the positions are sinusoidal (None)."""
+    if max_positions is not None and max_positions - 1 < cfg.min_len:
         return ParameterError("min_len", f"{cfg.min_len} is above the {max_positions - 1} output tokens the model's "
                               f"{max_positions} learned positions hold (BOS and the tokens before </s>); lower it")
     return None
@@ -263,8 +261,8 @@ def max_lengths(src: Tensor, cfg: DecodeConfig, model_cfg: ModelConfig, prefix: 
     if bool(((src_len > 1) & (limit < max(1, cfg.min_len))).any()):  # (length_problem names it)
         forced = prefix.ne(pad_id).sum(dim=1).tolist() if prefix is not None else [0] * len(src)
         raise next(problem for n, p in zip(src_len.tolist(), forced) if (problem := length_problem(cfg, n, p)))
+    if bool((src_len > 1).any()) and (problem := positions_problem(cfg, model_cfg.learned_positions)):
+        raise problem
     if model_cfg.positions == "learned":  # BOS + the tokens before EOS must fit the position table
-        if bool((src_len > 1).any()) and (problem := positions_problem(cfg, model_cfg.max_positions)):
-            raise problem
         limit = limit.clamp(max=model_cfg.max_positions - 1)
     return limit

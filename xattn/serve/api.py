@@ -22,7 +22,7 @@ from xattn.serve.detect import Guess
 from xattn.serve.limits import ApiError, Limits, shown
 from xattn.serve.work import check_work
 from xattn.serve.sentences import Joined, Split
-from xattn.translator import distinct
+from xattn.translation import distinct
 
 
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig) if f.name != "max_tokens")
@@ -298,12 +298,9 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 def check_decode(cfg: DecodeConfig, limits: Limits, asked: set[str]) -> None:
     """The settings of cfg's kind of search (the beam and its n-best, or the samples) within the limits; one the
     request did not set (`asked`: the fields it set) is the model's own, which the request can lower."""
-    used = (("num_samples", cfg.num_samples, limits.max_samples),) if cfg.sampling else \
-        (("beam_size", cfg.beam_size, limits.max_beam), ("n_best", cfg.n_best, limits.max_n_best))
-    for name, value, limit in used:
-        if value > limit:
-            whose = "" if name in asked else " (the model's own setting; send a smaller one)"
-            raise ApiError(422, f"{name}: {value}, over the limit of {limit}{whose}", "limit_exceeded")
+    for name, value, limit in limits.over(cfg)[:1]:
+        whose = "" if name in asked else " (the model's own setting; send a smaller one)"
+        raise ApiError(422, f"{name}: {value}, over the limit of {limit}{whose}", "limit_exceeded")
 
 
 def rounded(a: np.ndarray, digits: int = 4) -> list:

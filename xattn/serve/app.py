@@ -54,7 +54,7 @@ def create_app(model_dirs: str | Path | list, limits: Limits = Limits(), api_key
     Once started it loads them in the background (app.state.xattn: the Models). When one fails to load,
     /health says why with 503, and `on_load_error(message)` is called (xattn serve stops then). `detect`:
     language detection, for `source: auto` when several models could take a request (Models.source_of)."""
-    models = Models.read([model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs), detect)
+    models = Models.read([model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs), detect, limits)
     metrics = Metrics()
 
     @asynccontextmanager

@@ -365,8 +365,6 @@ class Engine:
                 kept.append(job)
                 continue
             self.waiting -= 1
-            if blocked is not None:
-                blocked.passed += len(job.texts)
             if job.settings not in open_:
                 try:
                     open_[job.settings] = Streaming(self.streams.open_stream(job.settings))
@@ -375,6 +373,8 @@ class Engine:
                     continue
             joining.setdefault(job.settings, []).append(job)
             rows += len(job.texts)
+            if blocked is not None:
+                blocked.passed += len(job.texts)
         held.extendleft(reversed(kept))
         for settings, jobs in joining.items():
             streaming = open_[settings]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,16 @@ class Limits:
     #                                    (serve/backlog.py); None: half of timeout_s
     max_batch: int = 64                # sentences in one translate call
     batch_wait_ms: float = 5.0         # under load, how long the batcher may wait for a batch as large as the last
+
+    SEARCH_LIMITS: ClassVar[dict[str, str]] = {"beam_size": "max_beam", "n_best": "max_n_best", "num_samples": "max_samples"}
+    """The limit of each decode setting that has one (Limits' field; the flag --max-beam, ...)."""
+
+    def over(self, decode) -> list[tuple[str, int, int]]:
+        """The settings of a DecodeConfig's kind of search above these limits, as (name, value, limit): its samples
+        when it samples, else its beam and n-best (a sampling search's beam is not used)."""
+        used = ("num_samples",) if decode.sampling else ("beam_size", "n_best")
+        return [(name, getattr(decode, name), getattr(self, self.SEARCH_LIMITS[name])) for name in used
+                if getattr(decode, name) > getattr(self, self.SEARCH_LIMITS[name])]
 
     @property
     def backlog_s(self) -> float:

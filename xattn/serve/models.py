@@ -19,6 +19,7 @@ from typing import Callable
 from xattn.checkpoint import CONFIG, check_model_dir
 from xattn.config import load_config
 from xattn.decoding import Steps
+from xattn.decoding.step import positions_problem
 from xattn.errors import XattnError
 from xattn.serve import detect as identifier
 from xattn.serve.api import detected_source, with_alternatives
@@ -47,7 +48,7 @@ class Model:
         self.languages = (self.data.src_lang, self.data.tgt_lang)
         self.maps = sum(cfg.heads_per_layer("cross"))
         self.alignment = settings_for(model_dir, cfg) if self.maps else None  # None: every cross head pruned
-        self.max_positions = cfg.max_positions if cfg.positions == "learned" else None
+        self.max_positions = cfg.learned_positions
         self.batcher = Batcher(self.translate, limits.max_batch, limits.batch_wait_ms / 1000, limits.queue_size, self,
                                metrics, limits.long_work, limits.long_after_s, limits.backlog_s)
 
@@ -141,12 +142,21 @@ class Models:
         self.served, self.detect = served, detect or identified
 
     @classmethod
-    def read(cls, model_dirs: list[str], detect: Detect | None = None) -> Models:
-        """The models of `model_dirs`, their pairs read from each config.yaml (nothing loaded yet)."""
+    def read(cls, model_dirs: list[str], detect: Detect | None = None, limits: Limits | None = None) -> Models:
+        """The models of `model_dirs`, their pairs read from each config.yaml (nothing loaded yet). A model whose own
+        decode settings are over `limits`, or whose min_len its positions cannot hold, is an XattnError naming the
+        setting: every request that left it to the model would be refused for it."""
         served = []
         for path in model_dirs:
-            data = load_config(check_model_dir(path) / CONFIG).data
-            served.append(Served(str(path), data.src_lang, data.tgt_lang))
+            config = check_model_dir(path) / CONFIG
+            run = load_config(config)
+            for name, value, limit in (limits.over(run.decode) if limits is not None else [])[:1]:
+                field = Limits.SEARCH_LIMITS[name]
+                raise XattnError(f"{config}: decode.{name}: {value} is above the server's limit of {limit} ({field}, "
+                                 f"--{field.replace('_', '-')}); raise the limit, or lower the model's setting")
+            if problem := positions_problem(run.decode, run.model.learned_positions):
+                raise XattnError(f"{config}: decode.{problem.name}: {problem.problem}")
+            served.append(Served(str(path), run.data.src_lang, run.data.tgt_lang))
         return cls(served, detect)
 
     @property

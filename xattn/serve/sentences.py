@@ -25,7 +25,7 @@ import numpy as np
 import sentencex
 
 from xattn.analysis.maps import head_mean
-from xattn.translator import Translation, distinct
+from xattn.translation import Translation, distinct
 from xattn.words import split_words
 
 

@@ -4,7 +4,7 @@ combine; and the rows it steps at most and at least, which the batcher and the b
 from __future__ import annotations
 
 from xattn.config import DecodeConfig
-from xattn.decoding.step import length_problem
+from xattn.decoding.step import length_problem, positions_problem
 from xattn.serve.limits import ApiError, Limits
 
 
@@ -28,8 +28,10 @@ def check_work(counts: list[int], cfg: DecodeConfig, limits: Limits, first: Deco
         field = " and ".join(k for k in ("max_len_a", "max_len_b") if k in asked) or names[i]
         raise ApiError(422, f"{field}: max_len_a * {counts[i] + 1} source tokens ({names[i]} and </s>) + max_len_b "
                        f"allows {most[i]} output tokens, over the limit of {limits.max_output_tokens}", "limit_exceeded")
+    if any(counts) and (problem := positions_problem(cfg, max_positions)):  # the setting's, whatever the text
+        raise ApiError(422, f"{problem.name}: {problem.problem}", "invalid_request")
     for i, n in enumerate(counts):  # no output token, or fewer than min_len: translate's rule, decoding.step's
-        if problem := length_problem(cfg, n + 1, max_positions=max_positions):  # (an empty text has none)
+        if problem := length_problem(cfg, n + 1):  # (an empty text has none: it is translated empty)
             raise ApiError(422, f"{names[i]}: {problem.name}: {problem.problem}", "invalid_request")
     rows = cfg.hypotheses + (first.hypotheses if first is not None else 0)
     work = sum(m for n, m in zip(counts, most) if n) * rows  # rows x steps at most (an empty text: no step)
