@@ -27,6 +27,7 @@ number of CPU threads. Batching: xattn its token budget (8000 source positions x
 length-sorted batches of 64 sentences; CTranslate2 its token budget (8000 / beam), sorted internally.
 
 usage: python benchmarks/decode_speed.py [--model runs/bench/multi30k-de-en] [--repeats 5] [--compile] [--out NAME]
+       [--systems NAME ...]  (a subset, e.g. the four settings of issue 21: xattn xattn_int8 ct2 ct2_int8)
 (threads: PyTorch's default, all cores; OMP_NUM_THREADS=1 compares the engines on one core)
 """
 from __future__ import annotations
@@ -128,13 +129,57 @@ def shortlist_settings(model: Path) -> dict:
         return {k: v for k, v in (f.metadata() or {}).items() if k != "tokenizers"}
 
 
+SYSTEMS = ("xattn", "xattn_int8", "xattn_early_stopping", "xattn_shortlist", "xattn_int8_shortlist", "hf_generate",
+           "ct2", "ct2_int8", "ct2_vmap", "ct2_int8_vmap", "xattn_workers", "xattn_int8_workers", "ct2_inter",
+           "ct2_int8_inter", "xattn_compiled")
+"""Every system main can time (the last four with more than one thread, the last with --compile)."""
+SPEED_RATIOS = {  # name: (system, over system), sentences/s; each where both were timed
+    "xattn_over_hf": ("xattn", "hf_generate"), "xattn_over_ct2": ("xattn", "ct2"),
+    "xattn_int8_over_ct2_int8": ("xattn_int8", "ct2_int8"),
+    "xattn_shortlist_over_ct2": ("xattn_shortlist", "ct2"),
+    "xattn_int8_shortlist_over_ct2_int8": ("xattn_int8_shortlist", "ct2_int8"),
+    "xattn_shortlist_over_ct2_vmap": ("xattn_shortlist", "ct2_vmap"),
+    "xattn_int8_shortlist_over_ct2_int8_vmap": ("xattn_int8_shortlist", "ct2_int8_vmap"),
+    "shortlist_speedup": ("xattn_shortlist", "xattn"),
+    "xattn_workers_over_ct2_inter": ("xattn_workers", "ct2_inter"),
+    "xattn_int8_workers_over_ct2_int8_inter": ("xattn_int8_workers", "ct2_int8_inter"),
+    "xattn_workers_over_xattn": ("xattn_workers", "xattn"),
+    "xattn_int8_workers_over_xattn_int8": ("xattn_int8_workers", "xattn_int8"),
+    "ct2_inter_over_ct2": ("ct2_inter", "ct2"), "ct2_int8_inter_over_ct2_int8": ("ct2_int8_inter", "ct2_int8"),
+    "exact_over_early_stopping": ("xattn", "xattn_early_stopping")}
+"""Ratios of speed (workers: every core a part of its own; exact over early: what the exact stopping rule costs
+against fairseq's and CT2's)."""
+BLEU_COSTS = {"int8_bleu_cost": ("xattn", "xattn_int8"), "shortlist_bleu_cost": ("xattn", "xattn_shortlist"),
+              "exact_stopping_bleu_gain": ("xattn", "xattn_early_stopping")}
+SAME_OUTPUTS = {"shortlist_same_outputs": ("xattn", "xattn_shortlist"), "workers_same_outputs": ("xattn", "xattn_workers")}
+
+
+def ratios(row: dict, outputs: dict, mode: str, sentences: int) -> dict:
+    """One mode's ratios, BLEU differences and shares of equal outputs, between the systems timed."""
+    out = {}
+    for name, (a, b) in SPEED_RATIOS.items():
+        if a in row and b in row:
+            out[name] = round(row[a]["sentences_per_s"] / row[b]["sentences_per_s"], 3)
+    for name, (a, b) in BLEU_COSTS.items():
+        if a in row and b in row:
+            out[name] = round(row[a]["bleu"] - row[b]["bleu"], 2)
+    for name, (a, b) in SAME_OUTPUTS.items():
+        if a in row and b in row:
+            out[name] = round(sum(x == y for x, y in zip(outputs[(a, mode)], outputs[(b, mode)])) / sentences, 4)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="runs/bench/multi30k-de-en")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time xattn with torch.compile")
     parser.add_argument("--out", help="result name (default decode_speed, or decode_speed_compile with --compile)")
+    parser.add_argument("--systems", nargs="+", metavar="NAME",
+                        help=f"time only these systems (of {', '.join(SYSTEMS)}); default all")
     args = parser.parse_args()
+    if unknown := sorted(set(args.systems or ()) - set(SYSTEMS)):
+        parser.error(f"--systems: no system {', '.join(unknown)} (of {', '.join(SYSTEMS)})")
     keep_freed_memory()  # as `xattn translate` runs (xattn.allocator); the setting is the process's, every engine's
     threads = torch.get_num_threads()
     pairs = multi30k("de", "en", "test_2016_flickr", data_dir())
@@ -162,6 +207,8 @@ def main() -> None:
                         "ct2_int8_inter": CT2System(ct2_int8_dir, threads, inter=threads)}
         if args.compile:
             systems["xattn_compiled"] = xattn_system(Path(args.model), None, compile=True)
+        if args.systems:
+            systems = {name: run for name, run in systems.items() if name in args.systems}
         figures, outputs = {}, {}
         for beam in (1, 5):
             mode = "greedy" if beam == 1 else "beam5"
@@ -190,40 +237,10 @@ def main() -> None:
                     "bleu_lc": round(scores["bleu_lc"].score, 2)}
                 print(mode, name, figures[mode][name], flush=True)
     for mode, row in figures.items():
-        x, x8 = row["xattn"]["sentences_per_s"], row["xattn_int8"]["sentences_per_s"]
-        row["ratios"] = {"xattn_over_hf": round(x / row["hf_generate"]["sentences_per_s"], 2),
-                         "xattn_over_ct2": round(x / row["ct2"]["sentences_per_s"], 2),
-                         "xattn_int8_over_ct2_int8": round(x8 / row["ct2_int8"]["sentences_per_s"], 2),
-                         "int8_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_int8"]["bleu"], 2),
-                         "xattn_shortlist_over_ct2": round(row["xattn_shortlist"]["sentences_per_s"] / row["ct2"]["sentences_per_s"], 2),
-                         "xattn_int8_shortlist_over_ct2_int8": round(
-                             row["xattn_int8_shortlist"]["sentences_per_s"] / row["ct2_int8"]["sentences_per_s"], 2),
-                         "xattn_shortlist_over_ct2_vmap": round(
-                             row["xattn_shortlist"]["sentences_per_s"] / row["ct2_vmap"]["sentences_per_s"], 2),
-                         "xattn_int8_shortlist_over_ct2_int8_vmap": round(
-                             row["xattn_int8_shortlist"]["sentences_per_s"] / row["ct2_int8_vmap"]["sentences_per_s"], 2),
-                         "shortlist_speedup": round(row["xattn_shortlist"]["sentences_per_s"] / x, 3),
-                         "shortlist_bleu_cost": round(row["xattn"]["bleu"] - row["xattn_shortlist"]["bleu"], 2),
-                         "shortlist_same_outputs": round(sum(a == b for a, b in zip(
-                             outputs[("xattn", mode)], outputs[("xattn_shortlist", mode)])) / len(texts), 4)}
-        row["ratios"] |= {} if threads == 1 else {  # every core a part of its own: workers, inter_threads
-            "xattn_workers_over_ct2_inter": round(row["xattn_workers"]["sentences_per_s"]
-                                                  / row["ct2_inter"]["sentences_per_s"], 2),
-            "xattn_int8_workers_over_ct2_int8_inter": round(row["xattn_int8_workers"]["sentences_per_s"]
-                                                            / row["ct2_int8_inter"]["sentences_per_s"], 2),
-            "xattn_workers_over_xattn": round(row["xattn_workers"]["sentences_per_s"] / x, 3),
-            "xattn_int8_workers_over_xattn_int8": round(row["xattn_int8_workers"]["sentences_per_s"] / x8, 3),
-            "ct2_inter_over_ct2": round(row["ct2_inter"]["sentences_per_s"] / row["ct2"]["sentences_per_s"], 3),
-            "ct2_int8_inter_over_ct2_int8": round(row["ct2_int8_inter"]["sentences_per_s"]
-                                                  / row["ct2_int8"]["sentences_per_s"], 3),
-            "workers_same_outputs": round(sum(a == b for a, b in zip(
-                outputs[("xattn", mode)], outputs[("xattn_workers", mode)])) / len(texts), 4)}
-        if "xattn_early_stopping" in row:  # what the exact stopping rule costs against fairseq's and CT2's
-            early = row["xattn_early_stopping"]
-            row["ratios"]["exact_over_early_stopping"] = round(x / early["sentences_per_s"], 3)
-            row["ratios"]["exact_stopping_bleu_gain"] = round(row["xattn"]["bleu"] - early["bleu"], 2)
-    same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
-    figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
+        row["ratios"] = ratios(row, outputs, mode, len(texts))
+    if ("hf_generate", "greedy") in outputs and ("xattn", "greedy") in outputs:
+        same = sum(a == b for a, b in zip(outputs[("xattn", "greedy")], outputs[("hf_generate", "greedy")]))
+        figures["greedy_identical_to_hf"] = round(same / len(texts), 4)
     figures["settings"] = {"threads": threads, "sentences": len(texts), "repeats": args.repeats,
                            "model": model_fingerprint(args.model), "shortlist": shortlist_settings(Path(args.model))}
     name = args.out or ("decode_speed_compile" if args.compile else "decode_speed")
