@@ -1038,7 +1038,9 @@ def test_help_with_stdout_closed_is_quiet_with_an_older_argparse_too():
 @pytest.mark.parametrize("argv, name", [(["translate", "{m}", "-i", "{t}", "-o", "{m}/config.yaml"], "config.yaml"),
                                         (["align", "{m}", "--src", "{t}", "--tgt", "{t}", "-o", "{m}/model.safetensors"],
                                          "model.safetensors"),
-                                        (["translate", "{m}", "-i", "{t}", "-o", "{m}/spm.model"], "spm.model")])
+                                        (["translate", "{m}", "-i", "{t}", "-o", "{m}/spm.model"], "spm.model"),
+                                        (["translate", "{m}", "-i", "{t}", "-o", "{m}/head_importance.tsv"],
+                                         "head_importance.tsv")])  # (the table prune --fraction reads)
 def test_an_output_onto_a_file_of_the_model_is_refused(numbers_model, tmp_path, capsys, argv, name):
     """`translate -o MODEL/config.yaml` replaced the model's config with translations, exit 0 (a probe), and `align -o
     MODEL/model.safetensors` its weights: the model directory's files are the verb's inputs too. Another file
@@ -1048,6 +1050,10 @@ def test_an_output_onto_a_file_of_the_model_is_refused(numbers_model, tmp_path, 
     model = tmp_path / "m"
     shutil.copytree(numbers_model, model)
     (text := tmp_path / "t.txt").write_text("drei\n")
+    if name == "head_importance.tsv":  # written by heads importance, there on purpose: taken from it, again too
+        for _ in range(2):
+            assert main(["heads", "importance", str(model), "--src", str(text), "--ref", str(text), "-o",
+                         str(model / name)]) == 0
     before = (model / name).read_bytes()
     assert main([a.format(m=model, t=text) for a in argv]) == 2
     assert f"is a file of the model directory {model}" in capsys.readouterr().err

@@ -36,6 +36,8 @@ POSITIONS = ("sinusoidal", "learned")
 """Position encodings (xattn.model.POSITIONS builds them)."""
 IMPORTANCE_METHODS = ("gradient", "confidence")
 """How `xattn heads importance` scores heads (xattn.analysis.importance)."""
+IMPORTANCE_FILE = "head_importance.tsv"
+"""Where in a model directory `xattn heads importance` saves its table, and `xattn prune --fraction` reads it."""
 ATTENTION_KINDS = ("cross", "decoder-self", "encoder-self")
 """The attention maps a teacher-forced pass reads (Translator.forced_attention, xattn.analysis.maps)."""
 

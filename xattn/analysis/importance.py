@@ -23,11 +23,7 @@ from xattn.errors import ParameterError, XattnError
 from xattn.lines import read_lines
 from xattn.losses import label_smoothed_loss
 from xattn.model import Transformer
-from xattn.registry import IMPORTANCE_METHODS, PLACES, place_problem
-
-IMPORTANCE_FILE = "head_importance.tsv"
-"""Where `xattn heads importance` saves its table in the model directory, and `xattn prune` looks for it."""
-
+from xattn.registry import IMPORTANCE_FILE, IMPORTANCE_METHODS, PLACES, place_problem  # noqa: F401 (IMPORTANCE_FILE re-exported)
 
 def batches(translator, sources: Sequence[str], targets: Sequence[str], max_tokens: int = 4096):
     """Padded teacher-forcing batches (xattn.data.Batch) of the pairs, on the translator's device. A pair too long for

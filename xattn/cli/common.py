@@ -147,7 +147,8 @@ def overwritten(args) -> str | None:
             continue
         for action in (a for a in actions if a.type is path_arg):
             value, stdin = getattr(args, action.dest, None), reads_stdin(args, action)
-            if isinstance(value, str) and os.path.isdir(value) and model_file(value, out):
+            if isinstance(value, str) and os.path.isdir(value) and model_file(value, out) and \
+                    Path(out).name != getattr(args, "model_output", None):  # (a verb's own file there: its table)
                 return f"{'/'.join(out_action.option_strings)} {out}: is a file of the model directory {value}; the " \
                     "output would replace it: write it elsewhere"
             if (stdin and is_stdin(out)) or (isinstance(value, str) and not stdin and os.path.isfile(value)
@@ -159,8 +160,9 @@ def overwritten(args) -> str | None:
     return None
 
 
-MODEL_SUFFIXES = (".safetensors", ".model", ".yaml", ".json", ".jsonl")
-"""What a model directory's own files end in (weights, tokenizers, config, analysis choice, vocabularies, log)."""
+MODEL_SUFFIXES = (".safetensors", ".model", ".yaml", ".json", ".jsonl", ".tsv")
+"""What a model directory's own files end in (weights, tokenizers, config, analysis choice, vocabularies, log, head
+importance). A verb that writes one of them there on purpose names it as its `model_output` (heads importance)."""
 
 
 def model_file(directory: str, out: str) -> bool:

@@ -10,7 +10,7 @@ from xattn.cli.main import Parser
 from xattn.errors import XattnError
 from xattn.io import json_text
 from xattn.lines import read_lines
-from xattn.registry import IMPORTANCE_METHODS
+from xattn.registry import IMPORTANCE_FILE, IMPORTANCE_METHODS
 from xattn.words import split_words
 
 
@@ -52,6 +52,7 @@ def register(sub) -> None:
                  "a table of other weights).",
                  "xattn heads importance runs/multi30k-de-en --split val --sentences 500", run_importance)
     i.prog = "xattn heads importance"
+    i.set_defaults(model_output=IMPORTANCE_FILE)  # -o MODEL/head_importance.tsv: the table it writes there anyway
     i.add_argument("model", type=path_arg, help="model directory")
     i.add_argument("--method", choices=IMPORTANCE_METHODS, default="gradient", help="default: gradient")
     i.add_argument("--split", help="split of the model's dataset: val (default), test")
@@ -115,7 +116,7 @@ def run_align(args) -> int:
 def run_importance(args) -> int:
     from pathlib import Path
 
-    from xattn.analysis.importance import IMPORTANCE_FILE, About, batches, format_table, head_importance
+    from xattn.analysis.importance import About, batches, format_table, head_importance
     from xattn.checkpoint import weights_id
     from xattn.cli.evaluate import test_pairs
     from xattn.registry import PLACES
