@@ -298,7 +298,8 @@ def check_alternatives(req: TranslateRequest, base: DecodeConfig, limits: Limits
 def check_decode(cfg: DecodeConfig, limits: Limits, asked: set[str]) -> None:
     """The settings of cfg's kind of search (the beam and its n-best, or the samples) within the limits; one the
     request did not set (`asked`: the fields it set) is the model's own, which the request can lower."""
-    for name, value, limit in limits.over(cfg)[:1]:
+    if over := limits.over(cfg):
+        name, value, limit = over[0]
         whose = "" if name in asked else " (the model's own setting; send a smaller one)"
         raise ApiError(422, f"{name}: {value}, over the limit of {limit}{whose}", "limit_exceeded")
 

@@ -150,7 +150,8 @@ class Models:
         for path in model_dirs:
             config = check_model_dir(path) / CONFIG
             run = load_config(config)
-            for name, value, limit in (limits.over(run.decode) if limits is not None else [])[:1]:
+            if over := limits.over(run.decode) if limits is not None else []:
+                name, value, limit = over[0]
                 field = Limits.SEARCH_LIMITS[name]
                 raise XattnError(f"{config}: decode.{name}: {value} is above the server's limit of {limit} ({field}, "
                                  f"--{field.replace('_', '-')}); raise the limit, or lower the model's setting")
