@@ -251,3 +251,28 @@ def test_a_write_reaches_the_disk_before_its_rename_and_the_rename_before_it_ret
     names = [name for name, _ in synced]
     assert {"a.txt", "b.txt", "sub"} <= set(names) and names[-1] == "."
     assert names.index("b.txt") < names.index("sub") and names.index("a.txt") < names.index(".")
+
+
+def test_a_file_written_again_keeps_its_permissions(tmp_path):
+    """The rename gave the new file the default's permissions: a private file became readable by all, a read-only
+    one writable (a link's target keeps its own, a new file gets 0666 less the umask)."""
+    import stat
+
+    from xattn.io import atomic_write_text
+
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    private, frozen, fresh = tmp_path / "private.txt", tmp_path / "frozen.txt", tmp_path / "fresh.txt"
+    for path, bits in ((private, 0o600), (frozen, 0o444)):
+        path.write_text("old")
+        path.chmod(bits)
+        atomic_write_text(path, "new")
+        assert path.read_text() == "new" and mode(path) == bits
+    (tmp_path / "link.txt").symlink_to("private.txt")
+    atomic_write_text(tmp_path / "link.txt", "newer")
+    assert private.read_text() == "newer" and mode(private) == 0o600
+    umask = os.umask(0o027)
+    try:
+        atomic_write_text(fresh, "x")
+    finally:
+        os.umask(umask)
+    assert mode(fresh) == 0o640

@@ -1,7 +1,8 @@
 """Files in and out. Atomic writes: a temporary file (or directory) in the target's folder, named after the
 target and the writing process, then a rename over the target, so a reader (or a run resumed after a crash)
 sees the old file or the new one, never half of one. The new file's bytes reach the disk before the rename, and
-the rename before the write returns (fsync), so a power loss too leaves the old file or the new one. What a killed
+the rename before the write returns (fsync), so a power loss too leaves the old file or the new one. The new file
+keeps the permissions of the one it replaces. What a killed
 process leaves is removed, with a message, when the same target is next written (`remove_leftovers`). JSON in and
 out. Text in: xattn/lines.py.
 """
@@ -48,7 +49,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.close(fd)
         write(Path(tmp))
         _sync(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
         _sync(path.parent, folder=True)
     except OSError as e:
@@ -111,6 +112,16 @@ def is_temporary(path: Path) -> bool:
     of a process that is gone: a user's `.draft.tmp` is not one, nor a live writer's file)."""
     found = re.fullmatch(rf"\..+\.tmp-(\d+)\..+{re.escape(TEMP_SUFFIX)}", path.name)
     return found is not None and not _alive(int(found[1]))
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions of a file written at `path`: those of the file it replaces (a private file stays private,
+    a read-only one read-only: the rename would otherwise give the new file the default's), else what opening a
+    new file gives, 0666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
 
 
 def _umask() -> int:
