@@ -53,6 +53,7 @@ def space(tmp_path_factory, numbers_model) -> Path:
     with gzip.open(root / "corrupt.de.gz", "wb") as f:
         f.write(b"eins\nzwei\n")
     (root / "corrupt.de.gz").write_bytes((root / "corrupt.de.gz").read_bytes()[:-6])
+    (root / "invalid.de.gz").write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x07")  # an invalid deflate block
     prepared_corpora(root)
     return root
 
@@ -423,6 +424,13 @@ CASES = {
     "corpus gzip truncated": ([*TRAIN, "data.dataset=null", "data.train_src={space}/corrupt.de.gz",
                                "data.train_tgt={space}/a.de", "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de",
                                "--out", "{space}/new-gz"], "corrupt.de.gz: cannot read"),
+    "corpus gzip invalid": ([*TRAIN, "data.dataset=null", "data.train_src={space}/invalid.de.gz",
+                             "data.train_tgt={space}/a.de", "data.valid_src={space}/a.de", "data.valid_tgt={space}/a.de",
+                             "--out", "{space}/new-gz2"],
+                            "invalid.de.gz: cannot read (corrupt gzip data: Error -3 while decompressing data: invalid "
+                            "block type)"),  # (zlib's own error, a traceback)
+    "translate input gzip invalid": (["translate", "{model}", "-i", "{space}/invalid.de.gz"],
+                                     "invalid.de.gz: cannot read (corrupt gzip data"),
     "corpus src without tgt": ([*TRAIN, "data.dataset=null", "data.train_src={space}/a.de"], "data.train_src"),
     # word alignments
     "aer gold malformed": (["aer", "--gold", "{space}/aer-gold-bad.talp", "--hyp", "{space}/aer-hyp.align"],

@@ -9,6 +9,7 @@ import gzip
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -28,16 +29,28 @@ COMPRESSED = {b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04":
 """The first bytes of what other compressors write (bzip2's are checked apart: they begin as text could)."""
 
 
+class GzipInput(gzip.GzipFile):
+    """A gzip file read as bytes, whose corrupt data is an OSError (gzip.BadGzipFile), as every reader here catches
+    it with a truncated file's EOFError: zlib's own error, which gzip lets through (an invalid block, a bad
+    distance), came out as a traceback."""
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return super().read(size)
+        except zlib.error as e:
+            raise gzip.BadGzipFile(f"corrupt gzip data: {e}") from None
+
+
 def open_input(path: str | Path):
     """A file of text to read as bytes: gzip data decompressed (by its first bytes, whatever its name, or by a .gz
     name where it cannot be peeked at: a pipe); another compressor's data is an error naming it, where it would be
     read as text of NUL bytes."""
     if not os.path.isfile(path):
-        return (gzip.open if str(path).endswith(".gz") else open)(path, "rb")
+        return (GzipInput if str(path).endswith(".gz") else open)(path, "rb")
     with open(path, "rb") as f:
         head = f.read(10)
     if head.startswith(b"\x1f\x8b"):
-        return gzip.open(path, "rb")
+        return GzipInput(path, "rb")
     kind = "bzip2" if re.fullmatch(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", head) else \
         next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
     if kind is not None:

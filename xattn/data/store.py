@@ -146,7 +146,10 @@ def same_file(path: str, record: dict) -> bool:
     if now == {"bytes": record.get("bytes"), "mtime_ns": record.get("mtime_ns")}:
         return True
     digest = hashlib.sha256()
-    with open_input(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open_input(path) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except (OSError, EOFError) as e:  # (changed since, and unreadable now)
+        raise XattnError(f"{path}: cannot read ({e})") from None
     return digest.hexdigest() == record.get("sha256")
