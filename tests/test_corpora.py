@@ -105,6 +105,22 @@ def two_corpora(tmp_path) -> list[str]:
             f"links: {write(tmp_path, 's.links', ['0-1 1-0 2-2'] * 8)}, upsample: 3}}]"]
 
 
+def test_one_file_in_two_corpora_is_checked_as_each(two_corpora, tmp_path):
+    """Two references of one source (the main corpus' source file again in data.corpora): its two records were one,
+    keyed by its path, and a run with data.prepared was refused, however often it was prepared again."""
+    from xattn.data.store import check_matches
+
+    again = [*two_corpora[:-1], f"data.corpora=[{{src: {tmp_path}/m.de, tgt: {write(tmp_path, 'r.en', ['uno'] * 60)}}}]"]
+    cfg = load_config(None, again)
+    manifest = prepare(cfg.data, tmp_path / "out", workers=1)
+    assert sorted(r["key"] for r in manifest["inputs"].values()) == \
+        ["corpora[0].train_src", "corpora[0].train_tgt", "train_src", "train_tgt"]
+    check_matches(MappedCorpus.open(tmp_path / "out"), cfg.data, {})  # (refused before)
+    (tmp_path / "r.en").write_text("due e\n" * 60)
+    with pytest.raises(xattn.XattnError, match=r"^data.corpora\[0\].tgt: .*r.en is not the file .* \(its text differs\)"):
+        check_matches(MappedCorpus.open(tmp_path / "out"), cfg.data, {})
+
+
 def test_the_corpora_are_prepared_one_after_another_and_the_weights_prepare_nothing_again(two_corpora, tmp_path):
     cfg = load_config(None, two_corpora)
     manifest = prepare(cfg.data, tmp_path / "out", workers=1)
@@ -132,6 +148,19 @@ TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "mode
         "model.d_ff=32", "model.share_embeddings=true", "model.tie_output=true", "train.max_tokens=150",
         "train.warmup=5", "train.lr=0.003", "train.amp=none", "train.eval_every=4", "train.eval_bleu_sentences=4",
         "train.log_every=1", "train.threads=1"]
+
+
+def test_an_epoch_of_no_batch_for_its_processes_is_refused_not_trained_as_done(two_corpora, tmp_path):
+    """Draws that round to no pair (or fewer batches than torchrun's processes) trained no step, counted the
+    epochs up to train.max_epochs and saved the untrained model as done."""
+    from xattn.distributed import Context
+
+    tiny = [*two_corpora[:-1], "data.upsample=0.001", two_corpora[-1].replace("upsample: 3", "upsample: 0.01")]
+    with pytest.raises(xattn.XattnError, match="^an epoch draws no training pair: raise data.upsample"):
+        train(load_config(None, [*tiny, *TINY, "train.max_steps=12"]), tmp_path / "none", quiet=True)
+    assert Context(rank=1, world=2).shard([0, 1, 2]) == [1]
+    with pytest.raises(xattn.XattnError, match="^an epoch holds 1 batch of training pairs for 2 training processes"):
+        Context(rank=0, world=2).shard([0])
 
 
 def test_training_on_upsampled_corpora_resumes_exactly(two_corpora, tmp_path, capsys):

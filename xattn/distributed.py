@@ -13,6 +13,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from xattn.errors import XattnError
+
 REASONS = (None, "max_steps", "max_minutes", "max_epochs", "early_stopping", "interrupted")
 
 
@@ -29,11 +31,16 @@ class Context:
         return DistributedDataParallel(model, device_ids=ids)
 
     def shard(self, batches: list) -> list:
-        """This rank's share of an epoch's batches; every rank gets the same number."""
-        if self.world == 1:
-            return batches
+        """This rank's share of an epoch's batches; every rank gets the same number, one at least: an epoch that left
+        none (fewer batches than processes, or data.corpora's draws all rounding to no pair) trained no step, and
+        the epochs counted up to train.max_epochs as if the run were done."""
         usable = len(batches) // self.world * self.world
-        return batches[self.rank:usable:self.world]
+        if usable == 0 and batches:
+            raise XattnError(f"an epoch holds {len(batches)} batch{'es' if len(batches) > 1 else ''} of training pairs "
+                             f"for {self.world} training processes: lower train.max_tokens or start fewer processes")
+        if usable == 0:
+            raise XattnError("an epoch draws no training pair: raise data.upsample or the data.corpora's upsample")
+        return batches if self.world == 1 else batches[self.rank:usable:self.world]
 
     def no_sync(self, model: nn.Module, last: bool):
         """Skip the gradient all-reduce on all but the last micro-batch of an accumulated step."""
