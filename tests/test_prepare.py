@@ -1,6 +1,7 @@
 """`prepare` (xattn/data/prepare.py): the training corpus streamed into a prepared directory, with the ids,
 tokenizers and cleaning of the in-memory path it replaced (pinned), the same bytes from any number of workers."""
 import gzip
+import re
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_files_are_streamed_with_the_line_rules_and_hashed(tmp_path):
     cfg = DataConfig(dataset=None, train_src=str(src), train_tgt=str(tgt), valid_src=str(tgt), valid_tgt=str(tgt),
                      vocab_size=60)
     manifest = prepare(cfg, tmp_path / "out", workers=1)
-    assert manifest["pairs"] == 300 and manifest["cleaning"]["empty"] == 1 and set(manifest["inputs"]) == {str(src), str(tgt)}
+    assert manifest["pairs"] == 300 and manifest["cleaning"]["empty"] == 1 and [r["path"] for r in manifest["inputs"].values()] == [str(src), str(tgt)]
     assert [r["key"] for r in manifest["inputs"].values()] == ["train_src", "train_tgt"]
     mapped = MappedCorpus.open(tmp_path / "out")
     assert len(mapped) == 300
@@ -272,6 +273,21 @@ def test_a_corpus_another_compressor_made_is_named_and_gzip_is_read_whatever_its
     assert read_lines(tmp_path / "bzh.txt") == ["BZh is where it starts"]
 
 
+def test_a_tsv_line_of_three_fields_is_refused_in_training_as_in_validation_whatever_they_hold(tmp_path):
+    """`zwei<TAB><TAB>` (two empty last fields) was read in training as an empty pair and dropped, and refused by
+    validation's reader."""
+    from xattn.data.text import read_tsv
+
+    for i, line in enumerate(["zwei\t\t", "zwei\t \t ", "zwei\tzwo\t"]):
+        (tmp_path / "c.tsv").write_text(f"eins\tone\n{line}\ndrei\tthree\n")
+        cfg = DataConfig(dataset=None, train_tsv=str(tmp_path / "c.tsv"), vocab_size=20)
+        message = f"{tmp_path / 'c.tsv'}: line 2: expected 2 tab-separated fields, found 3"
+        with pytest.raises(XattnError, match=re.escape(message)):
+            read_tsv(tmp_path / "c.tsv")
+        with pytest.raises(XattnError, match=re.escape(message)):
+            prepare(cfg, tmp_path / f"out{i}", workers=1)
+
+
 def test_a_tsv_line_with_an_empty_target_is_an_empty_pair_as_one_with_an_empty_source(tmp_path):
     (tmp_path / "c.tsv").write_text("eins\tone\n\ttwo\nzehn\t\ndrei\tthree\n")
     cfg = DataConfig(dataset=None, train_tsv=str(tmp_path / "c.tsv"), vocab_size=20)
@@ -306,3 +322,17 @@ def test_a_run_into_a_prepared_corpus_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and f"{corpus}: holds a prepared corpus" in err, err
     assert {p.name: p.read_bytes() for p in corpus.iterdir() if p.is_file() and p.name in before} == before
+
+
+def test_the_encoding_progress_counts_to_the_rows_read_with_a_subset(tmp_path, monkeypatch, capsys):
+    """Its total was the pairs train_subset kept, against which it counted every row read: `-52 s left`."""
+    import xattn.data.prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "REPORT_EVERY", 100)
+    (tmp_path / "c.de").write_text("".join(f"eins zwei {i}\n" for i in range(400)))
+    (tmp_path / "c.en").write_text("".join(f"one two {i}\n" for i in range(400)))
+    cfg = DataConfig(dataset=None, train_src=str(tmp_path / "c.de"), train_tgt=str(tmp_path / "c.en"), vocab_size=40,
+                     train_subset=50)
+    assert prepare(cfg, tmp_path / "out", workers=1)["pairs"] == 50
+    lines = [line for line in capsys.readouterr().err.splitlines() if "encoding:" in line]
+    assert len(lines) == 4 and all(" -" not in line.split("pairs/s")[1] for line in lines), lines

@@ -71,6 +71,8 @@ def test_a_writer_that_fails_leaves_nothing_behind(tmp_path):
      "src.lengths: its SHA-256 differs"),
     (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"pairs": 300', '"pairs": 299')),
      "the src arrays do not agree"),
+    (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"pairs": 300', '"pairs": 400')),
+     "the src arrays do not agree"),  # (more than the arrays hold: an IndexError of NumPy's)
     (lambda d: (d / MANIFEST).unlink(), "not a prepared corpus"),
     (lambda d: (d / MANIFEST).write_text((d / MANIFEST).read_text().replace('"format": 2', '"format": 9')),
      "another format"),

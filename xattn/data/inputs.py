@@ -37,12 +37,15 @@ def parts(cfg: DataConfig) -> list[tuple[DataConfig, str]]:
 class Inputs:
     """The training pairs of a DataConfig, read line by line with the rules of xattn.lines.read_lines."""
     cfg: DataConfig
-    records: dict[str, dict] = field(default_factory=dict)  # file (or dataset) -> its SHA-256 as read, size, mtime
+    read: int = 0  # rows given so far
+    records: dict[str, dict] = field(default_factory=dict)  # config key of a file (its path inside: one file may play
+    #   two parts, two references of one source), or dataset -> its SHA-256 as read, size, mtime
 
     def rows(self) -> Iterator[Row]:
-        """Every training corpus' pairs in turn (Row), corpus 0 first, then data.corpora."""
+        """Every training corpus' pairs in turn (Row), corpus 0 first, then data.corpora (counted in `read`)."""
         for k, (part, prefix) in enumerate(parts(self.cfg)):
             for n, (src, tgt, links) in enumerate(self.linked(part, prefix), start=1):
+                self.read += 1
                 yield src, tgt, links, n, k
 
     def pairs(self, cfg: DataConfig, prefix: str = "") -> Iterator[Pair]:
@@ -121,7 +124,7 @@ class Inputs:
             raise XattnError(f"{path}: no such file") from None
         except (OSError, EOFError) as e:
             raise XattnError(f"{path}: cannot read ({e})") from None
-        self.records[str(path)] = {"key": key, "sha256": digest.hexdigest(), **file_stamp(path)}
+        self.records[key] = {"key": key, "path": str(path), "sha256": digest.hexdigest(), **file_stamp(path)}
 
     @staticmethod
     def decoded(data: bytes, path: str, before: int, tsv: bool = False) -> list[str]:
@@ -141,9 +144,11 @@ class Inputs:
 
 
 def _stripped(line: str) -> str:
-    """A TSV `line` without trailing whitespace, but a tab that was part of it (an empty last field)."""
+    """A TSV `line` without trailing whitespace, but the tabs that were part of it (empty last fields), so that it
+    has the fields text.read_tsv finds in it: `zwei<TAB><TAB>` is three, refused as in validation (one tab kept made
+    it an empty pair, dropped silently)."""
     stripped = line.rstrip()
-    return stripped + "\t" if "\t" in line[len(stripped):] else stripped
+    return stripped + "\t" * line.count("\t", len(stripped))
 
 
 def file_stamp(path: str | Path) -> dict:

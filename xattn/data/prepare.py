@@ -210,7 +210,8 @@ def prepare(cfg: DataConfig, out: str | Path, workers: int | None = None, inheri
     with prepared_dir(Path(out)) as folder:
         tokenizers = train_into(folder, sample, cfg, where, inherit or {})
         made = load_tokenizers(folder)
-        pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", total)
+        # (its progress counts the rows read, which the first pass read too: `total` is those kept)
+        pairs = selected(Inputs(cfg), keep, cfg.dedup, stats, "encoding", first.read)
         files = [part.train_links for part, _ in parts(cfg)]
         links = {"pairs": 0, "links": 0, "unmatched": 0} if any(files) else None
         jobs = ((chunk, cfg.max_len, cfg.max_ratio, files[chunk[0][4]], bool(links)) for chunk in chunked(pairs))

@@ -203,7 +203,8 @@ class MappedCorpus:
         n = self.manifest["pairs"]
         for side in self.ids:
             rows, blocks = self.rows[side], self.blocks[side]
-            sums = np.add.reduceat(rows.astype(np.int64) - 1, np.arange(0, n, BLOCK)) if n else np.zeros(0, np.int64)
+            sums = np.add.reduceat(rows.astype(np.int64) - 1, np.arange(0, n, BLOCK)) if 0 < n == len(rows) \
+                else np.zeros(0, np.int64)  # (rows of another count: refused below, not an IndexError here)
             if len(rows) != n or len(blocks) != len(sums) + 1 or blocks[0] != 0 \
                     or not np.array_equal(np.diff(blocks), sums) or int(blocks[-1]) != len(self.ids[side]):
                 raise XattnError(f"{self.folder}: the {side} arrays do not agree with each other or with {MANIFEST}; "
