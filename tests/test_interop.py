@@ -4,6 +4,7 @@ Reference equality against `MarianMTModel` (teacher-forced logits, greedy `gener
 ids, export -> import round trips, a synthetic Helsinki-NLP opus-mt directory (Marian ids unrelated to
 SentencePiece's), CTranslate2 greedy output, the CLI verbs, and the tokenizer's optional id table.
 """
+import dataclasses
 import io
 import json
 import os
@@ -69,9 +70,9 @@ def fit(forward, params, src, tgt, pad_id: int, steps: int = 60) -> None:
 def make_model_dir(out: Path, joint: bool = True, share: bool = True, tie: bool = True, seed: int = 0, **model) -> Path:
     """A tiny xattn model directory: SentencePiece on generated sentences, seeded weights trained for a moment."""
     pair = train_tokenizers(TRAIN_SRC, TRAIN_TGT, out, vocab_size=100, joint=joint)
-    cfg = ModelConfig(src_vocab_size=pair.src.vocab_size, tgt_vocab_size=pair.tgt.vocab_size, d_model=32, n_heads=4,
-                      n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, share_embeddings=share,
-                      tie_output=tie, **model)
+    cfg = ModelConfig(**dict(src_vocab_size=pair.src.vocab_size, tgt_vocab_size=pair.tgt.vocab_size, d_model=32,
+                             n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0,
+                             share_embeddings=share, tie_output=tie) | model)
     torch.manual_seed(seed)
     net = Transformer(cfg)
     src = batch(pair.src, TRAIN_SRC[:64], cfg.pad_id, last=[cfg.eos_id])
@@ -286,6 +287,14 @@ def test_import_refuses_unsupported_configs():
                               ("encoder_layers", 2.0, "2.0"), ("pad_token_id", True, "true")):  # (the hub's traceback)
         with pytest.raises(XattnError, match=rf"^config.json: {key} must be a whole number >= [01], got {shown}$"):
             check_importable(base | {key: value}, "config.json")
+    for key, value, expected in (("vocab_size", "32000", 'vocab_size must be a whole number >= 1, got "32000"'),
+                                 ("scale_embedding", 1, "scale_embedding must be true or false, got 1"),
+                                 ("share_encoder_decoder_embeddings", "true",
+                                  'share_encoder_decoder_embeddings must be true or false, got "true"'),
+                                 ("dropout", None, "dropout must be a number, got null")):  # (transformers' strict
+        with pytest.raises(XattnError, match=rf"^config.json: {expected}$"):           # config class: a traceback)
+            check_importable(base | {key: value}, "config.json")
+    check_importable(base | {"decoder_vocab_size": None, "dropout": 0}, "config.json")
     check_importable(base | {"bos_token_id": None}, "config.json")  # (as transformers writes it: not read)
     ct2 = {"add_source_bos": False, "add_source_eos": False, "bos_token": "<s>", "eos_token": "</s>"}  # (exported)
     with pytest.raises(XattnError, match=r"^config.json: names no model_type, so it is no Hugging Face model's config "
@@ -374,6 +383,23 @@ def make_opus_dir(out: Path, transformers, shared: bool) -> Path:
     return out
 
 
+def test_a_language_code_is_one_token_as_marian_tokenizer_makes_it(tmp_path, transformers):
+    """A multilingual opus-mt model (en-ROMANCE) reads the target language from a leading `>>fr<<`, which its vocabulary
+    holds and its SentencePiece model does not: SentencePiece cut it into pieces, and the output language was any."""
+    from xattn.interop.marian import import_marian
+
+    hf_dir = make_opus_dir(tmp_path / "opus", transformers, True)
+    vocab = json.loads((hf_dir / "vocab.json").read_text())
+    for old, code in zip(sorted(p for p in vocab if p.startswith("▁unused"))[:2], (">>fr<<", ">>es<<")):
+        vocab[code] = vocab.pop(old)
+    (hf_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    tok = load_tokenizers(import_marian(hf_dir, tmp_path / "model")).src
+    texts = [f">>fr<< {SOURCES[0]}", f">>es<<{SOURCES[1]}", f">>xx<< {SOURCES[2]}", SOURCES[3], ">>fr<<"]
+    ours = [tok.encode(t) + [0] for t in texts]
+    assert ours[0][0] == vocab[">>fr<<"] and ours[1][0] == vocab[">>es<<"] and ours[2][0] == vocab["<unk>"]
+    assert ours == transformers.MarianTokenizer.from_pretrained(hf_dir)(texts).input_ids
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-vocab", "separate-vocabs"])
 def test_opus_mt_like_import(tmp_path, transformers, shared):
     from xattn.interop.marian import export_marian, import_marian
@@ -386,6 +412,7 @@ def test_opus_mt_like_import(tmp_path, transformers, shared):
     pad = 139 if shared else 69
     assert (cfg.pad_id, cfg.bos_id, cfg.eos_id) == (pad, pad, 0)
     assert (cfg.share_embeddings, cfg.tie_output) == (shared, True)
+    assert translator.decode_config.beam_size == 4  # generation_config.json's num_beams (it was xattn's default)
     hf_tok = transformers.MarianTokenizer.from_pretrained(hf_dir)
     hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32).eval()
     src = batch(tok.src, SOURCES, cfg.pad_id, last=[cfg.eos_id])
@@ -511,6 +538,82 @@ def test_ct2_with_the_exported_shortlist_matches_xattn_with_it(tmp_path, transfo
     results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=MAX_LEN, suppress_sequences=never,
                                          use_vmap=True)
     assert [r.hypotheses[0] for r in results] == ours
+
+
+def test_the_decoding_settings_generate_has_are_exported_and_the_others_named(tmp_path, transformers, capsys):
+    """Only the special ids, num_beams and max_length were written: a sampling model exported as a 5-beam search,
+    min_len, no_repeat_ngram_size and n_best were dropped, and nothing said so."""
+    from xattn.config import save_config
+
+    model_dir = make_model_dir(tmp_path / "model", seed=3)
+    run = load_config(model_dir / "config.yaml")
+    for name, decode, expected, note in (
+            ("beam", dict(beam_size=3, n_best=2, min_len=2, no_repeat_ngram_size=3, length_penalty=0.6,
+                          coverage_penalty=0.2),
+             dict(num_beams=3, num_return_sequences=2, min_new_tokens=2, no_repeat_ngram_size=3, length_penalty=0.6,
+                  early_stopping="never"),
+             "generate() does not apply decode.length_penalty=0.6 (generate divides by len ** alpha, xattn by GNMT's "
+             "((5 + len) / 6) ** alpha); decode.coverage_penalty=0.2; xattn_config.yaml keeps them, for an import "
+             "back"),
+            ("sampling", dict(sampling=True, temperature=0.7, top_k=5, top_p=0.9, num_samples=2),
+             dict(do_sample=True, num_beams=1, temperature=0.7, top_k=5, top_p=0.9, num_return_sequences=2), None),
+            ("early", dict(beam_size=4, stopping="early", length_penalty=0.0), dict(num_beams=4, early_stopping=True),
+             None)):
+        save_config(dataclasses.replace(run, decode=DecodeConfig(**decode)), model_dir / "config.yaml")
+        assert main(["export", str(model_dir), str(tmp_path / name), "--format", "hf"]) == 0
+        written = json.loads((tmp_path / name / "generation_config.json").read_text())
+        assert {k: written.get(k) for k in expected} == expected
+        err = capsys.readouterr().err
+        assert (f"xattn export: note: {note}\n" == err) if note else err == ""
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "sampling")
+    assert generation.do_sample and generation.top_k == 5  # (transformers reads it back)
+
+
+def test_a_model_without_encoder_layers_goes_to_hugging_face_and_back(tmp_path, transformers):
+    """Its export worked (the CTranslate2 export's refusal advises it) and its import was refused: encoder_layers=0."""
+    model_dir = make_model_dir(tmp_path / "model", n_encoder_layers=0)
+    assert main(["export", str(model_dir), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    loaded, back = load_model_dir(model_dir), load_model_dir(tmp_path / "back")
+    a, tok, b = loaded.model, loaded.tokenizers, back.model
+    assert b.cfg.n_encoder_layers == 0
+    src = batch(tok.src, SOURCES, a.cfg.pad_id, last=[a.cfg.eos_id])
+    tgt = batch(tok.tgt, TARGETS, a.cfg.pad_id, first=[a.cfg.bos_id])
+    with torch.no_grad():
+        torch.testing.assert_close(b(src, tgt).logits, a(src, tgt).logits, atol=1e-5, rtol=0)
+
+
+def test_an_import_takes_the_beam_of_generation_config_json(tmp_path, transformers):
+    from xattn.interop.marian import import_marian
+
+    hf_dir = make_opus_dir(tmp_path / "opus", transformers, True)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"num_beams": 0}))
+    with pytest.raises(XattnError, match=r"generation_config.json: num_beams: must be in \[1, 1024\], got 0$"):
+        import_marian(hf_dir, tmp_path / "model")
+    (hf_dir / "generation_config.json").write_text(json.dumps({"num_beams": 6}))
+    assert load_config(import_marian(hf_dir, tmp_path / "model") / "config.yaml").decode.beam_size == 6
+
+
+def test_a_model_that_decodes_over_its_shortlist_exports_and_imports_back_without_it(tmp_path, transformers):
+    """The export carries no shortlist.safetensors, but kept decode.shortlist: true, which the import restored, so the
+    imported model refused every translation ("this model has no shortlist")."""
+    from xattn.config import save_config
+    from xattn.shortlist import build
+
+    model_dir = make_model_dir(tmp_path / "model", seed=2)
+    loaded = load_model_dir(model_dir)
+    cfg, tok = loaded.model.cfg, loaded.tokenizers
+    build([np.array(tok.src.encode(s)) for s in SOURCES], [np.array(tok.tgt.encode(s)) for s in SOURCES],
+          (cfg.src_vocab_size, cfg.tgt_vocab_size), [cfg.eos_id, tok.tgt.unk_id], per_source=2, frequent=3
+          ).save(model_dir, {})
+    run = load_config(model_dir / "config.yaml")
+    save_config(dataclasses.replace(run, decode=dataclasses.replace(run.decode, shortlist=True)), model_dir / "config.yaml")
+    assert main(["export", str(model_dir), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert load_config(tmp_path / "back" / "config.yaml").decode.shortlist is False
+    (tmp_path / "in.txt").write_text(SOURCES[0] + "\n")
+    assert main(["translate", str(tmp_path / "back"), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text().count("\n") == 1
 
 
 # --------------------------------------------------------------------------------------------------- CLI

@@ -28,6 +28,8 @@ JOINT_MODEL = "spm.model"
 SRC_MODEL = "spm.src.model"
 TGT_MODEL = "spm.tgt.model"
 VOCAB_SUFFIX = ".vocab.json"
+LANGUAGE_CODE = re.compile(r">>[^<>\s]+<<")
+"""A target-language token of a multilingual Marian model (`>>fr<<`), at the start of a source text."""
 SMALL_BATCH = 128
 """Texts below which Tokenizer.encode_batch encodes one text per SentencePiece call: a call on a list starts a pool
 of threads, which costs more than encoding a few texts one by one (the figures: benchmarks/README.md, Serving
@@ -103,24 +105,36 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], name: str = "texts") -> list[list[int]]:
         """N sentences -> N lists of token ids, no bos/eos; a text that is not a valid string is an ItemError naming
-        it as `name`[i]."""
+        it as `name`[i]. With a table (an imported Marian model), a language code the text starts with (`>>fr<< ...`)
+        is one token, and the rest of the text is encoded after it, as MarianTokenizer does."""
         texts = list(texts)
         if not all(isinstance(text, str) and "\0" not in text for text in texts):  # one pass over the texts
             check_texts(texts, name)  # SentencePiece would take bytes, a list as a batch, and a NUL as an unknown piece
         out_type = str if self._ids is not None else int
+        codes = [self._code_of(text) for text in texts] if self._ids is not None else None
+        pieced = texts if codes is None else [text[len(code):] for text, code in zip(texts, codes)]
         try:
             if len(texts) < SMALL_BATCH:  # one call per text (SMALL_BATCH)
-                encoded = [self._sp.encode(text, out_type=out_type) for text in texts]
+                encoded = [self._sp.encode(text, out_type=out_type) for text in pieced]
             else:
-                encoded = self._sp.encode(texts, out_type=out_type)
+                encoded = self._sp.encode(pieced, out_type=out_type)
         except (RuntimeError, TypeError):
             check_texts(texts, name)
             raise
-        return [self._to_ids(pieces) for pieces in encoded] if self._ids is not None else encoded
+        if codes is None:
+            return encoded
+        return [self._to_ids([code] if code else []) + self._to_ids(pieces) for code, pieces in zip(codes, encoded)]
 
     def _to_ids(self, pieces: list[str]) -> list[int]:
         unk = self.unk_id
         return [self._ids.get(piece, unk) for piece in pieces]
+
+    def _code_of(self, text: str) -> str:
+        """The language code a text starts with (`>>fr<<`: a multilingual opus-mt model reads the target language from
+        it, a token of its vocabulary that its SentencePiece model lacks, which MarianTokenizer keeps whole, as the
+        unknown piece when the vocabulary has no such code); "" for none."""
+        found = LANGUAGE_CODE.match(text) if text.startswith(">>") else None
+        return found[0] if found is not None else ""
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> detokenised text; pad, bos and eos ids are dropped."""

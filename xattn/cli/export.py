@@ -1,6 +1,8 @@
 """`xattn export MODEL OUT`: write a model directory as a Hugging Face Marian or a CTranslate2 model."""
 from __future__ import annotations
 
+import sys
+
 from xattn.cli.common import add_verb, path_arg
 from xattn.errors import XattnError
 
@@ -27,8 +29,14 @@ def run(args) -> int:
     if args.format == "hf":
         if args.quantization:
             raise XattnError("--quantization applies to --format ct2 only")
-        from xattn.interop.marian import export_marian
+        from xattn.config import load_config
+        from xattn.interop.generation import not_carried
+        from xattn.interop.marian import XATTN_CONFIG, export_marian
+
         out = export_marian(args.model, args.out)
+        if dropped := not_carried(load_config(out / XATTN_CONFIG).decode):  # (the model's own, as written)
+            print(f"xattn export: note: generate() does not apply {'; '.join(dropped)}; xattn_config.yaml keeps "
+                  "them, for an import back", file=sys.stderr)
     else:
         from xattn.interop.ct2 import export_ct2
         out = export_ct2(args.model, args.out, args.quantization)

@@ -19,7 +19,7 @@ import torch
 
 from xattn.checkpoint import load_model_dir
 from xattn.config import ModelConfig
-from xattn.errors import ParameterError, XattnError
+from xattn.errors import ParameterError
 from xattn.interop import require
 from xattn.interop.marian import check_exportable, write_marian
 from xattn.io import atomic_dir

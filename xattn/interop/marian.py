@@ -25,17 +25,17 @@ from torch import Tensor
 
 from xattn.attention import MultiHeadAttention, ScaledDotScore
 from xattn.checkpoint import load_model_dir, non_finite, save_model_dir, weights_of
-from xattn.config import DataConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
+from xattn.config import DataConfig, DecodeConfig, ModelConfig, ParentConfig, RunConfig, load_config, save_config
 from xattn.errors import XattnError
 from xattn.registry import ACTIVATIONS
 from xattn.interop import require
+from xattn.interop.generation import MIN_POSITIONS, beams_of, generation_config
 from xattn.io import atomic_dir, json_text, read_json
 from xattn.model import Transformer
 from xattn.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer, TokenizerPair, load_tokenizers, \
     read_vocab, vocab_file
 
 XATTN_CONFIG = "xattn_config.yaml"
-MIN_POSITIONS = 512  # Marian's position table; opus-mt uses 512
 ATTENTION = {f"{ours}.{proj}": f"{theirs}.{proj}"
              for ours, theirs in (("self_attn", "self_attn"), ("cross_attn", "encoder_attn"))
              for proj in ("q_proj", "k_proj", "v_proj", "out_proj")}
@@ -94,15 +94,6 @@ def marian_config(cfg: ModelConfig) -> dict[str, Any]:
     )
 
 
-def generation_config(cfg: RunConfig) -> dict[str, Any]:
-    """Defaults of `generate`: xattn's special ids, beam size, and never pad or BOS (xattn's rule)."""
-    m = cfg.model
-    never = [[m.pad_id]] + ([[m.bos_id]] if m.bos_id != m.pad_id else [])
-    return dict(decoder_start_token_id=m.bos_id, bos_token_id=m.bos_id, eos_token_id=m.eos_id, pad_token_id=m.pad_id,
-                forced_eos_token_id=m.eos_id, bad_words_ids=never, num_beams=cfg.decode.beam_size,
-                max_length=max(MIN_POSITIONS, m.max_positions))
-
-
 UNSUPPORTED = (  # (key, value when absent, predicate for "fine", why)
     ("model_type", "marian", lambda v: v == "marian", "not a Marian model"),
     ("normalize_before", False, lambda v: not v, "pre-LN; xattn imports post-LN Marian models"),
@@ -114,11 +105,18 @@ UNSUPPORTED = (  # (key, value when absent, predicate for "fine", why)
      f"model.activation is one of {', '.join(ACTIVATIONS)}"),
 )
 
-WHOLE = (*((key, 1) for key in ("d_model", "encoder_attention_heads", "decoder_attention_heads", "encoder_layers",
-                                  "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings")),
-         *((key, 0) for key in ("pad_token_id", "decoder_start_token_id", "eos_token_id")))
+WHOLE = (*((key, 1) for key in ("d_model", "encoder_attention_heads", "decoder_attention_heads", "decoder_layers",
+                                  "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings")),
+         *((key, 0) for key in ("encoder_layers", "pad_token_id", "decoder_start_token_id", "eos_token_id")),
+         ("vocab_size", 1),
+         ("decoder_vocab_size", 1))
 """The whole-number Marian settings the import reads, and the least each may be (transformers writes others, such
-as bos_token_id, as null)."""
+as bos_token_id, as null; decoder_vocab_size null means vocab_size's)."""
+FLAGS = ("scale_embedding", "normalize_before", "normalize_embedding", "add_final_layer_norm",
+         "static_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+RATES = ("dropout", "attention_dropout", "activation_dropout")
+"""Marian settings the import reads that must be true or false, and numbers: transformers' config class refuses
+other JSON types with an error of its own, which came out as a traceback."""
 
 HF_ACTIVATIONS = {"silu": "swish"}
 """Hugging Face's names of activations that xattn names otherwise."""
@@ -136,6 +134,10 @@ def check_importable(hf: dict[str, Any], where: str) -> None:
         #                          model's was refused for scale_embedding, which it does not name either)
         raise XattnError(f"{where}: names no model_type, so it is no Hugging Face model's config (a CTranslate2 "
                          "model directory's, say); import reads a Hugging Face Marian directory")
+    if key := next((k for k in FLAGS if k in hf and type(hf[k]) is not bool), None):  # (UNSUPPORTED reads them)
+        raise XattnError(f"{where}: {key} must be true or false, got {json_text(hf[key])}")
+    if key := next((k for k in RATES if k in hf and type(hf[k]) not in (int, float)), None):
+        raise XattnError(f"{where}: {key} must be a number, got {json_text(hf[key])}")
     for key, default, fine, why in UNSUPPORTED:
         if not fine(hf.get(key, default)):
             raise XattnError(f"{where}: {key}={hf.get(key, default)!r} is not supported ({why})")
@@ -145,7 +147,8 @@ def check_importable(hf: dict[str, Any], where: str) -> None:
     if isinstance(hf.get("eos_token_id"), list):
         raise XattnError(f"{where}: eos_token_id={hf['eos_token_id']} is a list; xattn needs one EOS id")
     for key, least in WHOLE:  # (a string here was the hub's traceback; -1 a negative tensor size, unnamed)
-        if key in hf and (type(hf[key]) is not int or hf[key] < least):
+        if key in hf and not (key == "decoder_vocab_size" and hf[key] is None) and \
+                (type(hf[key]) is not int or hf[key] < least):
             raise XattnError(f"{where}: {key} must be a whole number >= {least}, got {json_text(hf[key])}")
 
 
@@ -281,12 +284,14 @@ def import_run_config(hf_dir: Path, model: ModelConfig, tokenizers: TokenizerPai
     """The run config of an import: xattn_config.yaml if the export wrote one, else defaults with the languages and
     no dataset (what the model was trained on is not known: `evaluate` asks for files)."""
     if (hf_dir / XATTN_CONFIG).is_file():
-        saved = load_config(hf_dir / XATTN_CONFIG)  # (a parent it names is not this import's: its weights are whole)
-        return replace(saved, model=replace(model, max_positions=saved.model.max_positions), parent=ParentConfig())
+        saved = load_config(hf_dir / XATTN_CONFIG)  # (a parent it names is not this import's: its weights are whole;
+        #   an export carries no shortlist, so one that kept decode.shortlist had every translation refused)
+        return replace(saved, model=replace(model, max_positions=saved.model.max_positions), parent=ParentConfig(),
+                       decode=replace(saved.decode, shortlist=False))
     options = _tokenizer_options(hf_dir)
     langs = {k: options[h] for k, h in (("src_lang", "source_lang"), ("tgt_lang", "target_lang")) if options.get(h)}
     data = DataConfig(dataset=None, vocab_size=tokenizers.tgt.vocab_size, joint_vocab=tokenizers.joint, **langs)
-    return RunConfig(model=model, data=data)
+    return RunConfig(model=model, data=data, decode=DecodeConfig(beam_size=beams_of(hf_dir)))
 
 
 # ------------------------------------------------------------------------------------- directories
@@ -295,7 +300,8 @@ def write_marian(model: Transformer, cfg: RunConfig, tokenizers: TokenizerPair, 
     """Write a MarianMTModel + MarianTokenizer directory for `model` into the existing folder `out`."""
     to_hf_model(model, cfg).save_pretrained(out)
     write_marian_tokenizer(tokenizers, cfg, out)
-    save_config(replace(cfg, parent=ParentConfig()), out / XATTN_CONFIG)  # whole weights: a child's are its own now
+    save_config(replace(cfg, parent=ParentConfig(), decode=replace(cfg.decode, shortlist=False)),  # whole weights: a
+                out / XATTN_CONFIG)  # child's are its own now; no shortlist.safetensors goes with them
 
 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
