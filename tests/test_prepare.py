@@ -336,3 +336,16 @@ def test_the_encoding_progress_counts_to_the_rows_read_with_a_subset(tmp_path, m
     assert prepare(cfg, tmp_path / "out", workers=1)["pairs"] == 50
     lines = [line for line in capsys.readouterr().err.splitlines() if "encoding:" in line]
     assert len(lines) == 4 and all(" -" not in line.split("pairs/s")[1] for line in lines), lines
+
+
+def test_a_file_of_a_bom_alone_has_no_line_in_prepare_as_everywhere(tmp_path):
+    """prepare read it as one empty line, read_lines and count_lines as none: a src file of a BOM alone beside an
+    empty tgt file was a line-count mismatch."""
+    from xattn.data.inputs import Inputs
+    from xattn.lines import count_lines
+
+    for name, data in (("bom.de", b"\xef\xbb\xbf"), ("bom-line.de", b"\xef\xbb\xbfeins"), ("empty.en", b"")):
+        (tmp_path / name).write_bytes(data)
+        cfg = DataConfig(dataset=None, train_src=str(tmp_path / name), train_tgt=str(tmp_path / name))
+        read = list(Inputs(cfg).lines(str(tmp_path / name), "train_src"))
+        assert read == read_lines(tmp_path / name) and len(read) == count_lines(tmp_path / name), name

@@ -15,7 +15,7 @@ from xattn import corpora
 from xattn.config import DataConfig
 from xattn.data.text import Pair
 from xattn.errors import XattnError
-from xattn.lines import decode_line, open_input
+from xattn.lines import BOM, decode_line, open_input
 
 BLOCK = 1 << 20
 """Bytes read from an input file at a time."""
@@ -116,7 +116,7 @@ class Inputs:
                     rest = block[cut:]
                     yield from self.decoded(block[:cut - 1], str(path), number, tsv)
                     number += block.count(b"\n", 0, cut)
-                if rest:
+                if rest and (number or rest != BOM):  # (a file of a BOM alone has no line, as read_lines counts it)
                     if number == 0 and b"\r" in rest.rstrip(b"\r"):  # no "\n" at all (read_lines' rule)
                         raise XattnError(f"{path}: lines end in a carriage return alone (\\r); convert them to \\n")
                     yield from self.decoded(rest, str(path), number, tsv)
