@@ -37,15 +37,14 @@ def parts(cfg: DataConfig) -> list[tuple[DataConfig, str]]:
 class Inputs:
     """The training pairs of a DataConfig, read line by line with the rules of xattn.lines.read_lines."""
     cfg: DataConfig
-    read: int = 0  # rows given so far
+    read: int = 0  # rows read in all, once prepare.selected has read them
     records: dict[str, dict] = field(default_factory=dict)  # config key of a file (its path inside: one file may play
     #   two parts, two references of one source), or dataset -> its SHA-256 as read, size, mtime
 
     def rows(self) -> Iterator[Row]:
-        """Every training corpus' pairs in turn (Row), corpus 0 first, then data.corpora (counted in `read`)."""
+        """Every training corpus' pairs in turn (Row), corpus 0 first, then data.corpora."""
         for k, (part, prefix) in enumerate(parts(self.cfg)):
             for n, (src, tgt, links) in enumerate(self.linked(part, prefix), start=1):
-                self.read += 1
                 yield src, tgt, links, n, k
 
     def pairs(self, cfg: DataConfig, prefix: str = "") -> Iterator[Pair]:
@@ -131,7 +130,7 @@ class Inputs:
         """Lines `before` + 1, ... (`data`: their bytes joined by newlines), decoded and stripped (in a TSV file,
         a tab among the trailing whitespace stays: it ends an empty last field, `src<TAB>`)."""
         if before == 0:
-            data = data.removeprefix(b"\xef\xbb\xbf")
+            data = data.removeprefix(BOM)
         try:
             if b"\0" in data:  # refused by decode_line, with its line, as every reader refuses it
                 raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL")

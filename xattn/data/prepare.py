@@ -243,8 +243,10 @@ def subset(cfg: DataConfig) -> set[int] | None:
 def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterStats, what: str,
              total: int | None = None) -> Iterator[Row]:
     """The rows of `inputs` that train_subset keeps (`keep`, over all corpora in turn) and, with `dedup`, the
-    first of each repeated pair (stats.duplicate counts the others); progress on stderr (Progress)."""
+    first of each repeated pair (stats.duplicate counts the others); progress on stderr (Progress). The rows read,
+    once all are, go to `inputs.read`."""
     seen: set[bytes] = set()
+    i = -1
     with Progress(what, total, stats) as progress:
         for i, row in enumerate(inputs.rows()):
             src, tgt = row[0], row[1]
@@ -258,6 +260,7 @@ def selected(inputs: Inputs, keep: set[int] | None, dedup: bool, stats: FilterSt
                     continue
                 seen.add(key)
             yield row
+    inputs.read = i + 1
 
 
 class Progress:
