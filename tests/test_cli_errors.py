@@ -667,6 +667,24 @@ def test_python_api_device_errors_are_xattn_errors(space):
             xattn.load(space / "model", device=device)
 
 
+def test_cpu_0_is_the_cpu_as_torch_names_it(space, monkeypatch, capsys):
+    """`--device cpu:0` (torch's own name for the CPU) was refused as not a device; it is the CPU, for the CLI, the
+    library and a config's train.device."""
+    import torch
+
+    from xattn.checks import validate
+    from xattn.config import TrainConfig
+    from xattn.devices import resolve_device
+    from xattn.errors import XattnError
+    code, out, err = run_main(["translate", str(space / "model"), "--device", "cpu:0"], b"eins\n", monkeypatch, capsys)
+    assert code == 0 and out.strip(), err
+    assert resolve_device("cpu:0") == torch.device("cpu")
+    validate(TrainConfig(device="cpu:0"), "train")
+    for wrong in ("cpu:1", "cpu0", "mps:1"):
+        with pytest.raises(XattnError, match=f"'{wrong}' is not a device"):
+            resolve_device(wrong)
+
+
 def test_int8_without_a_device_runs_on_the_cpu_where_a_gpu_is(space, monkeypatch, capsys):
     """int8 decodes on the CPU only: with a GPU present, `--quantize int8` without --device picked the GPU and was
     refused as `device: ...`, a flag not given."""

@@ -90,7 +90,7 @@ def head_problem(heads: typing.Sequence[int], layer: int, chosen: typing.Sequenc
 
 
 def device_name(value: str) -> str | None:
-    if re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+    if re.fullmatch(r"auto|cpu(:0)?|cuda(:\d+)?|mps(:0)?", value):  # (cpu:0 and mps:0, as torch writes them)
         return None
     return f"{value!r} is not a device: use auto, cpu, cuda, cuda:N or mps"
 

@@ -32,7 +32,8 @@ def _cpu_has_fast_bf16() -> bool:
 
 
 def resolve_device(choice: str, key: str = "train.device") -> torch.device:
-    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps"; `key` names the setting in errors."""
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" or "mps" ("cpu:0" and "mps:0" are "cpu" and
+    "mps", as torch names them: one device); `key` names the setting in errors."""
     problem = device_name(str(choice))
     if problem:
         raise XattnError(f"{key}: {problem}")
@@ -44,6 +45,6 @@ def resolve_device(choice: str, key: str = "train.device") -> torch.device:
         index = torch.device(choice).index or 0
         if index >= torch.cuda.device_count():
             raise XattnError(f"{key}={choice}: there are {torch.cuda.device_count()} CUDA devices")
-    if choice == "mps" and not torch.backends.mps.is_available():
-        raise XattnError(f"{key}=mps: no Apple GPU (MPS) is available here; use cpu")
-    return torch.device(choice)
+    if choice.startswith("mps") and not torch.backends.mps.is_available():
+        raise XattnError(f"{key}={choice}: no Apple GPU (MPS) is available here; use cpu")
+    return torch.device(choice.partition(":")[0] if choice in ("cpu:0", "mps:0") else choice)

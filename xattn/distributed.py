@@ -67,7 +67,7 @@ def setup(device: str) -> Context:
     if world == 1:
         return Context()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device != "cpu" and torch.cuda.is_available()
+    use_cuda = device.partition(":")[0] in ("auto", "cuda") and torch.cuda.is_available()  # (not cpu:0, mps)
     if not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if use_cuda else "gloo")
     if use_cuda:
