@@ -54,7 +54,8 @@ class FileRequest(KeyFields):
 class RequestFields(FileRequest):
     """LibreTranslate's fields and xattn's own; TranslateRequest adds every decoding setting (DECODE_FIELDS)."""
     q: str | list[str] = Field(description="the text, or a list of texts")
-    format: str = Field("text", description="text; html is refused")
+    format: str = Field("text", description="text, or html: the text of HTML translated, its markup kept and placed "
+                        "by the word alignment (serve/markup.py); no alternatives, attention or alignment with it")
     alternatives: int = Field(0, ge=0, description="alternative translations per text (LibreTranslate)")
     attention: Literal["none", "mean", "full"] = Field(
         "none", description="cross-attention per result: mean (per layer, over the heads it has: L x T x S) or full "
@@ -215,8 +216,7 @@ def plan(req: TranslateRequest, base: DecodeConfig, limits: Limits, token_counts
     a model with learned positions has (None: any length); `language`: the model's source language, whose rules cut
     the texts into sentences; `layers`: its decoder layers (the maps of mean attention)."""
     if req.format != "text":
-        raise ApiError(400, f"format: {req.format!r} is not supported; send plain text (format=text)",
-                       "unsupported_format")
+        raise ApiError(400, f"format: {req.format!r} is not supported; send text or html", "unsupported_format")
     split = Split.of(request_texts(req.q, limits), language)
     counts = token_counts(split.sentences)
     if (longest := max(counts)) > limits.max_source_tokens:

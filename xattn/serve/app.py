@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve import detect as identifier
+from xattn.serve import markup
 from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.backlog import Overloaded
@@ -243,9 +244,13 @@ def add_model_routes(app: FastAPI, models: Models, limits: Limits, api_key: str 
         record = noted(request, fields.get("q"))  # before the fields are checked: a refused request's line has it
         check_key(api_key, given_key(fields), request.headers.getlist("authorization"))  # before any field: as
         req = parse_request(fields, text)  # LibreTranslate, a client without the key learns nothing of the rest
-        route = models.route(req.source, req.target, request_texts(req.q, limits))
+        texts = request_texts(req.q, limits)
+        pages = markup.pages_of(req, texts) if req.format == "html" else None
+        route = models.route(req.source, req.target, texts if pages is None else [markup.plain(p) for p in pages])
         record["model"] = route.served.pair
-        body = await while_connected(request, translated(route.served.ready(), req, limits, record, route.detected))
+        work = translated(route.served.ready(), req, limits, record, route.detected) if pages is None else \
+            translated_html(route.served.ready(), req, pages, limits, record, route.detected)
+        body = await while_connected(request, work)
         encode = partial(json_text, body, ensure_ascii=False, separators=(",", ":"))  # plain JSON types already
         # an answer with attention runs to megabytes, long to encode: off the event loop, as its making
         return Response(await asyncio.to_thread(encode) if heavy(req) else encode(), media_type="application/json")
@@ -296,6 +301,35 @@ async def translated(model: Model, req: TranslateRequest, limits: Limits, record
         return await asyncio.to_thread(answer) if heavy(req) else answer()
     except XattnError as e:  # words the alignment cannot place
         raise ApiError(422, f"q: {split.rename(str(e))}", "invalid_request") from None
+
+
+async def translated_html(model: Model, req: TranslateRequest, pages: list[markup.Page], limits: Limits,
+                          record: dict, detected: list[tuple[str, float]] | None) -> dict:
+    """The answer to a `format: html` request: its pages' blocks translated as the texts of one request (within
+    its characters, not its items), with their word links, and each page's markup placed on its translation."""
+    if model.maps == 0:
+        raise ApiError(422, "format: html places the markup by the word alignment, and every cross-attention head "
+                       "of this model was pruned; send format text", "invalid_request")
+    blocks = [block.text.strip(" ") for page in pages for block in page.blocks]
+    found = iter([])
+    if blocks:
+        inner = req.model_copy(update={"q": blocks, "format": "text", "alignment": True})
+        with markup.named_blocks(pages):
+            body = await translated(model, inner, dataclasses.replace(limits, max_items=len(blocks)), record, None)
+        found = iter(body["results"])
+    rendered, scores = [], []
+    for page in pages:
+        results = [next(found) for _ in page.blocks]
+        rendered.append(page.render([markup.Translated(r["translatedText"], r["source_words"], r["target_words"],
+                                                       [tuple(link) for link in r["alignment"]]) for r in results]))
+        scores.append(round(sum(r["score"] for r in results), 4))
+    single = isinstance(req.q, str)
+    answer: dict = {"translatedText": rendered[0] if single else rendered}
+    if detected is not None:
+        found_languages = [{"language": language, "confidence": confidence} for language, confidence in detected]
+        answer["detectedLanguage"] = found_languages[0] if single else found_languages
+    answer["results"] = [{"translatedText": text, "score": score} for text, score in zip(rendered, scores)]
+    return answer
 
 
 def busy(refusal: Exception, limits: Limits) -> ApiError:

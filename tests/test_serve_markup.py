@@ -1,0 +1,123 @@
+"""`format: html` (xattn/serve/markup.py): HTML read into blocks of text and inline elements, the markup written
+back as it came, the inline elements carried over to a translation by its word links, and the server's answers."""
+import pytest
+
+from xattn.words import split_words
+
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+from xattn.serve.markup import Translated, parse  # noqa: E402
+
+
+def unchanged(page):
+    """Each block's own text as its translation, each word linked to itself."""
+    out = []
+    for block in page.blocks:
+        words = split_words(block.text)
+        out.append(Translated(block.text.strip(" "), words, words, [(i, i) for i in range(len(words))]))
+    return out
+
+
+@pytest.mark.parametrize("document", [
+    "<p>Ein <b>großer</b> Hund läuft.</p>",
+    "Nur Text &lt;b&gt; &amp; ohne Tags",
+    '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Titel hier</title><style>p > b {color: red}</style>'
+    '<script>if (a < b && c) x("<p>");</script></head>\n<body>\n<p class="x">Hallo <a href="/x?a=1&amp;b=2">liebe '
+    '<i>Welt</i></a> &amp; mehr<img src=a.png alt="Bild"> ende</p>\n<pre>nicht  <b>hier</b>\n  auch nicht</pre>'
+    '<!-- ein Kommentar --><div>A<br>B<br/>C</div></body></html>',
+    '<p><b></b>x <span translate="no">Acme Inc</span> y <code>ls -l</code></p>',
+    "<p><code>ls</code> zeigt <b> </b> Dateien <!--c--></p>",
+    "<p> <b>fett</b> </p>", "<ul><li>eins</li><li>zwei <em>drei</li></ul>", "<p>Hallo <b>Welt<p>weiter",
+    '<div class="notranslate">Name <b>bleibt</b></div><p>Text</p>', "<svg><text>nein</text><svg>x</svg></svg> ja",
+    "", "<br>", "   ", "<p>\xa0</p>", "x </b> y", "<td>1&nbsp;000 €</td>",
+])
+def test_markup_comes_back_as_it_was_written_around_an_unchanged_text(document):
+    """The reading loses nothing: with each block's text as its own translation the page comes back the same, but
+    for what a browser shows the same (character references written out, white space in a block as one space)."""
+    import html
+    page = parse(document)
+    back = page.render(unchanged(page))
+    assert " ".join(html.unescape(back).split()) == " ".join(html.unescape(document).split()), back
+
+
+def test_what_is_translated_and_what_is_not():
+    page = parse('<html><head><title>Der Titel</title><script>var x = "nein";</script></head><body><p>Ein '
+                 '<b>großer</b> Hund &amp; <code>x</code> eine Katze.</p><pre>bleibt</pre><p translate="no">auch</p>'
+                 '<ul><li>eins</li><li>zwei</li></ul><p>a<br>b</p></body></html>')
+    assert [b.text.strip() for b in page.blocks] == ["Der Titel", "Ein großer Hund & eine Katze.", "eins", "zwei",
+                                                    "a", "b"]
+
+
+def links_page(source_html, translation, links):
+    page = parse(source_html)
+    (block,) = page.blocks
+    return page.render([Translated(translation, split_words(block.text), split_words(translation), links)])
+
+
+def test_inline_elements_follow_their_words_through_the_links():
+    html = '<p>Ein <b>großer</b> <a href="h">Hund</a> läuft<img src=x>.</p>'
+    assert links_page(html, "Le chien grand court.", [(0, 0), (2, 1), (1, 2), (3, 3)]) == \
+        '<p>Le <a href="h">chien</a> <b>grand</b> court.<img src=x></p>'
+    # a word linked to two: the first; an element whose words come apart: written once for each run of them
+    assert links_page(html, "Der Hund, groß, läuft.", [(0, 0), (2, 1), (1, 2), (3, 3), (2, 3)]) == \
+        '<p>Der <a href="h">Hund,</a> <b>groß,</b> <a href="h">läuft.</a><img src=x></p>'
+    # words linked to none take what their linked neighbours share; at the edges, what holds every source word
+    assert links_page("<p><b>Alles fett hier</b></p>", "All bold here now", [(1, 1), (2, 2)]) == \
+        "<p><b>All bold here now</b></p>"
+    assert links_page("<p>Ein <b>Hund</b></p>", "A dog", [(1, 1)]) == "<p>A <b>dog</b></p>"
+    assert links_page("<p><i>x <b>y</b> z</i></p>", "z q y", [(2, 0), (1, 2)]) == "<p><i>z q <b>y</b></i></p>"
+
+
+def test_kept_markup_follows_the_translation_of_the_word_before_it_with_its_spacing():
+    html = '<p>Run <code>ls</code> now<img src=a> and <!--x-->then</p>'
+    assert links_page(html, "Maintenant lancez et puis", [(0, 1), (1, 0), (2, 2), (3, 3)]) == \
+        '<p>Maintenant<img src=a> lancez <code>ls</code> et <!--x-->puis</p>'
+    assert links_page("<p><img src=a> Hallo</p>", "Hello", [(0, 0)]) == "<p><img src=a> Hello</p>"
+    assert links_page("<p>Hallo <br>", "Hello", [(0, 0)]) == "<p>Hello <br>"
+
+
+def test_the_translation_is_escaped_as_html():
+    assert links_page("<p>a &lt; b</p>", "a < b & <c>", [(0, 0), (1, 1), (2, 2)]) == "<p>a &lt; b &amp; &lt;c&gt;</p>"
+
+
+@pytest.fixture(scope="module")
+def client(numbers_model):
+    from tests.test_serve import started
+    from xattn.serve.app import create_app
+    c = started(create_app(str(numbers_model)))
+    yield c
+    c.__exit__(None, None, None)
+
+
+def text_of(answer: str) -> str:
+    import html
+    import re
+    return " ".join(html.unescape(re.sub(r"<[^>]*>", " ", answer)).split())
+
+
+def test_the_server_translates_html_as_its_text_and_keeps_the_markup(client):
+    plain = client.post("/translate", json={"q": ["drei vier", "zwei", "eins"]}).json()["translatedText"]
+    page = '<div class="t"><p>drei <b>vier</b></p>\n<p>zwei<img src="x.png"></p><pre>drei</pre><p>eins</p></div>'
+    r = client.post("/translate", json={"q": page, "format": "html", "source": "de", "target": "en"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    answer = body["translatedText"]
+    assert text_of(answer) == " ".join([plain[0], plain[1], "drei", plain[2]])
+    assert answer.startswith('<div class="t"><p>') and answer.endswith("<p>" + plain[2] + "</p></div>")
+    assert '<img src="x.png">' in answer and "<pre>drei</pre>" in answer
+    assert answer.count("<b>") == answer.count("</b>") and answer.count("<p>") == 3
+    assert set(body["results"][0]) == {"translatedText", "score"} and body["results"][0]["translatedText"] == answer
+    # as LibreTranslate's clients send it: a form; a list of pages; and the language told by the text, not the tags
+    form = client.post("/translate", data={"q": page, "format": "html", "source": "auto", "target": "en"}).json()
+    assert form["translatedText"] == answer and form["detectedLanguage"]["language"] == "de"
+    both = client.post("/translate", json={"q": [page, "<br>"], "format": "html"}).json()
+    assert both["translatedText"] == [answer, "<br>"]
+
+
+def test_a_page_is_within_a_requests_characters_not_its_items(client):
+    """A page of more blocks than a request may have texts is one text; one with no text is answered as it is."""
+    many = "".join(f"<li>{w}</li>" for w in ["eins", "zwei", "drei"] * 12)
+    r = client.post("/translate", json={"q": f"<ul>{many}</ul>", "format": "html"})
+    assert r.status_code == 200, r.text
+    assert r.json()["translatedText"].count("<li>") == 36
+    empty = client.post("/translate", json={"q": "<p> <img src=a> </p>", "format": "html"}).json()
+    assert empty["translatedText"] == "<p> <img src=a> </p>"
