@@ -154,3 +154,12 @@ def test_a_run_directory_on_a_filesystem_without_locks_is_trained_into_all_the_s
     monkeypatch.setattr(train_state.fcntl, "flock", no_locks)
     train_state.lock_run_dir(tmp_path / "run", make=True)
     assert str((tmp_path / "run").resolve()) not in train_state._HELD
+
+
+def test_the_subset_seed_is_part_of_a_runs_identity_unless_at_its_default():
+    """With the whole corpus the seed still draws SentencePiece's sample of a corpus over data.spm_sample pairs: a
+    resume with another seed passed the early check, prepared a new corpus, then was refused naming the corpus."""
+    from xattn.config import load_config
+    from xattn.train_state import data_identity
+    assert "subset_seed" not in data_identity(load_config(None, ["data.dataset=numbers"]).data)
+    assert data_identity(load_config(None, ["data.dataset=numbers", "data.subset_seed=2"]).data)["subset_seed"] == 2

@@ -131,6 +131,77 @@ def test_ddp_two_cpu_processes_hold_identical_weights(tmp_path):
     assert rank0 == rank1 and rank0.endswith(" 4")
 
 
+def test_ddp_processes_resume_each_with_its_own_random_streams(tmp_path):
+    """Each process's dropout draws for its own batches; a checkpoint kept rank 0's streams alone and gave them to
+    every process on resume, so a resumed run under torchrun trained other weights than one never stopped."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+
+    def run(out, steps):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
+               str(out), *TINY, f"train.max_steps={steps}", "train.device=cpu", "train.eval_every=100",
+               "model.dropout=0.3"]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return (out / "rank0.sha").read_text(), (out / "rank1.sha").read_text()
+    straight = run(tmp_path / "straight", 4)
+    run(tmp_path / "parts", 2)
+    assert run(tmp_path / "parts", 4) == straight
+
+
+def test_an_interrupt_on_a_step_due_for_evaluation_evaluates_it_first(tmp_path):
+    """The resumed run starts after the step; without its evaluation, the best weights, the checkpoints kept for
+    averaging and the count towards patience differed from a run never stopped."""
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    done = train(_cfg("train.max_steps=3", "train.eval_every=1"), full, quiet=True)
+    trainer = Trainer(_cfg("train.max_steps=3", "train.eval_every=1"), parts, quiet=True)
+    trainer._stop_signal = signal.SIGINT  # as if Ctrl+C came during the first step, one due for evaluation
+    assert trainer.fit().stop_reason == "interrupted"
+    resumed = train(_cfg("train.max_steps=3", "train.eval_every=1"), parts, quiet=True)
+
+    def evaluated(out):
+        return [r["step"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "valid_bleu" in r]
+    assert evaluated(parts) == evaluated(full) == [1, 2, 3]
+    assert (resumed.best_step, resumed.bad_evals) == (done.best_step, done.bad_evals)
+
+
+def test_the_last_step_of_the_last_epoch_is_evaluated_once(tmp_path):
+    trainer = Trainer(_cfg("train.max_steps=1000"), tmp_path, quiet=True)
+    steps = len(trainer.sampler.batches(0))
+    train(_cfg("train.max_steps=1000", "train.max_epochs=1", f"train.eval_every={steps}"), tmp_path / "run",
+          quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "valid_bleu" in r] == [steps]
+
+
+def test_a_resume_keeps_no_more_checkpoints_for_averaging_than_average_last_asks(tmp_path):
+    """Lowered or set to 0 on resume, train.average_last was ignored: the checkpoints kept before were averaged."""
+    train(_cfg("train.max_steps=9", "train.average_last=3"), tmp_path / "off", quiet=True)
+    train(_cfg("train.max_steps=12", "train.average_last=0"), tmp_path / "off", quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "off" / "log.jsonl").read_text().splitlines()]
+    assert [r["averaged"] for r in records if "averaged" in r] == [3]  # the first run's, none after the resume
+    assert json.loads((tmp_path / "off/train_state/manifest.json").read_text())["averaging"] == []
+    train(_cfg("train.max_steps=9", "train.average_last=3"), tmp_path / "two", quiet=True)
+    train(_cfg("train.max_steps=10", "train.average_last=2"), tmp_path / "two", quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "two" / "log.jsonl").read_text().splitlines()]
+    assert [r["averaged"] for r in records if "averaged" in r] == [3, 2]
+    manifest = json.loads((tmp_path / "two/train_state/manifest.json").read_text())
+    assert [step for step, _ in manifest["averaging"]] == [9, 10]
+
+
+def test_an_epoch_too_small_for_the_processes_is_refused_before_the_first_checkpoint(tmp_path, monkeypatch):
+    """Refused after it, the run directory held a run whose settings the suggested fix (a lower train.max_tokens)
+    was then refused for."""
+    from xattn import distributed
+    monkeypatch.setattr(distributed, "setup", lambda device: distributed.Context(rank=0, world=1000))
+    monkeypatch.setattr(distributed.Context, "wrap", lambda self, model: model)
+    monkeypatch.setattr(distributed.Context, "barrier", lambda self: None)
+    with pytest.raises(XattnError, match="for 1000 training processes: lower train.max_tokens"):
+        Trainer(_cfg("train.max_steps=2"), tmp_path, quiet=True)
+    assert not (tmp_path / "train_state").exists()
+
+
 def test_early_stopping_after_patience(tmp_path):
     progress = train(_cfg("train.max_steps=20", "train.eval_every=1", "train.patience=2", "train.lr=1e-9"),
                      tmp_path, quiet=True)

@@ -397,3 +397,14 @@ def test_a_child_config_file_may_not_ask_what_a_child_cannot_have(parent, tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and f"{child}: {message}" in err and len(err.strip().splitlines()) == 1
     assert "model:" in resolve_config("numbers-de-en").read_text()
+
+
+def test_a_joint_vocab_override_is_read_as_the_config_reads_it():
+    """`data.joint_vocab=[` gave YAML's traceback, and `data.joint_vocab=0` (false, as the config reads it) was
+    refused as asking for a joint vocabulary."""
+    from xattn.transfer import check_overrides
+    check_overrides(["data.joint_vocab=0", "data.joint_vocab=false", "data.joint_vocab=no"])
+    with pytest.raises(XattnError, match="data.joint_vocab: expected true or false, got '\\['"):
+        check_overrides(["data.joint_vocab=["])
+    with pytest.raises(XattnError, match="always separate"):
+        check_overrides(["data.joint_vocab=1"])

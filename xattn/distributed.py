@@ -56,6 +56,14 @@ class Context:
         torch_dist.all_reduce(code, op=torch_dist.ReduceOp.MAX)
         return REASONS[int(code)]
 
+    def gather(self, value) -> list:
+        """`value` of every rank, in rank order (picklable objects; every rank must call it)."""
+        if self.world == 1:
+            return [value]
+        values: list = [None] * self.world
+        torch_dist.all_gather_object(values, value)
+        return values
+
     def barrier(self) -> None:
         if self.world > 1:
             torch_dist.barrier()

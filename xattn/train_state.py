@@ -16,10 +16,12 @@ import io
 import json
 import math
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import numpy as np
 import torch
 
 from xattn.checkpoint import CONFIG, WEIGHTS
@@ -92,10 +94,11 @@ class TrainStateDir:
         return torch.load(self.dir / self.manifest.state, map_location="cpu", weights_only=False)
 
     def write(self, step: int, write_weights: Callable[[Path], None], state: dict[str, Any], log_bytes: int,
-              run: dict[str, Any], keep_for_averaging: int = 0) -> Manifest:
+              run: dict[str, Any], average_last: int = 0, for_averaging: bool = False) -> Manifest:
         """Write a new checkpoint: its files, then the manifest, then remove what no manifest lists.
 
-        With `keep_for_averaging` = N, these weights join the N most recent ones kept for averaging.
+        The weights kept for averaging are the `average_last` most recent ones (these among them if
+        `for_averaging`): a resume that lowers train.average_last, or sets it to 0, keeps no more than it asks.
         """
         previous = self.manifest
         serial = previous.serial + 1 if previous else 1
@@ -103,8 +106,9 @@ class TrainStateDir:
         write_weights(self.dir / weights)
         atomic_write(self.dir / state_file, lambda tmp: save_torch(state, tmp))
         averaging = [list(a) for a in previous.averaging] if previous else []
-        if keep_for_averaging:
-            averaging = ([a for a in averaging if a[0] != step] + [[step, weights]])[-keep_for_averaging:]
+        if for_averaging:
+            averaging = [a for a in averaging if a[0] != step] + [[step, weights]]
+        averaging = averaging[-average_last:] if average_last else []
         known = previous.files if previous else {}
         names = {weights, state_file, *(name for _, name in averaging)}
         files = {name: known.get(name) or sha256_file(self.dir / name) for name in sorted(names)}
@@ -158,8 +162,10 @@ def _short(value: Any) -> str:
 def data_identity(cfg: DataConfig) -> dict:
     """The data settings of a run's identity: without the keys that only say where the data lives."""
     data = corpora.identity({k: v for k, v in cfg.as_dict().items() if k not in DataConfig.LOCATIONS})
-    if data["train_subset"] is None:  # all the data: the subset's seed plays no part
-        del data["train_subset"], data["subset_seed"]
+    if data["train_subset"] is None:  # all the data; the seed still draws SentencePiece's sample of a corpus
+        del data["train_subset"]          # over data.spm_sample pairs, so only its default is left out (as before)
+        if data["subset_seed"] == DataConfig.subset_seed:
+            del data["subset_seed"]
     return json.loads(json_text(data))
 
 
@@ -295,3 +301,19 @@ def remove_leftovers(out_dir: Path, state_dir: TrainStateDir) -> list[str]:
     for f in stale:
         f.unlink(missing_ok=True)
     return [f.name for f in stale] + [f"{STATE_DIR}/{n}" for n in state_dir.remove_unlisted()]
+
+
+def rng_state() -> dict:
+    """This process's random number streams (a checkpoint's `rng`)."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(rng: dict) -> None:
+    """Restore what rng_state() gave (the CUDA streams of the devices there are, where their number changed)."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        for device, state in enumerate(rng["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, device)

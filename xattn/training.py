@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from xattn import corpora, distributed as dist
@@ -31,7 +29,7 @@ from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
 from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401
                                open_run_dir, published_before, refuse_another_run, release_run_dir, remove_leftovers,
-                               run_identity)  # (F401: LOG and STATE_DIR, faults.py's)
+                               rng_state, run_identity, set_rng_state)  # (F401: LOG and STATE_DIR, faults.py's)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -99,6 +97,7 @@ class Trainer:
         self.progress = Progress()
         self._stop_signal: int | None = None  # the signal that asked training to stop at the next step
         first = self.sampler.batches(0)
+        self.ctx.shard(first)  # (an epoch too small for the processes refused before the run's first checkpoint)
         self._print(f"batches: {len(first)} per epoch of at most {tc.max_tokens} tokens, "
                     f"{100 * self.sampler.padding_fraction(first):.1f}% padding")
         if manifest is None:
@@ -110,9 +109,10 @@ class Trainer:
 
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
+        rngs = self.ctx.gather(rng_state())
         if self.ctx.rank == 0:  # config.yaml after the first checkpoint: without one, it is never this run's
             self._take_over()
-            self._save_state()
+            self._save_state(rngs)
             save_config(self.cfg, self.out_dir / CONFIG)
         self.ctx.barrier()
 
@@ -123,14 +123,10 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         for group in self.optimizer.param_groups:  # the checkpoint's would stay, though config.yaml says this run's
             group["weight_decay"], group["betas"] = self.cfg.train.weight_decay, tuple(self.cfg.train.betas)
-        self.scaler.load_state_dict(state["scaler"])
+        if state["scaler"] or not self.scaler.is_enabled():  # (a run resumed in fp16 whose scaler was off: anew)
+            self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(state["rng_ranks"][self.ctx.rank] if "rng_ranks" in state else state["rng"])  # one a process
         if self.ctx.rank == 0:
             self._take_over()
             log = self.out_dir / LOG
@@ -141,7 +137,7 @@ class Trainer:
             if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
                     published_before(self.out_dir, self.state_dir):
                 if p.averaged:
-                    self._on_weights(self._average(), self._save_model)
+                    self._on_weights(self._average(self.state_dir.manifest.averaging), self._save_model)
                 else:
                     self._save_model()
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
@@ -153,18 +149,16 @@ class Trainer:
             self._print(f"{self.out_dir}: removed {len(removed)} half-written file(s) of an interrupted run "
                         f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
 
-    def _save_state(self, keep_for_averaging: int = 0) -> None:
-        """Write a checkpoint of the last weights, optimizer, RNG and progress (rank 0 only)."""
-        state = {
-            "progress": dataclasses.asdict(self.progress),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        }
+    def _save_state(self, rngs: list[dict], for_averaging: bool = False) -> None:
+        """Write a checkpoint of the last weights, optimizer, RNG streams (`rngs`: each process's, rng_state())
+        and progress (rank 0 only); `for_averaging`: these weights join the last train.average_last kept for
+        averaging."""
+        state = {"progress": dataclasses.asdict(self.progress), "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict(), "rng": rngs[0]} | ({"rng_ranks": rngs} if len(rngs) > 1 else {})
         log = self.out_dir / LOG
         self.state_dir.write(self.progress.step, lambda path: save_weights(self.model, path, self.identity["tokenizers"]),
-                             state, log.stat().st_size if log.is_file() else 0, self.identity, keep_for_averaging)
+                             state, log.stat().st_size if log.is_file() else 0, self.identity,
+                             self.cfg.train.average_last, for_averaging)
 
     # ------------------------------------------------------------------------------------- steps
 
@@ -261,8 +255,8 @@ class Trainer:
                 if p.batch >= len(batches):
                     p.epoch, p.batch = p.epoch + 1, 0
                     if p.epoch >= tc.max_epochs and stop_reason is None:
-                        stop_reason = "max_epochs"
-                        self._checkpoint(evaluate=True)
+                        stop_reason = "max_epochs"  # (its last step evaluated already if it was due: saved only)
+                        self._checkpoint(evaluate=p.step % tc.eval_every != 0)
         finally:
             display.close()
             for s, handler in previous.items():
@@ -289,8 +283,8 @@ class Trainer:
         tc, p = self.cfg.train, self.progress
         reason = self._limit_reached() or ("interrupted" if self._stop_signal is not None else None)
         reason = self.ctx.agree(reason)
-        if reason == "interrupted":
-            self._checkpoint(evaluate=False)
+        if reason == "interrupted":  # (a step due for evaluation evaluated first: a resume starts after it)
+            self._checkpoint(evaluate=p.step % tc.eval_every == 0)
         elif reason is not None or p.step % tc.eval_every == 0:
             patience_over = self._checkpoint(evaluate=True)
             reason = reason or self.ctx.agree("early_stopping" if patience_over else None)
@@ -300,6 +294,7 @@ class Trainer:
         """Evaluate (rank 0), keep best/last/averaging checkpoints; True when patience is exhausted."""
         tc, p = self.cfg.train, self.progress
         patience_over, improved = False, False
+        rngs = self.ctx.gather(rng_state())
         if self.ctx.rank == 0:
             if evaluate:
                 scores = self.validate()
@@ -311,7 +306,7 @@ class Trainer:
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
-            self._save_state(keep_for_averaging=tc.average_last if evaluate else 0)
+            self._save_state(rngs, for_averaging=evaluate)
             if improved:  # published after the checkpoint that records it (_resume publishes it again if need be)
                 self._save_model()
         self.ctx.barrier()
@@ -321,10 +316,12 @@ class Trainer:
         """Average the kept checkpoints (unless interrupted) and mark training finished in the checkpoint; an
         average that validates better is published after the checkpoint that records it, as any best weights."""
         p = self.progress
+        rngs = self.ctx.gather(rng_state()) if reason != "interrupted" else []
         if self.ctx.rank == 0 and reason != "interrupted":
-            average = self._validate_average() if len(self.state_dir.manifest.averaging) > 1 else None
+            kept = self.state_dir.manifest.averaging[-self.cfg.train.average_last:] if self.cfg.train.average_last else []
+            average = self._validate_average(kept) if len(kept) > 1 else None
             p.finished = True
-            self._save_state()
+            self._save_state(rngs)
             if average is not None:
                 self._on_weights(average, self._save_model)
         if reason == "interrupted":
@@ -334,9 +331,11 @@ class Trainer:
         self.ctx.barrier()
         release_run_dir(self.out_dir)  # (lock_run_dir: this process writes there no more)
 
-    def _validate_average(self) -> dict[str, torch.Tensor] | None:
-        """The average of the kept checkpoints if it validates better (then the best: Progress.averaged), else None."""
-        p, kept, average = self.progress, len(self.state_dir.manifest.averaging), self._average()
+    def _validate_average(self, kept: list[list]) -> dict[str, torch.Tensor] | None:
+        """The average of the `kept` checkpoints ([step, weights file]) if it validates better (then the best:
+        Progress.averaged), else None."""
+        p, average = self.progress, self._average(kept)
+        kept = len(kept)
         scores = self._on_weights(average, self.validate)
         better = scores["valid_bleu"] > p.best_score
         self._log({"step": p.step, "averaged": kept, **scores, "best": better})
@@ -347,9 +346,9 @@ class Trainer:
         p.best_score, p.best_step, p.averaged = scores["valid_bleu"], p.step, True
         return average
 
-    def _average(self) -> dict[str, torch.Tensor]:
-        """The mean of the checkpoints kept for averaging (frozen parameters left out: they stay bit-identical)."""
-        tensors = [read_weights(self.state_dir.dir / name)[0] for _, name in self.state_dir.manifest.averaging]
+    def _average(self, kept: list[list]) -> dict[str, torch.Tensor]:
+        """The mean of the `kept` checkpoints (frozen parameters left out: they stay bit-identical)."""
+        tensors = [read_weights(self.state_dir.dir / name)[0] for _, name in kept]
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
         return {k: sum(t[k].float() for t in tensors) / len(tensors) for k in tensors[0] if k not in frozen}
 
@@ -398,3 +397,4 @@ def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Fac
         return trainer.fit()
     finally:
         dist.teardown()
+

@@ -73,7 +73,7 @@ def check_overrides(overrides: list[str]) -> None:
     """Refuse `section.key=value` overrides that a child would silently ignore: its model section is its
     parent's (the new side's vocabulary size aside), its parent section comes from --parent, and its two
     vocabularies are separate."""
-    import yaml
+    from xattn.checks import _coerce
 
     for item in overrides:
         key, _, value = (part.strip() for part in item.partition("="))
@@ -83,7 +83,7 @@ def check_overrides(overrides: list[str]) -> None:
         if key == "parent" or key.startswith("parent."):
             raise XattnError(f"override {item!r}: a child's parent section is written from its parent model; drop "
                              "the override")
-        if key == "data.joint_vocab" and yaml.safe_load(value or "false") is not False:
+        if key == "data.joint_vocab" and _coerce(value, bool, key):  # (read as the config reads it: 0, no, off)
             raise XattnError(f"override {item!r}: a child's source and target vocabularies are always separate")
 
 
@@ -91,8 +91,9 @@ def check_child_file(path: Path) -> None:
     """Refuse, in a child's own config file, what check_overrides refuses as an override: the file's model and
     parent sections and a joint vocabulary would be silently replaced. A packaged preset's model section is its
     template for new models, not a wish for the child, and is left alone."""
-    from xattn.yamlfile import read_yaml
+    from xattn.checks import _coerce
     from xattn.presets import PRESET_DIR
+    from xattn.yamlfile import read_yaml
 
     if path.resolve().parent == PRESET_DIR.resolve():
         return
@@ -104,7 +105,8 @@ def check_child_file(path: Path) -> None:
     if raw.get("parent"):
         raise XattnError(f"{path}: parent: a child's parent section is written from its parent model; drop it from "
                          "the file")
-    if isinstance(raw.get("data"), dict) and raw["data"].get("joint_vocab", False) is not False:
+    if isinstance(raw.get("data"), dict) and _coerce(raw["data"].get("joint_vocab", False), bool,
+                                                     f"{path}: data.joint_vocab"):
         raise XattnError(f"{path}: data.joint_vocab: a child's source and target vocabularies are always separate")
 
 
