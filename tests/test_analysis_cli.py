@@ -254,6 +254,8 @@ def test_errors_are_one_line(work, capsys, argv, message):
     (b"alignment: {layer: 0, heads: mean}\n", "alignment.method: missing"),
     (b"alignment: {layer: 0, layer: 1, heads: mean, method: naive}\n", "line 1: invalid YAML ('layer' is given twice)"),
     (b"alignment: [0, mean]\n", "alignment: expected a mapping with the keys layer, heads"),
+    (b"alignment: {[layer]: 0, heads: mean}\n", "line 1: invalid YAML (a list or mapping cannot be a key)"),
+    (b"{alignment: 1}: {layer: 0}\n", "line 1: invalid YAML (a list or mapping cannot be a key)"),
     (b"\xff\xfe\n", "not UTF-8"),
 ])
 def test_a_damaged_analysis_file_is_one_line(work, capsys, tmp_path, content, message):

@@ -440,3 +440,35 @@ def test_a_table_and_a_stored_choice_name_the_weights_they_measured(four_heads, 
     code, _, err = cli(capsys, "heads", "align", model, "--pairs", pairs, "--gold", gold)
     assert code == 0, err
     assert f"weights: {before}" in (model / "analysis.yaml").read_text()
+
+
+def test_a_pruned_model_keeps_its_shortlist_and_drops_a_coverage_penalty_it_cannot_read(numbers_model, tmp_path):
+    """prune wrote the model's decode settings without its shortlist.safetensors (every translation then refused:
+    `decode.shortlist: this model has no shortlist`), and kept a coverage penalty with no cross-attention head
+    left (every beam search refused)."""
+    import shutil
+
+    import numpy as np
+    import yaml
+
+    from xattn.analysis.pruning import prune_dir
+    from xattn.shortlist import FILE, Shortlist
+    from xattn.tokenizer import tokenizer_hashes
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    cfg = xattn.load(model).model.cfg
+    table = np.tile(np.arange(3, 3 + 8, dtype=np.int32), (cfg.src_vocab_size, 1))
+    Shortlist(np.array([2, 1, 0]), table).save(model, {"tokenizers": tokenizer_hashes(model)})
+    raw = yaml.safe_load((model / "config.yaml").read_text())
+    raw["decode"].update(shortlist=True, beam_size=2, coverage_penalty=0.2)
+    (model / "config.yaml").write_text(yaml.safe_dump(raw))
+    before = xattn.load(model).translate(["drei vier"])[0].text
+    cross = cfg.heads_per_layer("cross")
+    prune_dir(model, {"cross": [[0]] + [[] for _ in cross[1:]]}, tmp_path / "some")
+    assert (tmp_path / "some" / FILE).read_bytes() == (model / FILE).read_bytes()
+    assert xattn.load(tmp_path / "some").decode_config.shortlist
+    prune_dir(model, {"cross": [list(range(n)) for n in cross]}, tmp_path / "none")
+    pruned = xattn.load(tmp_path / "none")
+    assert pruned.decode_config.coverage_penalty == 0 and pruned.decode_config.shortlist
+    assert before and pruned.translate(["drei vier"])[0].text is not None

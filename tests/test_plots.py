@@ -296,3 +296,16 @@ def test_font_choice_keeps_the_default_first_and_leaves_rc_params_alone():
     assert matplotlib.rcParams["font.family"] == before
     assert "fonts-noto-cjk" in fonts.install_hint("한")
     assert fonts.install_hint("\u0d9a") == "fonts-noto"  # Sinhala
+
+
+@pytest.mark.parametrize("grid", [False, True])
+def test_dollar_signs_are_text_not_math(tmp_path, grid):
+    """A line with two $ was read as math: `5 $ oder 10 $` came out garbled, and `$ } $` raised mathtext's
+    ValueError when drawn (a traceback from `xattn attention`)."""
+    maps = AttentionMaps(cross_maps().weights, rows=["$5-$10", "}", "</s>"], cols=["5", "$", "}", "$"])
+    fig = figure(maps, grid=grid, title="Es kostet 5 $ } oder 6 $\nIt costs $5 } or $6")
+    path = save(fig, tmp_path / "dollars.png")
+    assert path.stat().st_size > 0
+    from matplotlib.text import Text
+    dollars = [text for text in fig.findobj(Text) if "$" in text.get_text()]
+    assert len(dollars) >= 4 and not any(text.get_parse_math() for text in dollars)

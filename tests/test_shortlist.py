@@ -216,3 +216,25 @@ def test_a_shortlist_made_for_other_tokenizers_is_refused(numbers_model, tmp_pat
     Shortlist(np.array([2]), table).save(model, {"tokenizers": {"spm.model": "0" * 64}})
     with pytest.raises(xattn.XattnError, match=r"shortlist.safetensors: made for other tokenizers than this model's"):
         Shortlist.load(model, cfg.src_vocab_size, cfg.tgt_vocab_size)
+
+
+def test_no_shortlist_turns_off_a_shortlist_the_models_settings_ask_for(numbers_model, tmp_path, capsys):
+    """--shortlist could only be turned on: a model whose config.yaml says decode.shortlist but whose list is gone
+    could not translate until its config was edited by hand."""
+    import shutil
+
+    import yaml
+
+    from xattn.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(numbers_model, model)
+    raw = yaml.safe_load((model / "config.yaml").read_text())
+    raw["decode"]["shortlist"] = True
+    (model / "config.yaml").write_text(yaml.safe_dump(raw))
+    src = tmp_path / "in.de"
+    src.write_text("drei\n")
+    assert main(["translate", str(model), "-i", str(src)]) == 2
+    assert "this model has no shortlist" in capsys.readouterr().err
+    assert main(["translate", str(model), "-i", str(src), "--no-shortlist"]) == 0
+    assert capsys.readouterr().out.strip()

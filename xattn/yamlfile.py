@@ -44,6 +44,11 @@ def unique_key_loader():
                 if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be given again here
                     continue
                 key = self.construct_object(key_node, deep=deep)
+                try:
+                    hash(key)
+                except TypeError:  # (`[1, 0]: 1`; `key in seen` raised it, a traceback, before YAML's own check)
+                    raise yaml.constructor.ConstructorError(None, None, "a list or mapping cannot be a key",
+                                                            key_node.start_mark) from None
                 if key in seen:
                     raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice",
                                                             key_node.start_mark)

@@ -56,9 +56,13 @@ def figure(maps: AttentionMaps, choice: HeadChoice | None = None, grid: bool = F
                          else "") + f" would draw {cells} cells, over the {MAX_CELLS} a PNG, SVG or PDF takes (its "
                          "memory grows with them: a 300-word sentence took 2.5 GB); write it as .html, or draw "
                          "a shorter text")
+    import matplotlib
+
     choice = choice or HeadChoice.nearest(heads, len(heads) - 1, what)
     choice.check(heads, what)
-    with fonts_for([*maps.rows, *maps.cols, title or ""]), warnings.catch_warnings():
+    # text as written: matplotlib reads a line with two $ as math ("5 $ or 10 $" garbled, "$ } $" an error)
+    with fonts_for([*maps.rows, *maps.cols, title or ""]), warnings.catch_warnings(), \
+            matplotlib.rc_context({"text.parse_math": False}):
         warnings.filterwarnings("ignore", "Glyph .* missing from font")  # said once, by fonts_for and by save
         if grid:
             fig = _grid(maps, heads, title or f"{what}, every layer and head")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -26,6 +27,7 @@ from xattn.config import ModelConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.model import HeadMask, Transformer, layout_problem
 from xattn.registry import PLACES
+from xattn.shortlist import FILE as SHORTLIST
 
 Removal = dict[str, list[list[int]]]
 """Per place, per layer: the heads to remove."""
@@ -110,9 +112,10 @@ def prune_model(model: Transformer, removal: Removal) -> Transformer:
 
 
 def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> Transformer:
-    """Write the pruned model of `model_dir` to `out_dir`: config, tokenizers and whole weights (a pruned child
-    no longer fits its parent), and the stored alignment head choice with its heads renumbered, or dropped
-    when it loses a head. Returns the pruned model."""
+    """Write the pruned model of `model_dir` to `out_dir`: config, tokenizers, its shortlist and whole weights (a
+    pruned child no longer fits its parent), and the stored alignment head choice with its heads renumbered, or
+    dropped when it loses a head; a coverage penalty is set to 0 when no cross-attention head is left. Returns
+    the pruned model."""
     from xattn.analysis import choice
     from xattn.checkpoint import copy_tokenizers, load_model_dir, save_model_dir
     from xattn.config import ParentConfig
@@ -123,10 +126,15 @@ def prune_dir(model_dir: str | Path, removal: Removal, out_dir: str | Path) -> T
         raise ParameterError("out_dir", f"{out} exists and is not empty; prune into a new directory")
     loaded = load_model_dir(model_dir)
     pruned = prune_model(loaded.model, removal)
-    cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig())
+    decode = loaded.config.decode
+    if decode.coverage_penalty and not any(pruned.cfg.heads_per_layer("cross")):  # (no attention to cover by:
+        decode = dataclasses.replace(decode, coverage_penalty=0.0)                  # every beam search refused)
+    cfg = dataclasses.replace(loaded.config, model=pruned.cfg, parent=ParentConfig(), decode=decode)
     record = choice.stored(model_dir, loaded.model.cfg)
     with atomic_dir(out) as tmp:  # all or nothing
         copy_tokenizers(model_dir, tmp)
+        if (model_dir / SHORTLIST).is_file():  # the same vocabularies and tokenizers: the lists still hold
+            shutil.copyfile(model_dir / SHORTLIST, tmp / SHORTLIST)
         save_model_dir(tmp, pruned, cfg)
         if record is not None:
             layer = record.settings.choice.layer

@@ -64,8 +64,10 @@ def add_decode_flags(p, one_per_input: bool = False) -> None:
             p.add_argument(flag, type=kind, help=help)
     p.add_argument("--sample", action=argparse.BooleanOptionalAction, default=None,
                    help="sample instead of searching (--no-sample: search, where the model's decode settings sample)")
-    p.add_argument("--shortlist", action="store_true", help="score only the target tokens the model's lexical "
-                   "shortlist (xattn shortlist) lists for each sentence's source tokens: faster, may change a few translations")
+    p.add_argument("--shortlist", action=argparse.BooleanOptionalAction, default=None, help="score only the target "
+                   "tokens the model's lexical shortlist (xattn shortlist) lists for each sentence's source tokens: "
+                   "faster, may change a few translations (--no-shortlist: the whole vocabulary, where the model's "
+                   "decode settings use the list)")
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:N (default: cuda if available; the CPU with --quantize int8)")
     p.add_argument("--quantize", choices=["int8"], help="dynamic int8 linear layers (CPU)")
@@ -89,8 +91,8 @@ def decode_config(args, base):
     given = set(changes)  # the settings the command line names (refuse_unused names them)
     if args.sample is not None:
         changes["sampling"] = args.sample
-    if args.shortlist:
-        changes["shortlist"] = True
+    if args.shortlist is not None:
+        changes["shortlist"] = args.shortlist
     try:
         cfg = build(DecodeConfig, base.with_choices(changes), "decode", base)
         cfg.refuse_unused(given)
