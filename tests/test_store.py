@@ -189,3 +189,19 @@ def test_an_encoding_worker_that_dies_is_one_error_and_no_hang():
             pool.submit(_die, 0).result(timeout=120)  # (a bound against hanging)
             for result in results:
                 result.result(timeout=120)
+
+
+def test_a_ctrl_c_while_the_pool_starts_its_manager_thread_is_not_a_traceback(monkeypatch):
+    """Ctrl+C inside the first submit(), as it started the pool's manager thread, made the pool's shutdown raise
+    `RuntimeError: cannot join thread before it is started` over the KeyboardInterrupt (seen once in the test
+    above): prepare then printed two tracebacks and exited 1."""
+    from concurrent.futures import process
+
+    from xattn.data.prepare import worker_processes
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(process._ExecutorManagerThread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with worker_processes(2) as pool:
+            pool.submit(print, "never")

@@ -13,6 +13,7 @@ with their pair.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -132,7 +133,10 @@ def worker_processes(workers: int, initializer=None, initargs: tuple = ()) -> It
             jobs.cancel_join_thread()                                  # read, is waited for by nobody
         for process in list(getattr(pool, "_processes", {}).values()):  # (the others, blocked writing results, kept
             process.kill()                                               # a dead one's pool waiting)
-        pool.shutdown(wait=True, cancel_futures=True)
+        if (manager := getattr(pool, "_executor_manager_thread", None)) is not None:  # a Ctrl+C inside submit() may
+            manager._started.wait(1)  # cut the wait for this thread's start, which shutdown's join then refused
+        with contextlib.suppress(RuntimeError):  # ("cannot join thread before it is started": it never ran)
+            pool.shutdown(wait=True, cancel_futures=True)
         if isinstance(e, BrokenProcessPool):
             raise XattnError("a worker process of this one ended abruptly (killed, perhaps for memory); run "
                              "again with more memory free") from None
