@@ -2,7 +2,7 @@
 back as it came, the inline elements carried over to a translation by its word links, and the server's answers."""
 import pytest
 
-from xattn.words import split_words
+from xattn.words import split_words, strip_separators
 
 pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
 from xattn.serve.markup import Translated, parse  # noqa: E402
@@ -13,7 +13,7 @@ def unchanged(page):
     out = []
     for block in page.blocks:
         words = split_words(block.text)
-        out.append(Translated(block.text.strip(" "), words, words, [(i, i) for i in range(len(words))]))
+        out.append(Translated(strip_separators(block.text), words, words, [(i, i) for i in range(len(words))]))
     return out
 
 
@@ -26,9 +26,12 @@ def unchanged(page):
     '<!-- ein Kommentar --><div>A<br>B<br/>C</div></body></html>',
     '<p><b></b>x <span translate="no">Acme Inc</span> y <code>ls -l</code></p>',
     "<p><code>ls</code> zeigt <b> </b> Dateien <!--c--></p>",
-    "<p> <b>fett</b> </p>", "<ul><li>eins</li><li>zwei <em>drei</li></ul>", "<p>Hallo <b>Welt<p>weiter",
+    "<p> <b>fett</b> </p>", "<ul><li>eins</li><li>zwei <em>drei</em></li></ul>",
     '<div class="notranslate">Name <b>bleibt</b></div><p>Text</p>', "<svg><text>nein</text><svg>x</svg></svg> ja",
-    "", "<br>", "   ", "<p>\xa0</p>", "x </b> y", "<td>1&nbsp;000 €</td>",
+    "", "<br>", "   ", "<p>\xa0</p>", "x </b> y", "<td>1&nbsp;000 €</td>", "<td>&nbsp;&nbsp;Unterpunkt</td>",
+    '<p><a href="/"><img src="logo.png"> Startseite</a></p>', "<p>x</p><style>p{color:red}",
+    '<p><a href="/p">Produkt <span translate="no">XY-200</span></a> kaufen</p>', "<p translate>Hallo</p>",
+    "<p>Preis:&nbsp;<img src=x></p>", "<nav><a href=/>Start</a> › <a href=/b>Blog</a></nav><p>›</p>",
 ])
 def test_markup_comes_back_as_it_was_written_around_an_unchanged_text(document):
     """The reading loses nothing: with each block's text as its own translation the page comes back the same, but
@@ -39,18 +42,73 @@ def test_markup_comes_back_as_it_was_written_around_an_unchanged_text(document):
     assert " ".join(html.unescape(back).split()) == " ".join(html.unescape(document).split()), back
 
 
+def rendered(document: str) -> str:
+    page = parse(document)
+    return page.render(unchanged(page))
+
+
+def test_markup_comes_back_in_its_place_exactly():
+    """Atoms stay inside the elements they stood in (a logo inside its link), and white space at a block's edges,
+    `&nbsp;` too, stays as it was."""
+    for document in ['<p><a href="/"><img src="logo.png"> Startseite</a></p>', "<td>\xa0\xa0Unterpunkt</td>",
+                     '<p><a href="/p">Produkt <span translate="no">XY-200</span></a> kaufen</p>',
+                     "<p>Preis:\xa0<img src=x></p>", "<p>x</p><style>p{color:red}", "<p>a <b>b <img> c</b> d</p>",
+                     "<p><!--x--> a <code>b</code></p>"]:
+        assert rendered(document) == document
+
+
+def test_an_inline_element_a_block_boundary_cuts_ends_there_and_opens_again():
+    """As a browser reopens it: written open, its words in the next block were taken into what the translation
+    put after it."""
+    assert rendered('<p>Bitte <a href="/x">hier klicken<br>oder anrufen</a> bitte</p>') == \
+        '<p>Bitte <a href="/x">hier klicken</a><br><a href="/x">oder anrufen</a> bitte</p>'
+    assert rendered("<p>Hallo <b>Welt<p>weiter") == "<p>Hallo <b>Welt</b><p><b>weiter</b>"
+    assert rendered("<ul><li>eins</li><li>zwei <em>drei</li></ul>") == "<ul><li>eins</li><li>zwei <em>drei</em></li></ul>"
+
+
+def test_kept_text_is_escaped_as_the_parser_read_it():
+    """Python's newer parsers read textarea and title as RCDATA: their references decoded, with cdata_elem set.
+    Written out raw, `&lt;/textarea&gt;&lt;img ...&gt;` became markup."""
+    from xattn.serve.markup import Reader
+    reader = Reader()
+    reader.cdata_elem, reader._escapable = "textarea", True
+    assert reader._raw("</textarea><img src=x onerror=alert(1)>") == \
+        "&lt;/textarea&gt;&lt;img src=x onerror=alert(1)&gt;"
+    reader._escapable = False  # script, style: as they came
+    assert reader._raw('if (a < b) x("<p>");') == 'if (a < b) x("<p>");'
+    page = parse("<textarea>&lt;/textarea&gt;&lt;img src=x&gt;</textarea><p>Text</p>")
+    assert "<img" not in page.render(unchanged(page))
+
+
 def test_what_is_translated_and_what_is_not():
     page = parse('<html><head><title>Der Titel</title><script>var x = "nein";</script></head><body><p>Ein '
                  '<b>großer</b> Hund &amp; <code>x</code> eine Katze.</p><pre>bleibt</pre><p translate="no">auch</p>'
                  '<ul><li>eins</li><li>zwei</li></ul><p>a<br>b</p></body></html>')
     assert [b.text.strip() for b in page.blocks] == ["Der Titel", "Ein großer Hund & eine Katze.", "eins", "zwei",
                                                     "a", "b"]
+    # an element kept whole ends where its end tag, left out, would be; a block of no letter or digit stays as it is;
+    # a script written as if void opens as a browser opens it; a button's text is part of its sentence
+    assert [b.text for b in parse('<ul><li translate="no">Acme<li>Apfel</ul><p>Text</p>').blocks] == ["Apfel", "Text"]
+    assert [b.text for b in parse('<p translate="no">a<br>b</p><div>c</div>').blocks] == ["c"]
+    assert [b.text for b in parse("<p>›</p><p> | </p><p>—2</p>").blocks] == ["—2"]
+    assert [b.text for b in parse('<script src=a.js/>var x = "Hallo";</script><p>Text</p>').blocks] == ["Text"]
+    assert [b.text for b in parse("<p>Klicken Sie auf <button>Senden</button>, um fortzufahren.</p>").blocks] == \
+        ["Klicken Sie auf Senden, um fortzufahren."]
+    assert [b.text for b in parse("<p>Hallo <svg><text>nein</text></svg> Welt</p>").blocks] == ["Hallo Welt"]
 
 
 def links_page(source_html, translation, links):
     page = parse(source_html)
     (block,) = page.blocks
     return page.render([Translated(translation, split_words(block.text), split_words(translation), links)])
+
+
+def test_a_request_naming_a_text_in_a_value_is_answered_with_its_error(client):
+    """The error of a page's block names the page; a value quoting `q[5]` was taken for a block's name: a 500."""
+    r = client.post("/translate", json={"q": "<p>Hallo</p>", "format": "html", "stopping": "q[5]"})
+    assert r.status_code == 422 and "'q[5]'" in r.json()["error"], r.text
+    r = client.post("/translate", json={"q": "<br>", "format": "html", "beam_size": 100000})
+    assert r.status_code == 422 and "beam_size" in r.json()["error"], r.text  # a page of no text is checked too
 
 
 def test_inline_elements_follow_their_words_through_the_links():
@@ -73,6 +131,14 @@ def test_kept_markup_follows_the_translation_of_the_word_before_it_with_its_spac
         '<p>Maintenant<img src=a> lancez <code>ls</code> et <!--x-->puis</p>'
     assert links_page("<p><img src=a> Hallo</p>", "Hello", [(0, 0)]) == "<p><img src=a> Hello</p>"
     assert links_page("<p>Hallo <br>", "Hello", [(0, 0)]) == "<p>Hello <br>"
+
+
+def test_an_element_no_target_word_took_is_not_lost():
+    """A link on a word whose translation is linked to another source word, or to none, vanished with its href."""
+    assert links_page("<p>Das ist <b>sehr</b> gut</p>", "That is very good", [(0, 0), (1, 1), (3, 3)]) == \
+        "<p>That is <b>very</b> good</p>"
+    assert links_page('<p>Ruf <b>uns</b> <a href="h">heute</a> an</p>', "Call us today", [(0, 0), (1, 1), (1, 2), (2, 2)]) \
+        == '<p>Call <b>us <a href="h">today</a></b></p>'
 
 
 def test_the_translation_is_escaped_as_html():

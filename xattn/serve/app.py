@@ -311,12 +311,10 @@ async def translated_html(model: Model, req: TranslateRequest, pages: list[marku
         raise ApiError(422, "format: html places the markup by the word alignment, and every cross-attention head "
                        "of this model was pruned; send format text", "invalid_request")
     blocks = [block.text.strip(" ") for page in pages for block in page.blocks]
-    found = iter([])
-    if blocks:
-        inner = req.model_copy(update={"q": blocks, "format": "text", "alignment": True})
-        with markup.named_blocks(pages):
-            body = await translated(model, inner, dataclasses.replace(limits, max_items=len(blocks)), record, None)
-        found = iter(body["results"])
+    inner = req.model_copy(update={"q": blocks or [""], "format": "text", "alignment": True})  # (a page of no
+    with markup.named_blocks(pages):  # text is checked as any request, its one empty text translated empty)
+        body = await translated(model, inner, dataclasses.replace(limits, max_items=max(1, len(blocks))), record, None)
+    found = iter(body["results"])
     rendered, scores = [], []
     for page in pages:
         results = [next(found) for _ in page.blocks]

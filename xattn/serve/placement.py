@@ -1,0 +1,161 @@
+"""A block's inline markup put on its translation by the word alignment (serve/markup.py reads the blocks).
+
+Each target word takes the inline elements around the source word it is linked to (its first link, by source
+order); a word linked to none takes what its nearest linked neighbours on both sides share (at an edge, what
+holds every source word). An element that no target word took so is put on the target words linked to any of
+its source words, or, with none, on the target word at its first word's relative place, so that no link (`<a
+href>`) is lost. An element whose words come apart in the translation is written once for each run of them (its
+start tag as the source wrote it, each time). An atom (markup kept whole) follows the translation of the nearest
+linked source word before it, inside the elements it stood in; white space before and after it, and at the
+block's edges (`&nbsp;` too), is kept as the source had it.
+"""
+from __future__ import annotations
+
+import html
+
+from xattn.serve.markup import Atom, Block, Translated
+
+
+def spans(words: list[str], text: str) -> list[tuple[int, int]]:
+    """Where each of `words` (the words of `text`, in order: xattn.words) stands in `text`."""
+    out, at = [], 0
+    for word in words:
+        start = text.index(word, at)
+        out.append((start, at := start + len(word)))
+    return out
+
+
+def shared(*stacks: tuple) -> tuple:
+    """The elements words share from the outside in."""
+    n = 0
+    while n < min(map(len, stacks)) and len({s[n] for s in stacks}) == 1:
+        n += 1
+    return stacks[0][:n]
+
+
+def placed(block: Block, translation: Translated) -> str:
+    """The translation of `block` as HTML: escaped, with the block's inline elements and atoms placed by its links
+    (its text escaped, then its atoms, should its words not be found in it)."""
+    try:
+        source = spans(translation.source_words, block.text)
+        target = spans(translation.target_words, translation.text)
+    except ValueError:  # (words that are not the text's: never seen; a translation rather than an error)
+        return html.escape(translation.text, quote=False) + "".join(a.markup for a in block.atoms)
+    if not source:
+        return "".join(block.raw)
+    links = [(i, j) for i, j in translation.links if i < len(source) and j < len(target)]
+    stacks = word_elements(block, source, len(target), links)
+    follows: dict[int, list[Atom]] = {}  # atoms inside the text, by the target word they follow
+    lead, trail = [], []                 # atoms before the first source word, and after the last
+    for atom in block.atoms:
+        before = [i for i, (start, _) in enumerate(source) if start < atom.at]  # (one inside a word follows it)
+        if not before:
+            lead.append(atom)
+        elif before[-1] == len(source) - 1:
+            trail.append(atom)
+        else:
+            anchor = next((max(j for i, j in links if i == k) for k in reversed(before) if k in dict(links)), -1)
+            (follows.setdefault(anchor, []) if anchor >= 0 else lead).append(atom)
+    writer = Writer(block)
+    writer.edge(block.text[:source[0][0]], lead, 0)
+    writer.text(translation.text[:target[0][0]] if target else translation.text)
+    for j, (start, end) in enumerate(target):
+        writer.word(stacks[j], translation.text[start:end])
+        gap = translation.text[end:target[j + 1][0]] if j + 1 < len(target) else ""
+        if j + 1 < len(target):
+            writer.between(follows.get(j, []), gap, stacks[j + 1])
+    writer.text(translation.text[target[-1][1]:] if target else "")
+    for j in sorted(k for k in follows if k >= len(target) - 1):  # (atoms of a word past the last: at the end)
+        trail = follows[j] + trail
+    writer.edge(block.text[source[-1][1]:], trail, source[-1][1])
+    writer.move(())
+    return "".join(writer.out)
+
+
+def word_elements(block: Block, source: list[tuple[int, int]], targets: int,
+                  links: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """The elements each target word is written in (indices into block.elements, outer first)."""
+    inside = [tuple(k for k, e in enumerate(block.elements) if e.start < end and e.end > start)
+              for start, end in source]  # each source word's elements
+    whole = shared(*inside)
+    first: dict[int, int] = {}
+    for i, j in sorted(links):
+        first.setdefault(j, i)
+    stacks = []
+    for j in range(targets):
+        if j in first:
+            stacks.append(inside[first[j]])
+            continue
+        before = next((inside[first[k]] for k in range(j - 1, -1, -1) if k in first), whole)
+        after = next((inside[first[k]] for k in range(j + 1, targets) if k in first), whole)
+        stacks.append(shared(before, after))
+    taken = {k for stack in stacks for k in stack}
+    for k in range(len(block.elements)):
+        if k in taken or not targets:
+            continue
+        words = [i for i, ks in enumerate(inside) if k in ks]
+        if not words:
+            continue
+        chosen = sorted({j for i, j in links if i in words}) or [min(targets - 1, words[0] * targets // len(source))]
+        for j in chosen:
+            stacks[j] = tuple(sorted({*stacks[j], k}))
+    return stacks
+
+
+class Writer:
+    """The HTML of a block's translation, written in order, with the elements open at each point."""
+
+    def __init__(self, block: Block):
+        self.block, self.out, self.current = block, [], ()
+
+    def move(self, to: tuple) -> None:
+        """Close the open elements `to` does not hold and open those it adds."""
+        keep = len(shared(self.current, to))
+        self.out += [f"</{self.block.elements[k].tag}>" for k in reversed(self.current[keep:])]
+        self.out += [self.block.elements[k].start_tag for k in to[keep:]]
+        self.current = to
+
+    def text(self, text: str) -> None:
+        self.out.append(html.escape(text, quote=False))
+
+    def word(self, stack: tuple, text: str) -> None:
+        self.move(stack)
+        self.text(text)
+
+    def atoms(self, atoms: list[Atom]) -> None:
+        for atom in atoms:
+            self.move(atom.within)
+            self.out.append(atom.markup)
+
+    def between(self, atoms: list[Atom], gap: str, next_stack: tuple) -> None:
+        """What stands between two translated words: their gap, and the atoms that follow the first (after the gap
+        if white space stood before them, as in `x <code>y</code> z`; before it if not, as in `mehr<img> ende`)."""
+        if not atoms:
+            self.move(shared(self.current, next_stack))
+            self.text(gap)
+        elif atoms[0].before:
+            self.move(shared(self.current, atoms[0].within))
+            self.text(gap or " ")
+            self.atoms(atoms)
+            if atoms[-1].after:
+                self.move(shared(self.current, next_stack))
+                self.text(" ")
+        else:
+            self.atoms(atoms)
+            self.move(shared(self.current, next_stack))
+            self.text(gap or (" " if atoms[-1].after else ""))
+
+    def edge(self, space: str, atoms: list[Atom], offset: int) -> None:
+        """The source's text before its first word or after its last (white space: ` `, `&nbsp;`), with the atoms
+        there at their places (`offset`: where `space` begins in the block's text)."""
+        at = 0
+        for atom in atoms:
+            cut = min(max(atom.at - offset, at), len(space))
+            if space[at:cut]:
+                self.move(shared(self.current, atom.within))
+                self.text(space[at:cut])
+            self.atoms([atom])
+            at = cut
+        if space[at:]:
+            self.move(shared(self.current, ()) if offset else self.current)
+            self.text(space[at:])
