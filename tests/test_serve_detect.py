@@ -209,6 +209,8 @@ def test_a_file_of_more_lines_than_a_request_may_have_is_one_request(small):
     (b"drei \xff vier", "zahlen.txt", {}, 422, "file: not UTF-8 text (byte 0xff at offset 5)"),
     (b"\xef\xbb\xbfdrei \xe4", "zahlen.txt", {}, 422, "file: not UTF-8 text (byte 0xe4 at offset 8)"),  # a BOM first
     (b"drei\x00\x01\x02", "zahlen.txt", {}, 422, "file: binary data (a NUL byte at offset 4)"),
+    ("drei\n".encode("utf-16"), "zahlen.txt", {}, 422, "file: UTF-16 text (its byte-order mark); send it as UTF-8"),
+    ("drei\n".encode("utf-16-be").join([b"\xfe\xff", b""]), "zahlen.txt", {}, 422, "file: UTF-16 text"),
     ("\n  \n", "zahlen.txt", {}, 422, "file: no text to translate"),
     ("drei\n" * 61, "zahlen.txt", {}, 413, "file: 305 characters, over the limit of 300"),
     ("drei\nvier\n" + "drei " * 20, "zahlen.txt", {}, 413, "file: line 3: 20 source tokens, over the limit of 12"),

@@ -273,3 +273,21 @@ def test_short_texts_alone_choose_their_language_together():
 def test_two_models_of_one_pair_are_refused_naming_both():
     with pytest.raises(xattn.XattnError, match="a and c: both translate de→en"):
         Models([Served("a", "de", "en"), Served("b", "en", "de"), Served("c", "de", "en")])
+
+
+def test_language_codes_are_read_as_libretranslate_reads_them():
+    """`DE` or `zh-Hans` (LibreTranslate's /languages lists variants so since 1.6) were refused as unsupported: codes
+    were matched as written."""
+    from xattn.serve.models import Models, Served
+    models = Models([Served("a", "de", "en"), Served("b", "zh", "en"), Served("c", "pb", "en")])
+    assert [models.code(c) for c in ("DE", "En", "zh-Hans", "ZH-HANS", "pt-BR", "Auto")] == \
+        ["de", "en", "zh", "zh", "pb", "auto"]
+    assert [models.code(c) for c in ("zh-Hant", "xx", "de-DE")] == ["zh-Hant", "xx", "de-DE"]  # not served: as given
+    assert models.pick(models.code("ZH-hans"), models.code("EN")).path == "b"
+
+
+def test_a_request_in_capitals_is_routed_as_in_lower_case(client):
+    same = client.post("/translate", json={"q": "drei", "source": "de", "target": "en"}).json()["translatedText"]
+    r = client.post("/translate", json={"q": "drei", "source": "DE", "target": "En"})
+    assert r.status_code == 200 and r.json()["translatedText"] == same, r.text
+    assert client.post("/translate", json={"q": "drei", "source": "AUTO"}).json()["translatedText"] == same

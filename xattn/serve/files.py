@@ -137,6 +137,8 @@ def file_text(upload: Upload | str | None, limits: Limits) -> tuple[str, str]:
     if (extension := PurePath(name).suffix).lower() not in EXTENSIONS:
         raise ApiError(400, f"file: {extension or 'a name without extension'} is not supported; send a .txt file "
                        "(UTF-8 plain text)", "unsupported_format")
+    if upload.data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise ApiError(422, "file: UTF-16 text (its byte-order mark); send it as UTF-8", "invalid_request")
     if (nul := upload.data.find(b"\0")) >= 0:
         raise ApiError(422, f"file: binary data (a NUL byte at offset {nul}), not UTF-8 text", "invalid_request")
     try:

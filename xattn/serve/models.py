@@ -168,6 +168,7 @@ class Models:
         """The model for `texts` from `source` (or `auto`) to `target` (None: the one target `source` has here);
         a pair no model serves, or a choice the request leaves open, is a 400 naming the field. `names`: how an
         error names each text (default q[0], q[1], ...)."""
+        source, target = self.code(source), None if target is None else self.code(target)
         detected = None
         if source == "auto":
             options = [one for one in self.served if target in (None, one.target)]
@@ -210,6 +211,14 @@ class Models:
                                f"{language(guess.language)}, not as a source language this request could go to "
                                f"({', '.join(candidates)}); give source", "unsupported_language")
         return found[0], [(found[0], round(100 * guess.confidence, 2)) for guess in guesses]
+
+    def code(self, given: str) -> str:
+        """`given` as this server names a language: in lower case (`DE`, `Auto`), and LibreTranslate's names of
+        variants (`zh-Hans`, as its /languages lists them since 1.6) as the codes of its models (`zh`); as given
+        when neither is a language served, for the error to name it as the client wrote it."""
+        served = {code for one in self.served for code in (one.source, one.target)} | {"auto"}
+        lower = given.lower()
+        return next((code for code in (lower, VARIANTS.get(lower)) if code in served), given)
 
     def pick(self, source: str, target: str | None) -> Served:
         """The model from `source` to `target` (None: the only target `source` has here)."""
@@ -270,6 +279,10 @@ def directory_name(path: str) -> str:
     """A model directory's name as the server shows it: its last part, `.` and `..` read as the directories they
     stand for (`xattn serve .` was named "")."""
     return Path(os.path.abspath(path)).name
+
+
+VARIANTS = {"zh-hans": "zh", "zh-hant": "zt", "pt-br": "pb"}
+"""LibreTranslate's names of language variants, read as the codes of its models (as its iso2model reads them)."""
 
 
 def language(code: str) -> str:
