@@ -408,3 +408,23 @@ def test_a_joint_vocab_override_is_read_as_the_config_reads_it():
         check_overrides(["data.joint_vocab=["])
     with pytest.raises(XattnError, match="always separate"):
         check_overrides(["data.joint_vocab=1"])
+
+
+def test_a_composed_model_names_its_languages_not_one_sides_files():
+    """compose kept the decoder side's data section with the languages swapped: its training files (which
+    `xattn shortlist` then read with the other side's tokenizer), and a dataset without the new source language
+    (refused as `data.src_lang: 'es' is not one of ...`, a key nobody set)."""
+    from xattn.config import DataConfig
+    from xattn.transfer import composed_data
+
+    enc = DataConfig(dataset=None, src_lang="de", tgt_lang="en", train_src="de.txt", train_tgt="en.txt")
+    dec = DataConfig(dataset=None, src_lang="fr", tgt_lang="cs", train_src="fr.txt", train_tgt="cs.txt",
+                     valid_src="v.fr", valid_tgt="v.cs")
+    data = composed_data(enc, dec)
+    assert (data.dataset, data.src_lang, data.tgt_lang) == (None, "de", "cs")
+    assert (data.train_src, data.train_tgt, data.valid_src, data.valid_tgt) == (None, None, None, None)
+    es = DataConfig(dataset=None, src_lang="es", tgt_lang="en", train_src="es.txt", train_tgt="en.txt")
+    m30k = DataConfig(dataset="multi30k", src_lang="fr", tgt_lang="en", train_subset=100)
+    assert (composed_data(es, m30k).dataset, composed_data(es, m30k).src_lang) == (None, "es")
+    shared = composed_data(DataConfig(src_lang="cs", tgt_lang="en"), m30k)
+    assert (shared.dataset, shared.src_lang, shared.train_subset) == ("multi30k", "cs", None)

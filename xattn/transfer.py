@@ -14,12 +14,13 @@ is asked to store its weights whole.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import torch
 
-from xattn.config import ParentConfig, RunConfig
+from xattn.config import DataConfig, ParentConfig, RunConfig
 from xattn.errors import ParameterError, XattnError
 from xattn.model import Transformer
 from xattn.strategies import GROUPS, SIDES, Strategy
@@ -233,13 +234,24 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
         _, base_weights = read_model(root)
         base_weights = base_weights if tensors_digest(base_weights) == digest else None  # the parent has moved on
     link = parent_link(out, root, digest, delta=base_weights is not None)
-    data = dataclasses.replace(tgt_cfg.data, src_lang=src_cfg.data.src_lang, tgt_lang=tgt_cfg.data.tgt_lang)
-    cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=data, parent=link)
+    cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=composed_data(src_cfg.data, tgt_cfg.data), parent=link,
+                              decode=dataclasses.replace(tgt_cfg.decode, shortlist=False))  # (no list goes with it)
     with atomic_dir(out) as tmp:  # all or nothing
         for side, name in (("src", SRC_MODEL), ("tgt", TGT_MODEL)):
             copy_tokenizers(source[side], tmp, [name])
         save_model_dir(tmp, model, cfg, base=base_weights)
     return cfg
+
+
+def composed_data(src: DataConfig, tgt: DataConfig) -> DataConfig:
+    """A composed model's data section: its two languages, and the dataset both sides were trained on where they
+    share one that has both; never one side's files, subset or validation set (`xattn shortlist` and `evaluate`
+    would read that side's text with the other side's tokenizer)."""
+    langs = {"src_lang": src.src_lang, "tgt_lang": tgt.tgt_lang, "vocab_size": tgt.vocab_size, "joint_vocab": False}
+    if src.dataset is not None and src.dataset == tgt.dataset:
+        with contextlib.suppress(XattnError):  # (a dataset without one of the languages: none)
+            return DataConfig(dataset=src.dataset, numbers_size=tgt.numbers_size, **langs)
+    return DataConfig(dataset=None, **langs)
 
 
 def _common_parent(models: dict) -> tuple[str, Path]:
