@@ -428,3 +428,27 @@ def test_a_composed_model_names_its_languages_not_one_sides_files():
     assert (composed_data(es, m30k).dataset, composed_data(es, m30k).src_lang) == (None, "es")
     shared = composed_data(DataConfig(src_lang="cs", tgt_lang="en"), m30k)
     assert (shared.dataset, shared.src_lang, shared.train_subset) == ("multi30k", "cs", None)
+
+
+def test_a_parent_whose_kept_tokenizer_has_an_id_table_is_refused_naming_it(parent, tmp_path, capsys):
+    """An imported model's tokenizer may number its pieces by a table (spm.tgt.vocab.json); the child's corpus took
+    the .model alone, so the frozen embeddings were read by other ids (or the run failed on a key it never set)."""
+    import json
+    import shutil
+
+    import sentencepiece as spm
+
+    from xattn.checkpoint import load_model_dir, save_model_dir
+
+    imported = tmp_path / "imported"
+    shutil.copytree(parent, imported)
+    loaded = load_model_dir(imported)
+    processor = spm.SentencePieceProcessor(model_file=str(imported / "spm.tgt.model"))
+    table = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+    (imported / "spm.tgt.vocab.json").write_text(json.dumps(table))
+    save_model_dir(imported, loaded.model, loaded.config)  # (fingerprinted with the table)
+    load_model_dir(imported)
+    assert finetune(imported, tmp_path / "child", "src+xattn", "train.max_steps=1") == 2
+    err = capsys.readouterr().err
+    assert "its tgt tokenizer numbers its pieces by a table of its own (spm.tgt.vocab.json" in err
+    assert len(err.strip().splitlines()) == 1

@@ -123,6 +123,7 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
     from xattn.checkpoint import load_model_dir, parent_link, tensors_digest, tokenizer_hashes, weights_of
     from xattn.corpus import prepare_corpus
     from xattn.recipes import RunParts, length_ratio
+    from xattn.tokenizer import vocab_file
 
     if Path(out_dir).resolve() == Path(parent_dir).resolve():
         raise ParameterError("out_dir", f"{out_dir} is the parent; a child trains into a directory of its own")
@@ -140,6 +141,10 @@ def child_factory(parent_dir: str | Path, strat: Strategy, cfg: RunConfig, out_d
                          "model.share_embeddings=false")
     kept = "tgt" if side == "src" else "src"
     inherit = {kept: getattr(parent.tokenizers, kept).path}
+    if (table := vocab_file(inherit[kept])).is_file():  # (the corpus takes the .model alone: other ids, silently)
+        raise XattnError(f"{parent_dir}: its {kept} tokenizer numbers its pieces by a table of its own "
+                         f"({table.name}, as an imported model's does), which a child's corpus does not carry; "
+                         "fine-tune a parent trained with xattn")
     data = dataclasses.replace(cfg.data, joint_vocab=False)
     parent_tensors = weights_of(parent.model)
     digest = tensors_digest(parent_tensors)
