@@ -214,3 +214,30 @@ def test_any_tag_soup_comes_back_with_its_text_and_never_raises():
         document = "".join(pieces)
         assert visible(rendered(document)) == visible(document), document
     check()
+
+
+def test_any_links_place_the_markup_without_losing_a_translated_word():
+    """Whatever the alignment links (any pairs, any number of target words), the writing back never fails and every
+    word of each block's translation is in the page, in order (hypothesis)."""
+    import html
+    import re
+
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=300)
+    @given(st.lists(st.sampled_from(PIECES), max_size=25), st.lists(st.sampled_from(["A", "big", "dog", "<x>", "&"]),
+                                                                    max_size=6), st.data())
+    def check(pieces, words, data):
+        page = parse("".join(pieces))
+        out = []
+        for block in page.blocks:
+            source = split_words(block.text)
+            links = data.draw(st.lists(st.tuples(st.integers(0, len(source)), st.integers(0, len(words))),
+                                       max_size=8))
+            out.append(Translated(" ".join(words), source, list(words), links))
+        written = html.unescape(re.sub(r"<[^>]*>", " ", page.render(out)))
+        for block in page.blocks:
+            at = 0
+            for word in words:
+                at = written.index(word, at) + len(word)
+    check()
