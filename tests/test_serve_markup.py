@@ -192,7 +192,7 @@ def test_a_page_is_within_a_requests_characters_not_its_items(client):
 PIECES = ["<p>", "</p>", "<b>", "</b>", '<a href="x">', "</a>", "<br>", "<img src=y>", "<code>", "</code>",
           '<span translate="no">', "</span>", "<!--c-->", "<ul>", "<li>", "</li>", "</ul>", "<div>", "</div>",
           "<em>", "</em>", "<script>", "</script>", "<textarea>", "</textarea>", "<title>", "</title>", "<button>",
-          "</button>", " Hallo ", " Welt ", "eins zwei", " ", "\n", " &amp; ", " &nbsp; ", " &lt; ", " . ", " › ", " 3,50 "]
+          "</button>", " Hallo ", " Welt ", " eins zwei ", " ", "\n", " &amp; ", " &nbsp; ", " &lt; ", " . ", " › ", " 3,50 "]
 """Tags, and text set apart by spaces (an atom inside a word follows the word's translation: its order in an
 unchanged text is not kept, nor meant to be)."""
 
@@ -241,3 +241,12 @@ def test_any_links_place_the_markup_without_losing_a_translated_word():
             for word in words:
                 at = written.index(word, at) + len(word)
     check()
+
+
+def test_a_words_punctuation_goes_where_its_source_words_went():
+    """Words carry their punctuation (`Wiese.`): the full stop after a link went into the link with the word."""
+    assert links_page('<p>über die <a href="/w">grüne Wiese</a>.</p>', "across the green grass.",
+                      [(0, 0), (1, 1), (2, 2), (3, 3)]) == '<p>across the <a href="/w">green grass</a>.</p>'
+    assert links_page("<p>„<b>Hund</b>“</p>", "“dog”", [(0, 0)]) == "<p>“<b>dog</b>”</p>"
+    assert links_page("<p><b>Wiese.</b></p>", "grass.", [(0, 0)]) == "<p><b>grass.</b></p>"
+    assert links_page("<p><b>Wiese</b></p>", "grass.", [(0, 0)]) == "<p><b>grass.</b></p>"  # none in the source

@@ -5,15 +5,20 @@ order); a word linked to none takes what its nearest linked neighbours on both s
 holds every source word). An element that no target word took so is put on the target words linked to any of
 its source words, or, with none, on the target word at its first word's relative place, so that no link (`<a
 href>`) is lost. An element whose words come apart in the translation is written once for each run of them (its
-start tag as the source wrote it, each time). An atom (markup kept whole) follows the translation of the nearest
+start tag as the source wrote it, each time); a word's own punctuation goes where its source word's went (the
+full stop of `<a>grüne Wiese</a>.` stays outside the link). An atom (markup kept whole) follows the translation of the nearest
 linked source word before it, inside the elements it stood in; white space before and after it, and at the
 block's edges (`&nbsp;` too), is kept as the source had it.
 """
 from __future__ import annotations
 
 import html
+import re
 
 from xattn.serve.markup import Atom, Block, Translated
+
+PUNCTUATION = re.compile(r"(\W*)(.*?)(\W*)", re.S)
+"""A word as its leading punctuation, its core and its trailing punctuation (\\W: neither letter, digit nor _)."""
 
 
 def spans(words: list[str], text: str) -> list[tuple[int, int]]:
@@ -59,8 +64,12 @@ def placed(block: Block, translation: Translated) -> str:
     writer = Writer(block)
     writer.edge(block.text[:source[0][0]], lead, 0)
     writer.text(translation.text[:target[0][0]] if target else translation.text)
+    edges = punctuation_edges(block, source)
+    first = {j: i for i, j in sorted(links, reverse=True)}  # (each target word's first linked source word)
     for j, (start, end) in enumerate(target):
-        writer.word(stacks[j], translation.text[start:end])
+        lead_in, tail_in = edges[first[j]] if j in first else (None, None)
+        writer.word(stacks[j], translation.text[start:end], None if lead_in is None else shared(stacks[j], lead_in),
+                    None if tail_in is None else shared(stacks[j], tail_in))
         gap = translation.text[end:target[j + 1][0]] if j + 1 < len(target) else ""
         if j + 1 < len(target):
             writer.between(follows.get(j, []), gap, stacks[j + 1])
@@ -70,6 +79,21 @@ def placed(block: Block, translation: Translated) -> str:
     writer.edge(block.text[source[-1][1]:], trail, source[-1][1])
     writer.move(())
     return "".join(writer.out)
+
+
+def punctuation_edges(block: Block, source: list[tuple[int, int]]) -> list[tuple[tuple | None, tuple | None]]:
+    """For each source word with punctuation at its start or end (`Wiese.`, `„Hund`), the elements that hold that
+    punctuation (None: it has none there), so that a translated word's own punctuation goes where its source
+    word's went: `<a>grüne Wiese</a>.` gives `<a>green grass</a>.`, not the full stop inside the link."""
+    out = []
+    for start, end in source:
+        parts = PUNCTUATION.fullmatch(block.text[start:end])
+        if not parts[2]:  # (punctuation alone: a word as any other)
+            out.append((None, None))
+            continue
+        held = [tuple(k for k, e in enumerate(block.elements) if e.start <= at < e.end) for at in (start, end - 1)]
+        out.append((held[0] if parts[1] else None, held[1] if parts[3] else None))
+    return out
 
 
 def word_elements(block: Block, source: list[tuple[int, int]], targets: int,
@@ -118,9 +142,18 @@ class Writer:
     def text(self, text: str) -> None:
         self.out.append(html.escape(text, quote=False))
 
-    def word(self, stack: tuple, text: str) -> None:
-        self.move(stack)
-        self.text(text)
+    def word(self, stack: tuple, text: str, lead: tuple | None = None, tail: tuple | None = None) -> None:
+        """A translated word in the elements `stack`, its leading and trailing punctuation in `lead` and `tail`
+        (None: in `stack` too)."""
+        parts = PUNCTUATION.fullmatch(text)
+        if not parts[2] or (lead is None and tail is None):
+            self.move(stack)
+            self.text(text)
+            return
+        for part, elements in ((parts[1], lead), (parts[2], stack), (parts[3], tail)):
+            if part:
+                self.move(stack if elements is None else elements)
+                self.text(part)
 
     def atoms(self, atoms: list[Atom]) -> None:
         for atom in atoms:
