@@ -612,3 +612,56 @@ def test_a_lingering_close_is_not_also_a_read_timeout(server):
     time.sleep(0.3)
     text = log.read_text()[before:]
     assert "read_timeout" not in text and "write_eof" not in text and "Traceback" not in text, text
+
+
+def server_pid(flag: str, value: str) -> int:
+    """The pid of this process's `xattn serve` child started with `flag value` (read from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"serve" in cmdline and \
+                flag.encode() in cmdline and cmdline[cmdline.index(flag.encode()) + 1] == value.encode():
+            return int(entry)
+    raise AssertionError("no xattn serve child found")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the server's pid in /proc")
+def test_a_health_check_accepted_in_one_turn_with_a_crowd_keeps_its_place(numbers_model, tmp_path):
+    """A /health probe that connected just before a crowd of idle connections was accepted in the same turn of the
+    event loop as they were, before its request line was read, and each newer connection over the limit pushed the
+    oldest held one that had sent nothing out of the reserve: the probe got 503 (serve_guards, session 45). The
+    server is stopped while they connect, so that it meets them all in one turn."""
+    import signal
+
+    from xattn.serve.connections import RESERVE
+
+    log = tmp_path / "server.log"
+    with serving(numbers_model, log, "--read-timeout", "30", "--max-connections", "7") as url:
+        port = int(url.rsplit(":", 1)[1])
+        pid = server_pid("--max-connections", "7")
+        started = [connect(port) for _ in range(7)]  # requests begun: in progress, never quiet
+        for sock in started:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            probe = connect(port)
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            crowd = [connect(port) for _ in range(RESERVE + 10)]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                if not (chunk := probe.recv(65536)):
+                    break
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        finally:
+            for sock in started + crowd + [probe]:
+                sock.close()

@@ -9,7 +9,9 @@
   idle between two), if that one has been quiet for QUIET_S or more; otherwise it is held in RESERVE, where it
   may ask for /health (GET or HEAD), answered and closed, and anything else is answered 503 as soon as its request
   line shows it; the newest RESERVE such connections are held (one whose request line began to arrive within
-  GRACE_S keeps its place), an older one is answered 503 and closed at once. The held ones do not count against
+  GRACE_S keeps its place, and so does one whose health check's line is waiting unread: a connection accepted in
+  one turn of the event loop with a crowd of others has had no turn to be read), an older one is answered 503 and
+  closed at once. The held ones do not count against
   the limit.
   A flood of idle or slow connections then neither uses up the process's files nor locks out everyone else,
   health checks included (uvicorn's own `limit_concurrency` answers 503 only once a request's head has arrived,
@@ -34,6 +36,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 import time
 from email.utils import formatdate
 from functools import partial
@@ -118,9 +121,29 @@ class Guarded(H11Protocol):
             if (over := len(held) + 1 - RESERVE) > len(others):  # every held one keeps its place: this one has none
                 self._refuse()
                 return
-            for oldest in others[:max(0, over)]:
+            for oldest in others:
+                if over <= 0:
+                    break
+                if not oldest.line and oldest._asks_for_health():  # its line came with it, still unread: a
+                    continue  # connection accepted in one turn with a crowd of others has had no turn to be read
                 oldest._refuse()
+                over -= 1
+            if over > 0:
+                self._refuse()
+                return
         self._arm()
+
+    def _asks_for_health(self) -> bool:
+        """Whether what the client sent that the event loop has not read yet (peeked at, left in place) begins a
+        health check's request line."""
+        sock = self.transport.get_extra_info("socket")
+        try:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as peek:
+                waiting = peek.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (OSError, AttributeError):  # (nothing waiting, or no socket to peek at)
+            return False
+        line = waiting[EMPTY_LINES.match(waiting).end():]
+        return bool(line) and health_check(line) is not False
 
     def _refuse(self) -> None:
         """The 503 of a connection over the limit, and close it."""
