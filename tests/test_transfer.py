@@ -452,3 +452,22 @@ def test_a_parent_whose_kept_tokenizer_has_an_id_table_is_refused_naming_it(pare
     err = capsys.readouterr().err
     assert "its tgt tokenizer numbers its pieces by a table of its own (spm.tgt.vocab.json" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_compose_stores_whole_weights_when_the_shared_parent_no_longer_loads(parent, tmp_path):
+    """Parts stored whole load without their parent; compose read the parent for a delta, and a parent that no
+    longer loaded (its weights gone) made it refuse parts that all load."""
+    import shutil
+
+    from xattn.checkpoint import WEIGHTS
+    from xattn.cli.main import main
+
+    root = tmp_path / "parent"
+    shutil.copytree(parent, root)
+    assert finetune(root, tmp_path / "fr-en", "src+xattn", "train.max_steps=1", "--full") == 0
+    assert main(["finetune", "--parent", str(root), "--strategy", "tgt+xattn", "numbers-de-en", *TINY,
+                 "data.tgt_lang=cs", "train.max_steps=1", "--full", "--out", str(tmp_path / "de-cs"), "--quiet"]) == 0
+    (root / WEIGHTS).unlink()
+    compose(tmp_path / "fr-cs", encoder=tmp_path / "fr-en", decoder=tmp_path / "de-cs")
+    assert config_of(tmp_path / "fr-cs")["parent"]["delta"] is False
+    xattn.load(tmp_path / "fr-cs").translate(["un deux"], xattn.DecodeConfig(beam_size=1))

@@ -236,8 +236,12 @@ def compose(out_dir: str | Path, full: bool = False, *, base: str | Path | None 
     apply_weights(model, tensors, out / WEIGHTS)
     base_weights = None
     if not full and (root / CONFIG).is_file():
-        _, base_weights = read_model(root)
-        base_weights = base_weights if tensors_digest(base_weights) == digest else None  # the parent has moved on
+        try:
+            _, base_weights = read_model(root)
+        except XattnError:  # (it no longer loads, though every part does: whole weights, as when it moved on)
+            base_weights = None
+        else:
+            base_weights = base_weights if tensors_digest(base_weights) == digest else None  # the parent moved on
     link = parent_link(out, root, digest, delta=base_weights is not None)
     cfg = dataclasses.replace(tgt_cfg, model=model_cfg, data=composed_data(src_cfg.data, tgt_cfg.data), parent=link,
                               decode=dataclasses.replace(tgt_cfg.decode, shortlist=False))  # (no list goes with it)
