@@ -108,7 +108,7 @@ class TrainStateDir:
         averaging = [list(a) for a in previous.averaging] if previous else []
         if for_averaging:
             averaging = [a for a in averaging if a[0] != step] + [[step, weights]]
-        averaging = averaging[-average_last:] if average_last else []
+        averaging = kept_for_averaging(averaging, average_last)
         known = previous.files if previous else {}
         names = {weights, state_file, *(name for _, name in averaging)}
         files = {name: known.get(name) or sha256_file(self.dir / name) for name in sorted(names)}
@@ -301,6 +301,11 @@ def remove_leftovers(out_dir: Path, state_dir: TrainStateDir) -> list[str]:
     for f in stale:
         f.unlink(missing_ok=True)
     return [f.name for f in stale] + [f"{STATE_DIR}/{n}" for n in state_dir.remove_unlisted()]
+
+
+def kept_for_averaging(averaging: list[list], average_last: int) -> list[list]:
+    """The last `average_last` of the checkpoints kept for averaging ([step, weights file], oldest first; 0: none)."""
+    return averaging[-average_last:] if average_last else []
 
 
 def rng_state() -> dict:

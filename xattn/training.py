@@ -27,9 +27,9 @@ from xattn.errors import XattnError
 from xattn.evaluation import bleu
 from xattn.io import json_text
 from xattn.losses import label_smoothed_loss
-from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, lock_run_dir,  # noqa: F401
-                               open_run_dir, published_before, refuse_another_run, release_run_dir, remove_leftovers,
-                               rng_state, run_identity, set_rng_state)  # (F401: LOG and STATE_DIR, faults.py's)
+from xattn.train_state import (LOG, STATE_DIR, Manifest, Progress, data_identity, kept_for_averaging,  # noqa: F401
+                               lock_run_dir, open_run_dir, published_before, refuse_another_run, release_run_dir,
+                               remove_leftovers, rng_state, run_identity, set_rng_state)  # (LOG, STATE_DIR: faults.py)
 from xattn.progress import RunningRate, StepStatus, echo, open_display
 from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
@@ -318,7 +318,7 @@ class Trainer:
         p = self.progress
         rngs = self.ctx.gather(rng_state()) if reason != "interrupted" else []
         if self.ctx.rank == 0 and reason != "interrupted":
-            kept = self.state_dir.manifest.averaging[-self.cfg.train.average_last:] if self.cfg.train.average_last else []
+            kept = kept_for_averaging(self.state_dir.manifest.averaging, self.cfg.train.average_last)
             average = self._validate_average(kept) if len(kept) > 1 else None
             p.finished = True
             self._save_state(rngs)

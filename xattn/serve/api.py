@@ -338,14 +338,22 @@ def result_of(joined: Joined, req: TranslateRequest) -> dict:
 
 
 def response(req: TranslateRequest, joined: list[Joined], detected: list[tuple[str, float]] | None = None) -> dict:
-    """LibreTranslate's fields (translatedText, alternatives, detectedLanguage: `detected`, each text's language
-    and confidence when the source was auto), then xattn's `results`."""
+    """The answer to `req`: LibreTranslate's fields and xattn's `results` (body_of)."""
     results = [result_of(j, req) for j in joined]
-    single = isinstance(req.q, str)
-    body: dict = {"translatedText": results[0]["translatedText"] if single else [r["translatedText"] for r in results]}
-    if req.alternatives:
-        alts = [[a["translatedText"] for a in r.get("alternatives", [])][: req.alternatives] for r in results]
-        body["alternatives"] = alts[0] if single else alts
+    alts = [[a["translatedText"] for a in r.get("alternatives", [])][: req.alternatives] for r in results] \
+        if req.alternatives else None
+    return body_of(isinstance(req.q, str), results, detected, alts)
+
+
+def body_of(single: bool, results: list[dict], detected: list[tuple[str, float]] | None = None,
+           alternatives: list[list[str]] | None = None) -> dict:
+    """LibreTranslate's fields (translatedText of each of `results`, `alternatives`, detectedLanguage: `detected`,
+    each text's language and confidence when the source was auto), then xattn's `results`; for `q` a string
+    (`single`), each field holds the one text's rather than a list."""
+    texts = [r["translatedText"] for r in results]
+    body: dict = {"translatedText": texts[0] if single else texts}
+    if alternatives is not None:
+        body["alternatives"] = alternatives[0] if single else alternatives
     if detected is not None:
         found = [{"language": language, "confidence": confidence} for language, confidence in detected]
         body["detectedLanguage"] = found[0] if single else found

@@ -30,7 +30,7 @@ from xattn.errors import ParameterError, XattnError
 from xattn.io import json_text
 from xattn.serve import detect as identifier
 from xattn.serve import markup
-from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, detection, openapi_body,
+from xattn.serve.api import (DetectRequest, FileRequest, TranslateRequest, body_of, detection, openapi_body,
                              parse_request, plan, request_texts, response)
 from xattn.serve.backlog import Overloaded
 from xattn.serve.batcher import QueueFull
@@ -314,20 +314,13 @@ async def translated_html(model: Model, req: TranslateRequest, pages: list[marku
     inner = req.model_copy(update={"q": blocks or [""], "format": "text", "alignment": True})  # (a page of no
     with markup.named_blocks(pages):  # text is checked as any request, its one empty text translated empty)
         body = await translated(model, inner, dataclasses.replace(limits, max_items=max(1, len(blocks))), record, None)
-    found = iter(body["results"])
-    rendered, scores = [], []
+    found, results = iter(body["results"]), []
     for page in pages:
-        results = [next(found) for _ in page.blocks]
-        rendered.append(page.render([markup.Translated(r["translatedText"], r["source_words"], r["target_words"],
-                                                       [tuple(link) for link in r["alignment"]]) for r in results]))
-        scores.append(round(sum(r["score"] for r in results), 4))
-    single = isinstance(req.q, str)
-    answer: dict = {"translatedText": rendered[0] if single else rendered}
-    if detected is not None:
-        found_languages = [{"language": language, "confidence": confidence} for language, confidence in detected]
-        answer["detectedLanguage"] = found_languages[0] if single else found_languages
-    answer["results"] = [{"translatedText": text, "score": score} for text, score in zip(rendered, scores)]
-    return answer
+        blocks = [next(found) for _ in page.blocks]
+        html = page.render([markup.Translated(r["translatedText"], r["source_words"], r["target_words"],
+                                              [tuple(link) for link in r["alignment"]]) for r in blocks])
+        results.append({"translatedText": html, "score": round(sum(r["score"] for r in blocks), 4)})
+    return body_of(isinstance(req.q, str), results, detected)
 
 
 def busy(refusal: Exception, limits: Limits) -> ApiError:

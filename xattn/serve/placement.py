@@ -6,9 +6,9 @@ holds every source word). An element that no target word took so is put on the t
 its source words, or, with none, on the target word at its first word's relative place, so that no link (`<a
 href>`) is lost. An element whose words come apart in the translation is written once for each run of them (its
 start tag as the source wrote it, each time); a word's own punctuation goes where its source word's went (the
-full stop of `<a>grüne Wiese</a>.` stays outside the link). An atom (markup kept whole) follows the translation of the nearest
-linked source word before it, inside the elements it stood in; white space before and after it, and at the
-block's edges (`&nbsp;` too), is kept as the source had it.
+full stop of `<a>grüne Wiese</a>.` stays outside the link). An atom (markup kept whole) follows the translation
+of the nearest linked source word before it, inside the elements it stood in; white space before and after it,
+and at the block's edges (`&nbsp;` too), is kept as the source had it.
 """
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def placed(block: Block, translation: Translated) -> str:
     if not source:
         return "".join(block.raw)
     links = [(i, j) for i, j in translation.links if i < len(source) and j < len(target)]
-    stacks = word_elements(block, source, len(target), links)
+    first = {j: i for i, j in sorted(links, reverse=True)}  # each target word's first linked source word
+    last = {i: j for i, j in sorted(links)}                 # each source word's last linked target word
+    stacks = word_elements(block, source, len(target), first, links)
     follows: dict[int, list[Atom]] = {}  # atoms inside the text, by the target word they follow
     lead, trail = [], []                 # atoms before the first source word, and after the last
     for atom in block.atoms:
@@ -59,20 +61,18 @@ def placed(block: Block, translation: Translated) -> str:
         elif before[-1] == len(source) - 1:
             trail.append(atom)
         else:
-            anchor = next((max(j for i, j in links if i == k) for k in reversed(before) if k in dict(links)), -1)
+            anchor = next((last[k] for k in reversed(before) if k in last), -1)
             (follows.setdefault(anchor, []) if anchor >= 0 else lead).append(atom)
     writer = Writer(block)
     writer.edge(block.text[:source[0][0]], lead, 0)
     writer.text(translation.text[:target[0][0]] if target else translation.text)
     edges = punctuation_edges(block, source)
-    first = {j: i for i, j in sorted(links, reverse=True)}  # (each target word's first linked source word)
     for j, (start, end) in enumerate(target):
         lead_in, tail_in = edges[first[j]] if j in first else (None, None)
         writer.word(stacks[j], translation.text[start:end], None if lead_in is None else shared(stacks[j], lead_in),
                     None if tail_in is None else shared(stacks[j], tail_in))
-        gap = translation.text[end:target[j + 1][0]] if j + 1 < len(target) else ""
         if j + 1 < len(target):
-            writer.between(follows.get(j, []), gap, stacks[j + 1])
+            writer.between(follows.get(j, []), translation.text[end:target[j + 1][0]], stacks[j + 1])
     writer.text(translation.text[target[-1][1]:] if target else "")
     for j in sorted(k for k in follows if k >= len(target) - 1):  # (atoms of a word past the last: at the end)
         trail = follows[j] + trail
@@ -96,15 +96,13 @@ def punctuation_edges(block: Block, source: list[tuple[int, int]]) -> list[tuple
     return out
 
 
-def word_elements(block: Block, source: list[tuple[int, int]], targets: int,
+def word_elements(block: Block, source: list[tuple[int, int]], targets: int, first: dict[int, int],
                   links: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-    """The elements each target word is written in (indices into block.elements, outer first)."""
+    """The elements each target word is written in (indices into block.elements, outer first); `first`: each
+    target word's first linked source word."""
     inside = [tuple(k for k, e in enumerate(block.elements) if e.start < end and e.end > start)
               for start, end in source]  # each source word's elements
     whole = shared(*inside)
-    first: dict[int, int] = {}
-    for i, j in sorted(links):
-        first.setdefault(j, i)
     stacks = []
     for j in range(targets):
         if j in first:
@@ -190,5 +188,5 @@ class Writer:
             self.atoms([atom])
             at = cut
         if space[at:]:
-            self.move(shared(self.current, ()) if offset else self.current)
+            self.move(() if offset else self.current)  # (after the last word: outside every element)
             self.text(space[at:])
