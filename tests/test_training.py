@@ -15,6 +15,7 @@ from xattn.checkpoint import load_model_dir
 from xattn.config import load_config
 from xattn.errors import XattnError
 from xattn.losses import label_smoothed_loss
+from xattn.train_state import lock_run_dir, release_run_dir
 from xattn.training import Trainer, inverse_sqrt_lr, train
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
@@ -150,6 +151,70 @@ def test_ddp_processes_resume_each_with_its_own_random_streams(tmp_path):
     assert run(tmp_path / "parts", 4) == straight
 
 
+COLLECTIVES = textwrap.dedent("""
+    import gc, json, sys, weakref, torch, torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from xattn.distributed import Context
+    if __name__ == "__main__":
+        rank, store = int(sys.argv[1]), sys.argv[2]
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        handed = []
+        for name in ("all_reduce", "all_gather", "broadcast"):
+            def spy(*args, real=getattr(distributed_c10d, name), **kwargs):
+                for arg in args:
+                    handed.extend((weakref.ref(t), t._use_count()) for t in (arg if isinstance(arg, list) else [arg])
+                                  if isinstance(t, torch.Tensor))
+                return real(*args, **kwargs)
+            setattr(dist, name, spy), setattr(distributed_c10d, name, spy)
+        ctx = Context(rank, 2)
+        gathered = [ctx.gather({"rank": rank, "bytes": "x" * 10 ** k * (rank + 1)}) for k in (1, 4, 2)]
+        agreed = [ctx.agree(reason) for reason in (None, "max_steps" if rank else None)]
+        ctx.barrier()
+        gc.collect()
+        print(json.dumps({"gathered": [[(g["rank"], len(g["bytes"])) for g in gather] for gather in gathered],
+                          "agreed": agreed, "handed": len(handed), "freed": sum(ref() is None for ref, _ in handed),
+                          "python_alone": sum(count < 2 for _, count in handed)}))
+        dist.destroy_process_group()
+""")
+
+
+def test_collectives_hand_gloo_only_tensors_that_cpp_code_holds_for_good(tmp_path):
+    """gloo's worker thread lets go of a finished collective's tensors a moment after the caller returned; one that
+    this leaves to Python alone makes the thread take the GIL, and a process already shutting down aborted there
+    (SIGABRT after a torchrun training had written everything, one run in about twenty on a busy machine; at once
+    after a refusal that rank 0 shared). Each tensor handed over is held by C++ code besides, and never freed."""
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], [err[-2000:] for _, err in outputs]
+    for out, _ in outputs:
+        report = json.loads(out)
+        assert report["gathered"] == [[[0, 10 ** k], [1, 2 * 10 ** k]] for k in (1, 4, 2)]
+        assert report["agreed"] == [None, "max_steps"]
+        assert report["handed"] > 0 and report["freed"] == report["python_alone"] == 0
+
+
+def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path):
+    """The run directory is taken by rank 0 alone; when another training held it, rank 0 ended with its line and the
+    others with the process group's traceback at their next collective."""
+    out = tmp_path / "run"
+    train(_cfg("train.max_steps=1"), out, quiet=True)
+    lock_run_dir(out)  # another training writing there
+    try:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "xattn",
+               "train", str(out / "config.yaml"), "train.max_steps=2", "train.device=cpu", "--out", str(out)]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
+                                timeout=300)
+    finally:
+        release_run_dir(out)
+    assert result.returncode != 0 and "another training (process" in result.stderr, result.stderr[-2000:]
+    for sign in ("[rank1]", "RuntimeError", "Connection closed", "terminate called"):
+        assert sign not in result.stderr, result.stderr[-3000:]
+
+
 def test_an_interrupt_on_a_step_due_for_evaluation_evaluates_it_first(tmp_path):
     """The resumed run starts after the step; without its evaluation, the best weights, the checkpoints kept for
     averaging and the count towards patience differed from a run never stopped."""
@@ -197,6 +262,7 @@ def test_an_epoch_too_small_for_the_processes_is_refused_before_the_first_checkp
     monkeypatch.setattr(distributed, "setup", lambda device: distributed.Context(rank=0, world=1000))
     monkeypatch.setattr(distributed.Context, "wrap", lambda self, model: model)
     monkeypatch.setattr(distributed.Context, "barrier", lambda self: None)
+    monkeypatch.setattr(distributed.Context, "gather", lambda self, value: [value] * self.world)
     with pytest.raises(XattnError, match="for 1000 training processes: lower train.max_tokens"):
         Trainer(_cfg("train.max_steps=2"), tmp_path, quiet=True)
     assert not (tmp_path / "train_state").exists()

@@ -5,8 +5,11 @@ Without torchrun (WORLD_SIZE unset or 1) every helper here is a no-op, so the tr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
-from dataclasses import dataclass
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as torch_dist
@@ -23,6 +26,7 @@ class Context:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    _buffers: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world == 1:
@@ -52,7 +56,8 @@ class Context:
         """The stop reason of whichever rank has one (the most severe), the same on every rank."""
         if self.world == 1:
             return reason
-        code = torch.tensor([REASONS.index(reason)], device=self.device)
+        code = self._buffer("code", 1, torch.int64)
+        code.fill_(REASONS.index(reason))
         torch_dist.all_reduce(code, op=torch_dist.ReduceOp.MAX)
         return REASONS[int(code)]
 
@@ -60,9 +65,56 @@ class Context:
         """`value` of every rank, in rank order (picklable objects; every rank must call it)."""
         if self.world == 1:
             return [value]
-        values: list = [None] * self.world
-        torch_dist.all_gather_object(values, value)
+        payload = pickle.dumps(value)
+        size = self._buffer("size", 1, torch.int64)
+        size.fill_(len(payload))
+        torch_dist.all_reduce(size, op=torch_dist.ReduceOp.MAX)  # the same on every rank: so are the capacities
+        capacity = 8 + int(size)  # (each rank's buffers grow at the same calls: all_gather wants equal sizes)
+        sent = self._buffer("sent", capacity, torch.uint8)
+        received = [self._buffer(f"received{k}", capacity, torch.uint8) for k in range(self.world)]
+        data = len(payload).to_bytes(8, "little") + payload
+        sent[:len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        torch_dist.all_gather(received, sent)
+        values = []
+        for data in received:
+            data = data.cpu().numpy().tobytes()
+            values.append(pickle.loads(data[8:8 + int.from_bytes(data[:8], "little")]))
         return values
+
+    def _buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """The tensor `name` of at least `size` elements that this rank hands to collectives, the same one from call
+        to call, which C++ code holds for the process's life.
+
+        gloo's worker thread lets go of a finished collective's tensors a moment after the caller has returned.
+        When that leaves a tensor held by Python alone, the thread takes the GIL to tell Python so, and in a process
+        already shutting down it is ended there, inside C++ code: `terminate called without an active exception`,
+        SIGABRT, after the training had written everything (one torchrun run in about twenty on a busy machine).
+        A view of the tensor, never freed, holds it from C++ (its autograd record of the base), so gloo's release
+        never leaves it to Python alone."""
+        kept = self._buffers.get(name)
+        if kept is None or kept.numel() < size:
+            with torch.inference_mode(False):  # (a view of an inference tensor records no base)
+                kept = torch.zeros(max(size, 2 * kept.numel() if kept is not None else 0), dtype=dtype,
+                                   device=self.device)
+                holder = kept.view(-1)
+            assert holder._base is kept
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(holder))  # (a replaced tensor stays held too)
+            self._buffers[name] = kept
+        return kept
+
+    def first(self, fn: Callable[[], None]) -> None:
+        """fn() on rank 0 alone (taking the run directory, say), and an XattnError it raises raised on every rank:
+        the others went on to their next collective and ended there with the process group's traceback."""
+        problem = None
+        if self.rank == 0:
+            try:
+                fn()
+            except XattnError as e:
+                problem = e
+        if self.world > 1:
+            problem = self.gather(problem)[0]
+        if problem is not None:
+            raise problem
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -59,8 +59,8 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
-        if self.ctx.rank == 0:  # before its manifest is read (a folder without a run: at its first checkpoint)
-            lock_run_dir(self.out_dir)
+        # held before its manifest is read (a folder without a run: from its first checkpoint, _start)
+        self.ctx.first(lambda: lock_run_dir(self.out_dir))
         self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
@@ -109,9 +109,9 @@ class Trainer:
 
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
+        self.ctx.first(self._take_over)
         rngs = self.ctx.gather(rng_state())
         if self.ctx.rank == 0:  # config.yaml after the first checkpoint: without one, it is never this run's
-            self._take_over()
             self._save_state(rngs)
             save_config(self.cfg, self.out_dir / CONFIG)
         self.ctx.barrier()
@@ -127,8 +127,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         set_rng_state(state["rng_ranks"][self.ctx.rank] if "rng_ranks" in state else state["rng"])  # one a process
+        self.ctx.first(self._take_over)
         if self.ctx.rank == 0:
-            self._take_over()
             log = self.out_dir / LOG
             if log.is_file() and log.stat().st_size > manifest.log_bytes:
                 with log.open("r+b") as f:

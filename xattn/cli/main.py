@@ -147,7 +147,7 @@ def _verb(args) -> str:
 
 
 def _fail(verb: str, message: str) -> int:
-    print(f"xattn {verb}: error: {' '.join(message.split())}", file=sys.stderr)
+    sys.stderr.write(f"xattn {verb}: error: {' '.join(message.split())}\n")  # one write: whole beside other ranks
     return 2
 
 
