@@ -163,11 +163,13 @@ def test_sigterm_or_sighup_leaves_no_half_written_output(numbers_model, tmp_path
 
 
 @pytest.mark.parametrize("verb, signum, status", [("quickstart", signal.SIGINT, 130),
-                                                   ("train", signal.SIGTERM, -signal.SIGTERM)])
+                                                   ("train", signal.SIGTERM, -signal.SIGTERM),
+                                                   ("train", signal.SIGHUP, -signal.SIGHUP)])
 def test_a_signal_stops_training_at_a_checkpoint_and_nothing_runs_after_it(tmp_path, verb, signum, status):
-    """Ctrl+C or SIGTERM during training stops it at the next step, checkpointed. The quickstart then stops too
-    (it went on to translate with the model cut short, and failed when no evaluation had saved one yet), and
-    after a SIGTERM the process ends by that signal, as every verb does (training exited 130, as for Ctrl+C)."""
+    """Ctrl+C, SIGTERM or SIGHUP (a closed terminal) during training stops it at the next step, checkpointed. The
+    quickstart then stops too (it went on to translate with the model cut short, and failed when no evaluation had
+    saved one yet), and after a SIGTERM or SIGHUP the process ends by that signal, as every verb does (training
+    exited 130, as for Ctrl+C; a SIGHUP stopped it where it was, with no checkpoint)."""
     out = tmp_path / "run"
     first = ["quickstart", "--out", str(out)] if verb == "quickstart" else ["train", "numbers-de-en", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "xattn", *first, "data.numbers_size=3000", "model.d_model=64",
@@ -186,8 +188,8 @@ def test_a_signal_stops_training_at_a_checkpoint_and_nothing_runs_after_it(tmp_p
         proc.kill()
     assert "; run the same command again to resume" in stdout + stderr
     assert "error" not in stderr and "held-out" not in stdout, stdout + stderr
-    if signum == signal.SIGTERM:
-        assert stderr.endswith("xattn train: stopped by SIGTERM\n"), stderr
+    if signum != signal.SIGINT:
+        assert stderr.endswith(f"xattn train: stopped by {signal.Signals(signum).name}\n"), stderr
     steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
     manifest = json.loads((out / "train_state" / "manifest.json").read_text())
     assert manifest["step"] == max(steps), manifest

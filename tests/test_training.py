@@ -197,22 +197,50 @@ def test_collectives_hand_gloo_only_tensors_that_cpp_code_holds_for_good(tmp_pat
         assert report["handed"] > 0 and report["freed"] == report["python_alone"] == 0
 
 
-def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path):
-    """The run directory is taken by rank 0 alone; when another training held it, rank 0 ended with its line and the
-    others with the process group's traceback at their next collective."""
-    out = tmp_path / "run"
+@pytest.mark.parametrize("refusal", ["directory held", "prepared corpus damaged"])
+def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
+    """The run directory is taken, and a prepared corpus read through, by rank 0 alone; when another training held
+    the directory, or an array no longer matched its SHA-256, rank 0 ended with its line and the others with the
+    process group's traceback at their next collective."""
+    from xattn.cli.main import main
+
+    out, config, extra = tmp_path / "run", tmp_path / "run" / "config.yaml", []
     train(_cfg("train.max_steps=1"), out, quiet=True)
-    lock_run_dir(out)  # another training writing there
+    if refusal == "prepared corpus damaged":
+        assert main(["prepare", str(config), "--out", str(tmp_path / "prepared"), "--workers", "1"]) == 0
+        array = max((f for f in (tmp_path / "prepared").iterdir() if f.suffix != ".json"), key=lambda f: f.stat().st_size)
+        data = bytearray(array.read_bytes())
+        data[0] ^= 1
+        array.write_bytes(bytes(data))
+        out, extra = tmp_path / "new", [f"data.prepared={tmp_path / 'prepared'}"]
+    lock_run_dir(tmp_path / "run")  # another training writing there
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "xattn",
-               "train", str(out / "config.yaml"), "train.max_steps=2", "train.device=cpu", "--out", str(out)]
+               "train", str(config), "train.max_steps=2", "train.device=cpu", *extra, "--out", str(out)]
         result = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
                                 timeout=300)
     finally:
-        release_run_dir(out)
-    assert result.returncode != 0 and "another training (process" in result.stderr, result.stderr[-2000:]
+        release_run_dir(tmp_path / "run")
+    line = "another training (process" if refusal == "directory held" else "SHA-256"
+    assert result.returncode != 0 and line in result.stderr, result.stderr[-2000:]
     for sign in ("[rank1]", "RuntimeError", "Connection closed", "terminate called"):
         assert sign not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_new_directory_is_held_from_the_runs_first_write_there(tmp_path):
+    """Held from its first checkpoint, a new directory took the tokenizers of two runs started into it at once, and
+    the one that went on could end with the other's."""
+    import fcntl
+
+    from xattn.train_state import LOCK
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / LOCK, "a+") as other:  # another training, started into it a moment before
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(XattnError, match="another training"):
+            Trainer(_cfg("train.max_steps=1"), out, quiet=True)
+    assert [f.name for f in out.iterdir()] == [LOCK]
 
 
 def test_an_interrupt_on_a_step_due_for_evaluation_evaluates_it_first(tmp_path):

@@ -103,13 +103,14 @@ class Context:
         return kept
 
     def first(self, fn: Callable[[], None]) -> None:
-        """fn() on rank 0 alone (taking the run directory, say), and an XattnError it raises raised on every rank:
-        the others went on to their next collective and ended there with the process group's traceback."""
+        """fn() on rank 0 alone (taking the run directory, preparing the corpus), and an XattnError or OSError it
+        raises raised on every rank: the others went on to their next collective and ended there with the process
+        group's traceback. Every rank must call it; the others wait for rank 0's fn."""
         problem = None
         if self.rank == 0:
             try:
                 fn()
-            except XattnError as e:
+            except (XattnError, OSError) as e:
                 problem = e
         if self.world > 1:
             problem = self.gather(problem)[0]

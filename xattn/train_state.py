@@ -265,11 +265,11 @@ def lock_run_dir(out_dir: Path, make: bool = False) -> None:
     """Hold `out_dir` for this process' training: another process training into it meanwhile (the same command run
     again while the first runs) is refused in one line. Both wrote there, deleting each other's checkpoint files and
     truncating the log under the other. An flock on LOCK, which the system releases when the process ends, however
-    it ends (release_run_dir before). A directory that holds no run yet is held from the new run's first checkpoint
+    it ends (release_run_dir before). A directory that holds no run yet is held from the new run's first write there
     (`make`: a run refused before it creates and adds nothing); a filesystem without locks goes without."""
     key = str(out_dir.resolve())
     if fcntl is None or key in _HELD or not (make or (out_dir / STATE_DIR).is_dir()):
-        return  # (a folder without a run is held once the run's first checkpoint makes it one)
+        return  # (a folder without a run is held once the new run first writes there: its tokenizers)
     make_parent(out_dir / LOCK, out_dir)
     held = open(out_dir / LOCK, "a+", encoding="utf-8")
     try:

@@ -35,6 +35,9 @@ from xattn.recipes import Factory, freeze, from_config, guided_alignment
 from xattn.translator import Translator
 
 
+# what stops training at the next step, checkpointed: Ctrl+C, SIGTERM, SIGHUP (a closed terminal; torchrun passes it on)
+STOPS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     """Linear warmup to `peak` over `warmup` steps, then peak * sqrt(warmup / step) (Vaswani et al. 2017)."""
@@ -59,7 +62,7 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
-        # held before its manifest is read (a folder without a run: from its first checkpoint, _start)
+        # held before its manifest is read (a folder without a run: from the run's first write, its tokenizers)
         self.ctx.first(lambda: lock_run_dir(self.out_dir))
         self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
@@ -219,8 +222,8 @@ class Trainer:
     # -------------------------------------------------------------------------------------- loop
 
     def fit(self) -> Progress:
-        """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt: a first SIGINT or SIGTERM
-        stops training at the next step, checkpointed; a SIGTERM is then raised again, for the handler it found."""
+        """Train until max_steps, max_epochs, max_minutes, early stopping or an interrupt: a first signal of STOPS
+        stops training at the next step, checkpointed; one but SIGINT is then raised again, for the handler it found."""
         tc, p, window = self.cfg.train, self.progress, RunningRate()
         start = time.time() - p.seconds
         stop_reason = self._limit_reached()
@@ -233,7 +236,7 @@ class Trainer:
         p.finished = False  # training goes on, or only its end (averaging) is left to redo
         if self.ctx.rank == 0:  # a resume's settings, once they apply (a run already done keeps its own)
             save_config(self.cfg, self.out_dir / CONFIG)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._on_signal) for s in STOPS}
         display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
             while stop_reason is None:
@@ -263,8 +266,8 @@ class Trainer:
                 signal.signal(s, handler)
         p.stop_reason = stop_reason
         self._finish(stop_reason)
-        if self._stop_signal == signal.SIGTERM:  # stopped at a checkpoint, as asked; the signal now goes where it
-            signal.raise_signal(signal.SIGTERM)   # would have (the CLI: one line, then the process ends by it)
+        if self._stop_signal not in (None, signal.SIGINT):  # stopped at a checkpoint, as asked; the signal now goes
+            signal.raise_signal(self._stop_signal)         # where it would have (the CLI: a line, then the end by it)
         return p
 
     def _limit_reached(self) -> str | None:
@@ -376,11 +379,9 @@ class Trainer:
         self._stop_signal = signum
 
     def _log(self, record: dict) -> None:
-        if self.ctx.rank != 0:
-            return
-        path = self.out_dir / LOG
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json_text(record) + "\n")
+        if self.ctx.rank == 0:
+            with (self.out_dir / LOG).open("a", encoding="utf-8") as f:
+                f.write(json_text(record) + "\n")
 
     def _print(self, message: str) -> None:
         if self.ctx.rank == 0 and not self.quiet:
@@ -392,9 +393,8 @@ def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Fac
     """Train (or resume) a model directory; returns where training stopped. `factory`: the parts to train
     (default: those `xattn train` builds from the config); `flags`: {config key: the caller's flag for it},
     named in messages instead of the key."""
-    trainer = Trainer(cfg, out_dir, quiet, factory, flags)
-    try:
-        return trainer.fit()
+    try:  # (a refusal while the trainer is built leaves the process group too)
+        return Trainer(cfg, out_dir, quiet, factory, flags).fit()
     finally:
         dist.teardown()
 

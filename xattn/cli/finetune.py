@@ -49,8 +49,8 @@ def run(args) -> int:
     cfg = load_config(config, overrides)
     check_data_dir(args.data_dir, cfg.data)
     out = Path(args.out)
-    trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out, args.full))
-    try:
+    try:  # (a refusal while the trainer is built leaves the process group too)
+        trainer = Trainer(cfg, out, args.quiet, child_factory(args.parent, strategy(args.strategy), cfg, out, args.full))
         if not args.quiet and trainer.ctx.rank == 0:
             trainable = frozenset(n for n, p in trainer.model.named_parameters() if p.requires_grad)
             echo(f"{args.strategy}: parameters trained, per group")

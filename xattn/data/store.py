@@ -36,13 +36,14 @@ def training_corpus(cfg: DataConfig, ctx: Context | None = None, inherit: dict[s
     """The prepared training corpus of `cfg`, memory-mapped (see the module)."""
     ctx, inherit = ctx or Context(), inherit or {}
     if cfg.prepared:  # (read through by rank 0 alone)
-        corpus = MappedCorpus.open(cfg.prepared, verify=ctx.rank == 0)
+        folder, opened = Path(cfg.prepared), []
+        ctx.first(lambda: opened.append(MappedCorpus.open(folder)))  # (its refusal is every rank's)
+        corpus = opened[0] if opened else MappedCorpus.open(folder, verify=False)
         check_matches(corpus, cfg, inherit)
         return corpus
-    folder = cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}"
-    corpus = make(folder, cfg, inherit, workers) if ctx.rank == 0 else None
-    ctx.barrier()
-    return corpus if corpus is not None else MappedCorpus.open(folder, verify=False)  # (rank 0 checked it)
+    folder, made = cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}", []
+    ctx.first(lambda: made.append(make(folder, cfg, inherit, workers)))  # (the others wait; its refusal is theirs)
+    return made[0] if made else MappedCorpus.open(folder, verify=False)  # (rank 0 checked it)
 
 
 def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int | None) -> MappedCorpus:
