@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from xattn.checks import ConfigError
+from xattn.checks import ConfigError, UnknownKey
 from xattn.config import DecodeConfig, load_config
 
 from xattn.presets import PRESET_DIR, presets, resolve_config
@@ -107,3 +107,14 @@ def test_a_users_choices_of_search_settings_follow_the_beam_and_leave_bad_values
     changes = cfg.with_choices({"beam_size": "x"})
     with pytest.raises(ConfigError, match="decode.beam_size: expected int, got 'x'"):
         dataclasses.replace(cfg, **changes)
+
+
+def test_config_errors_cross_to_other_processes():
+    """A refusal that rank 0 shares with the other ranks under torchrun is pickled; these could not be unpickled
+    (their __init__ takes other arguments than Exception's)."""
+    import pickle
+
+    for error in (ConfigError("train.lr", "expected a number, got 'fast'"),
+                  UnknownKey("train.lrr", "unknown config key train.lrr (did you mean 'lr'?)")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error) and copy.key == error.key

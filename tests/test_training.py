@@ -169,7 +169,8 @@ COLLECTIVES = textwrap.dedent("""
         ctx = Context(rank, 2)
         gathered = [ctx.gather({"rank": rank, "bytes": "x" * 10 ** k * (rank + 1)}) for k in (1, 4, 2)]
         agreed = [ctx.agree(reason) for reason in (None, "max_steps" if rank else None)]
-        ctx.barrier()
+        with ctx.first() as mine:  # (a gather: the others wait for rank 0's block)
+            pass
         gc.collect()
         print(json.dumps({"gathered": [[(g["rank"], len(g["bytes"])) for g in gather] for gather in gathered],
                           "agreed": agreed, "handed": len(handed), "freed": sum(ref() is None for ref, _ in handed),
@@ -197,14 +198,29 @@ def test_collectives_hand_gloo_only_tensors_that_cpp_code_holds_for_good(tmp_pat
         assert report["handed"] > 0 and report["freed"] == report["python_alone"] == 0
 
 
-@pytest.mark.parametrize("refusal", ["directory held", "prepared corpus damaged"])
+FULL_DISK = textwrap.dedent("""
+    import errno, sys
+    from xattn import training
+    from xattn.cli.main import main
+    if __name__ == "__main__":
+        write = training.Trainer._save_state
+        def full(self, rngs, for_averaging=False):  # rank 0's disk fills at the checkpoint of step 2
+            if self.ctx.rank == 0 and self.progress.step >= 2:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.out_dir / "train_state"))
+            return write(self, rngs, for_averaging)
+        training.Trainer._save_state = full
+        sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("refusal", ["directory held", "prepared corpus damaged", "disk full at a checkpoint"])
 def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
-    """The run directory is taken, and a prepared corpus read through, by rank 0 alone; when another training held
-    the directory, or an array no longer matched its SHA-256, rank 0 ended with its line and the others with the
-    process group's traceback at their next collective."""
+    """Rank 0 alone takes the run directory, reads a prepared corpus through and writes the checkpoints. When another
+    training held the directory, an array no longer matched its SHA-256 or the disk filled, rank 0 ended with its
+    line and the others with the process group's traceback at their next collective."""
     from xattn.cli.main import main
 
-    out, config, extra = tmp_path / "run", tmp_path / "run" / "config.yaml", []
+    out, config, extra, launch = tmp_path / "run", tmp_path / "run" / "config.yaml", [], ["-m", "xattn"]
     train(_cfg("train.max_steps=1"), out, quiet=True)
     if refusal == "prepared corpus damaged":
         assert main(["prepare", str(config), "--out", str(tmp_path / "prepared"), "--workers", "1"]) == 0
@@ -213,16 +229,20 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
         data[0] ^= 1
         array.write_bytes(bytes(data))
         out, extra = tmp_path / "new", [f"data.prepared={tmp_path / 'prepared'}"]
+    elif refusal == "disk full at a checkpoint":
+        (tmp_path / "full.py").write_text(FULL_DISK)
+        out, extra, launch = tmp_path / "new", ["train.eval_every=2", "train.max_steps=4"], [str(tmp_path / "full.py")]
     lock_run_dir(tmp_path / "run")  # another training writing there
     try:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "xattn",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *launch,
                "train", str(config), "train.max_steps=2", "train.device=cpu", *extra, "--out", str(out)]
         result = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
                                 timeout=300)
     finally:
         release_run_dir(tmp_path / "run")
-    line = "another training (process" if refusal == "directory held" else "SHA-256"
-    assert result.returncode != 0 and line in result.stderr, result.stderr[-2000:]
+    line = {"directory held": "another training (process", "prepared corpus damaged": "SHA-256",
+            "disk full at a checkpoint": "train_state: No space left on device"}[refusal]
+    assert result.returncode != 0 and result.stderr.count(line) == 2, result.stderr[-2000:]
     for sign in ("[rank1]", "RuntimeError", "Connection closed", "terminate called"):
         assert sign not in result.stderr, result.stderr[-3000:]
 
@@ -289,7 +309,6 @@ def test_an_epoch_too_small_for_the_processes_is_refused_before_the_first_checkp
     from xattn import distributed
     monkeypatch.setattr(distributed, "setup", lambda device: distributed.Context(rank=0, world=1000))
     monkeypatch.setattr(distributed.Context, "wrap", lambda self, model: model)
-    monkeypatch.setattr(distributed.Context, "barrier", lambda self: None)
     monkeypatch.setattr(distributed.Context, "gather", lambda self, value: [value] * self.world)
     with pytest.raises(XattnError, match="for 1000 training processes: lower train.max_tokens"):
         Trainer(_cfg("train.max_steps=2"), tmp_path, quiet=True)

@@ -28,6 +28,9 @@ class ConfigError(XattnError):
         super().__init__(f"{key}: {problem}")
         self.key, self.problem = key, problem
 
+    def __reduce__(self):  # picklable across processes, like any XattnError (distributed.Context.first)
+        return type(self), (self.key, self.problem)
+
 
 class Unused(ConfigError):
     """A setting the kind of search chosen would ignore (DecodeConfig.refuse_unused)."""

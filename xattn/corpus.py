@@ -37,9 +37,9 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
     """The training corpus prepared (found or made, xattn.data.store) and mapped, the validation pairs read
     and tokenized. With `new_tokenizers` (a new run), rank 0 holds `out_dir` for it (lock_run_dir) and copies
     the prepared directory's tokenizers there; otherwise the ones in `out_dir` must be the same. `inherit` {"src"
-    or "tgt": a tokenizer file}: that side's tokenizer is a transfer parent's, and only the other side's is trained. The fingerprint
-    covers the prepared arrays and tokenizers, so a resumed run whose model directory holds other tokenizers
-    than its corpus differs from the run it resumes (train_state.run_identity)."""
+    or "tgt": a tokenizer file}: that side's tokenizer is a transfer parent's, and only the other side's is trained.
+    The fingerprint covers the prepared arrays and tokenizers, so a resumed run whose model directory holds other
+    tokenizers than its corpus differs from the run it resumes (train_state.run_identity)."""
     from xattn.checkpoint import copy_tokenizers, tokenizer_hashes
     from xattn.data.store import training_corpus
 
@@ -51,14 +51,12 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
         raise XattnError(f"{describe_split(cfg, 'val')}: the validation set is empty (no pair with text on both sides)")
     train = training_corpus(cfg, ctx, inherit, workers)
     prepared = train.manifest.get("tokenizers", {})
-
-    def take_tokenizers() -> None:  # the new run's first write there: the directory is held from now on (another
-        lock_run_dir(out_dir, make=True)  # run started into it at once overwrote these, then was refused later)
-        for stale in set(tokenizer_hashes(out_dir)) - set(prepared):
-            (out_dir / stale).unlink()
-        copy_tokenizers(train.folder, out_dir)
-    if new_tokenizers:
-        ctx.first(take_tokenizers)  # (the others wait for it)
+    with ctx.first() as mine:  # (the others wait for it)
+        if new_tokenizers and mine:  # the new run's first write there: the directory is held from now on (another
+            lock_run_dir(out_dir, make=True)  # run started into it at once overwrote these, then was refused later)
+            for stale in set(tokenizer_hashes(out_dir)) - set(prepared):
+                (out_dir / stale).unlink()
+            copy_tokenizers(train.folder, out_dir)
     tokenizers = load_tokenizers(out_dir)
     if tokenizers.joint != cfg.joint_vocab:
         raise XattnError(f"{out_dir}: holds {'a joint' if tokenizers.joint else 'separate'} vocabulary, "

@@ -8,7 +8,7 @@ import contextlib
 import ctypes
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -102,24 +102,23 @@ class Context:
             self._buffers[name] = kept
         return kept
 
-    def first(self, fn: Callable[[], None]) -> None:
-        """fn() on rank 0 alone (taking the run directory, preparing the corpus), and an XattnError or OSError it
-        raises raised on every rank: the others went on to their next collective and ended there with the process
-        group's traceback. Every rank must call it; the others wait for rank 0's fn."""
+    @contextlib.contextmanager
+    def first(self) -> Iterator[bool]:
+        """`with ctx.first() as mine: if mine: ...`: a block that rank 0 alone runs (taking and writing the run
+        directory, preparing the corpus), the others waiting for it at its end; an XattnError or OSError it raises
+        is raised on every rank. The others went on to their next collective and ended there with the process
+        group's traceback (torchrun: rank 0 refused the run directory, or its disk filled at a checkpoint)."""
+        if self.world == 1:
+            yield True
+            return
         problem = None
-        if self.rank == 0:
-            try:
-                fn()
-            except (XattnError, OSError) as e:
-                problem = e
-        if self.world > 1:
-            problem = self.gather(problem)[0]
-        if problem is not None:
-            raise problem
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch_dist.barrier()
+        try:
+            yield self.rank == 0
+        except (XattnError, OSError) as e:
+            problem = e
+        shared = self.gather(problem)[0]
+        if shared is not None:
+            raise problem if self.rank == 0 else shared
 
 
 def setup(device: str) -> Context:

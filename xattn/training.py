@@ -62,8 +62,9 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.amp = amp_dtype(cfg.train.amp, self.device)
-        # held before its manifest is read (a folder without a run: from the run's first write, its tokenizers)
-        self.ctx.first(lambda: lock_run_dir(self.out_dir))
+        with self.ctx.first() as mine:
+            if mine:  # before its manifest is read (a folder without a run: from the run's first write, its tokenizers)
+                lock_run_dir(self.out_dir)
         self.state_dir, manifest = open_run_dir(self.out_dir)
         factory = factory or from_config(cfg, self.out_dir)
         if manifest is not None:  # before a corpus is prepared for a run that would be refused
@@ -112,12 +113,12 @@ class Trainer:
 
     def _start(self) -> None:
         """A new run (rank 0 writes): the checkpoint of step 0, then config.yaml."""
-        self.ctx.first(self._take_over)
         rngs = self.ctx.gather(rng_state())
-        if self.ctx.rank == 0:  # config.yaml after the first checkpoint: without one, it is never this run's
-            self._save_state(rngs)
-            save_config(self.cfg, self.out_dir / CONFIG)
-        self.ctx.barrier()
+        with self.ctx.first() as mine:
+            if mine:  # config.yaml after the first checkpoint: without one, it is never this run's
+                self._take_over()
+                self._save_state(rngs)
+                save_config(self.cfg, self.out_dir / CONFIG)
 
     def _resume(self, manifest: Manifest) -> None:
         """Continue from the last complete checkpoint; config.yaml takes this run's budgets."""
@@ -130,19 +131,20 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         set_rng_state(state["rng_ranks"][self.ctx.rank] if "rng_ranks" in state else state["rng"])  # one a process
-        self.ctx.first(self._take_over)
-        if self.ctx.rank == 0:
-            log = self.out_dir / LOG
-            if log.is_file() and log.stat().st_size > manifest.log_bytes:
-                with log.open("r+b") as f:
-                    f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
-            p = self.progress  # the checkpoint's best weights, published after it: a kill may have come before
-            if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
-                    published_before(self.out_dir, self.state_dir):
-                if p.averaged:
-                    self._on_weights(self._average(self.state_dir.manifest.averaging), self._save_model)
-                else:
-                    self._save_model()
+        with self.ctx.first() as mine:
+            if mine:
+                self._take_over()
+                log = self.out_dir / LOG
+                if log.is_file() and log.stat().st_size > manifest.log_bytes:
+                    with log.open("r+b") as f:
+                        f.truncate(manifest.log_bytes)  # records written after the checkpoint are written again
+                p = self.progress  # the checkpoint's best weights, published after it: a kill may have come before
+                if p.best_step == p.step and p.best_score > -math.inf and (p.averaged or not p.finished) and \
+                        published_before(self.out_dir, self.state_dir):
+                    if p.averaged:
+                        self._on_weights(self._average(self.state_dir.manifest.averaging), self._save_model)
+                    else:
+                        self._save_model()
         self._print(f"resuming {self.out_dir} at step {self.progress.step} (epoch {self.progress.epoch})")
 
     def _take_over(self) -> None:
@@ -234,8 +236,9 @@ class Trainer:
             p.stop_reason = stop_reason
             return p
         p.finished = False  # training goes on, or only its end (averaging) is left to redo
-        if self.ctx.rank == 0:  # a resume's settings, once they apply (a run already done keeps its own)
-            save_config(self.cfg, self.out_dir / CONFIG)
+        with self.ctx.first() as mine:
+            if mine:  # a resume's settings, once they apply (a run already done keeps its own)
+                save_config(self.cfg, self.out_dir / CONFIG)
         previous = {s: signal.signal(s, self._on_signal) for s in STOPS}
         display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
@@ -272,15 +275,9 @@ class Trainer:
 
     def _limit_reached(self) -> str | None:
         tc, p = self.cfg.train, self.progress
-        if p.step >= tc.max_steps:
-            return "max_steps"
-        if tc.max_minutes and p.seconds >= tc.max_minutes * 60:
-            return "max_minutes"
-        if p.epoch >= tc.max_epochs:
-            return "max_epochs"
-        if tc.patience and p.bad_evals >= tc.patience:
-            return "early_stopping"
-        return None
+        reached = {"max_steps": p.step >= tc.max_steps, "max_minutes": 0 < tc.max_minutes * 60 <= p.seconds,
+                   "max_epochs": p.epoch >= tc.max_epochs, "early_stopping": 0 < tc.patience <= p.bad_evals}
+        return next((reason for reason, hit in reached.items() if hit), None)
 
     def _after_step(self) -> str | None:
         tc, p = self.cfg.train, self.progress
@@ -298,8 +295,8 @@ class Trainer:
         tc, p = self.cfg.train, self.progress
         patience_over, improved = False, False
         rngs = self.ctx.gather(rng_state())
-        if self.ctx.rank == 0:
-            if evaluate:
+        with self.ctx.first() as mine:
+            if mine and evaluate:
                 scores = self.validate()
                 improved = scores["valid_bleu"] > p.best_score
                 p.best_score, p.best_step, p.bad_evals = (scores["valid_bleu"], p.step, 0) if improved else \
@@ -309,10 +306,10 @@ class Trainer:
                 self._log({"step": p.step, "epoch": p.epoch, **scores, "best": improved})
                 self._print(f"step {p.step}: valid nll {scores['valid_nll']:.3f}, BLEU {scores['valid_bleu']:.2f}"
                             f"{' (best)' if improved else ''}")
-            self._save_state(rngs, for_averaging=evaluate)
-            if improved:  # published after the checkpoint that records it (_resume publishes it again if need be)
-                self._save_model()
-        self.ctx.barrier()
+            if mine:  # the best published after the checkpoint that records it (_resume publishes it again if need be)
+                self._save_state(rngs, for_averaging=evaluate)
+                if improved:
+                    self._save_model()
         return patience_over
 
     def _finish(self, reason: str | None) -> None:
@@ -320,18 +317,18 @@ class Trainer:
         average that validates better is published after the checkpoint that records it, as any best weights."""
         p = self.progress
         rngs = self.ctx.gather(rng_state()) if reason != "interrupted" else []
-        if self.ctx.rank == 0 and reason != "interrupted":
-            kept = kept_for_averaging(self.state_dir.manifest.averaging, self.cfg.train.average_last)
-            average = self._validate_average(kept) if len(kept) > 1 else None
-            p.finished = True
-            self._save_state(rngs)
-            if average is not None:
-                self._on_weights(average, self._save_model)
+        with self.ctx.first() as mine:
+            if mine and reason != "interrupted":
+                kept = kept_for_averaging(self.state_dir.manifest.averaging, self.cfg.train.average_last)
+                average = self._validate_average(kept) if len(kept) > 1 else None
+                p.finished = True
+                self._save_state(rngs)
+                if average is not None:
+                    self._on_weights(average, self._save_model)
         if reason == "interrupted":
             self._print(f"interrupted at step {p.step}; run the same command again to resume")
         else:
             self._print(f"done ({reason}) at step {p.step}; best valid BLEU {p.best_score:.2f} at step {p.best_step}")
-        self.ctx.barrier()
         release_run_dir(self.out_dir)  # (lock_run_dir: this process writes there no more)
 
     def _validate_average(self, kept: list[list]) -> dict[str, torch.Tensor] | None:

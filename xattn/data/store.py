@@ -35,15 +35,14 @@ def training_corpus(cfg: DataConfig, ctx: Context | None = None, inherit: dict[s
                     workers: int | None = None) -> MappedCorpus:
     """The prepared training corpus of `cfg`, memory-mapped (see the module)."""
     ctx, inherit = ctx or Context(), inherit or {}
-    if cfg.prepared:  # (read through by rank 0 alone)
-        folder, opened = Path(cfg.prepared), []
-        ctx.first(lambda: opened.append(MappedCorpus.open(folder)))  # (its refusal is every rank's)
-        corpus = opened[0] if opened else MappedCorpus.open(folder, verify=False)
+    prepared = Path(cfg.prepared) if cfg.prepared else None
+    folder = prepared or cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}"
+    with ctx.first() as mine:  # (rank 0 reads it through or makes it; its refusal is every rank's)
+        corpus = (MappedCorpus.open(folder) if prepared else make(folder, cfg, inherit, workers)) if mine else None
+    corpus = corpus if corpus is not None else MappedCorpus.open(folder, verify=False)  # (rank 0 checked it)
+    if prepared:
         check_matches(corpus, cfg, inherit)
-        return corpus
-    folder, made = cache_root() / f"{slug(cfg)}-{cache_key(cfg, inherit)}", []
-    ctx.first(lambda: made.append(make(folder, cfg, inherit, workers)))  # (the others wait; its refusal is theirs)
-    return made[0] if made else MappedCorpus.open(folder, verify=False)  # (rank 0 checked it)
+    return corpus
 
 
 def make(folder: Path, cfg: DataConfig, inherit: dict[str, Path], workers: int | None) -> MappedCorpus:
