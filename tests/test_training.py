@@ -247,6 +247,26 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
         assert sign not in result.stderr, result.stderr[-3000:]
 
 
+def test_the_processes_wait_for_each_other_as_long_as_train_ddp_timeout_says(monkeypatch):
+    """PyTorch's defaults (30 minutes on gloo, 10 on NCCL) ended a torchrun run while rank 0 prepared a large corpus
+    alone and the others waited."""
+    from datetime import timedelta
+
+    import torch.distributed as torch_dist
+
+    from xattn import distributed
+
+    joined = {}
+    monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_dist, "init_process_group", lambda backend, **kwargs: joined.update(kwargs))
+    cfg = _cfg("train.ddp_timeout=240", "train.device=cpu")
+    assert distributed.setup(cfg.train.device, cfg.train.ddp_timeout) == distributed.Context(1, 2)
+    assert joined == {"timeout": timedelta(hours=4)}
+    with pytest.raises(XattnError, match="train.ddp_timeout"):
+        _cfg("train.ddp_timeout=0")
+
+
 def test_a_new_directory_is_held_from_the_runs_first_write_there(tmp_path):
     """Held from its first checkpoint, a new directory took the tokenizers of two runs started into it at once, and
     the one that went on could end with the other's."""
@@ -307,7 +327,7 @@ def test_an_epoch_too_small_for_the_processes_is_refused_before_the_first_checkp
     """Refused after it, the run directory held a run whose settings the suggested fix (a lower train.max_tokens)
     was then refused for."""
     from xattn import distributed
-    monkeypatch.setattr(distributed, "setup", lambda device: distributed.Context(rank=0, world=1000))
+    monkeypatch.setattr(distributed, "setup", lambda device, timeout: distributed.Context(rank=0, world=1000))
     monkeypatch.setattr(distributed.Context, "wrap", lambda self, model: model)
     monkeypatch.setattr(distributed.Context, "gather", lambda self, value: [value] * self.world)
     with pytest.raises(XattnError, match="for 1000 training processes: lower train.max_tokens"):

@@ -240,13 +240,15 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"                # auto | cpu | cuda | cuda:N | mps
     threads: int = 0                    # torch CPU threads (0: torch default)
+    ddp_timeout: float = 60.0           # torchrun: minutes a process waits for the others (rank 0 preparing a corpus)
 
     CHECKS: ClassVar[dict[str, Check]] = dict(
         max_tokens=POSITIVE, accumulate=POSITIVE, lr=within(0, lo_open=True), warmup=NON_NEGATIVE,
         betas=FRACTION, weight_decay=NON_NEGATIVE, label_smoothing=FRACTION, clip_norm=NON_NEGATIVE,
         max_steps=POSITIVE, max_epochs=POSITIVE, max_minutes=NON_NEGATIVE, amp=one_of("auto", "none", "bf16", "fp16"),
         eval_every=POSITIVE, eval_bleu_sentences=NON_NEGATIVE, patience=NON_NEGATIVE, average_last=NON_NEGATIVE,
-        log_every=POSITIVE, seed=within(0, 2**32 - 1), device=device_name, threads=within(0, 1024))
+        log_every=POSITIVE, seed=within(0, 2**32 - 1), device=device_name, threads=within(0, 1024),
+        ddp_timeout=within(0, 10**6, lo_open=True))
 
     def __post_init__(self) -> None:
         validate(self, "train")

@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+from datetime import timedelta
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -121,15 +122,17 @@ class Context:
             raise problem if self.rank == 0 else shared
 
 
-def setup(device: str) -> Context:
-    """Join the process group torchrun set up, if any."""
+def setup(device: str, timeout_minutes: float = 60.0) -> Context:
+    """Join the process group torchrun set up, if any; a process waits `timeout_minutes` for the others at a
+    collective (PyTorch's defaults, 30 minutes on gloo and 10 on NCCL, ended the run while rank 0 prepared a large
+    corpus alone)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Context()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device.partition(":")[0] in ("auto", "cuda") and torch.cuda.is_available()  # (not cpu:0, mps)
     if not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if use_cuda else "gloo")
+        torch_dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=timeout_minutes))
     if use_cuda:
         torch.cuda.set_device(local)
     return Context(rank, world, torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu"))

@@ -57,7 +57,7 @@ class Trainer:
                  flags: dict[str, str] | None = None):
         self.out_dir, self.quiet = Path(out_dir), quiet
         self.flags = flags or {}  # how the caller's command line names a config key, for messages
-        self.ctx = dist.setup(cfg.train.device)
+        self.ctx = dist.setup(cfg.train.device, cfg.train.ddp_timeout)
         self.device = self.ctx.device if self.ctx.world > 1 else resolve_device(cfg.train.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
