@@ -19,7 +19,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 CACHE = Path(os.environ.get("XATTN_BENCH_CACHE", Path.home() / ".cache" / "xattn" / "bench"))
 """Benchmark models, outside the repository: one directory per preset and config hash (`use_cache` moves it)."""
-NOT_IN_KEY = {"train": ("threads", "device", "log_every")}
+NOT_IN_KEY = {"train": ("threads", "device", "log_every", "ddp_timeout")}
 """Settings that do not change the model a run trains (with DataConfig.LOCATIONS)."""
 
 

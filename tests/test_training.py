@@ -224,7 +224,8 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
     train(_cfg("train.max_steps=1"), out, quiet=True)
     if refusal == "prepared corpus damaged":
         assert main(["prepare", str(config), "--out", str(tmp_path / "prepared"), "--workers", "1"]) == 0
-        array = max((f for f in (tmp_path / "prepared").iterdir() if f.suffix != ".json"), key=lambda f: f.stat().st_size)
+        arrays = [f for f in (tmp_path / "prepared").iterdir() if f.suffix != ".json"]
+        array = max(arrays, key=lambda f: f.stat().st_size)
         data = bytearray(array.read_bytes())
         data[0] ^= 1
         array.write_bytes(bytes(data))
@@ -281,6 +282,44 @@ def test_a_new_directory_is_held_from_the_runs_first_write_there(tmp_path):
         with pytest.raises(XattnError, match="another training"):
             Trainer(_cfg("train.max_steps=1"), out, quiet=True)
     assert [f.name for f in out.iterdir()] == [LOCK]
+
+
+def test_a_run_that_went_on_in_a_new_directory_meanwhile_is_not_overwritten(tmp_path, monkeypatch):
+    """A run that found the directory new, then held it only after another run into it had started, overwrote that
+    run's tokenizers and removed its checkpoint as half written."""
+    from xattn import recipes
+
+    out, build, other = tmp_path / "run", recipes.from_config, []
+
+    def late(cfg, out_dir):  # the other run trains to its end while this one prepares its corpus
+        if not other:
+            other.append(None)
+            other[0] = train(_cfg("train.max_steps=1", "data.vocab_size=100"), out, quiet=True)
+        return build(cfg, out_dir)
+    monkeypatch.setattr("xattn.training.from_config", late)
+    with pytest.raises(XattnError, match="another training started a run there meanwhile"):
+        train(_cfg("train.max_steps=1"), out, quiet=True)
+    assert other[0].step == 1 and (out / "train_state" / "manifest.json").is_file()
+    monkeypatch.setattr("xattn.training.from_config", build)
+    assert train(_cfg("train.max_steps=2", "data.vocab_size=100"), out, quiet=True).step == 2  # it resumes
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path):
+    """Under nohup a closed terminal's SIGHUP is ignored; training took it as a request to stop and returned its
+    model cut short to the script that called it."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        trainer = Trainer(_cfg("train.max_steps=3"), tmp_path, quiet=True)
+        real = trainer._train_step
+
+        def step(batches):
+            signal.raise_signal(signal.SIGHUP)  # the terminal closes
+            return real(batches)
+        trainer._train_step = step
+        progress = trainer.fit()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert progress.stop_reason == "max_steps" and progress.step == 3
 
 
 def test_an_interrupt_on_a_step_due_for_evaluation_evaluates_it_first(tmp_path):

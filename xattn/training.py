@@ -239,7 +239,7 @@ class Trainer:
         with self.ctx.first() as mine:
             if mine:  # a resume's settings, once they apply (a run already done keeps its own)
                 save_config(self.cfg, self.out_dir / CONFIG)
-        previous = {s: signal.signal(s, self._on_signal) for s in STOPS}
+        previous = {s: signal.signal(s, self._on_signal) for s in STOPS if signal.getsignal(s) != signal.SIG_IGN}
         display = open_display(tc, p.step, p.seconds, enabled=not self.quiet and self.ctx.rank == 0)
         try:
             while stop_reason is None:
@@ -390,8 +390,11 @@ def train(cfg: RunConfig, out_dir: str | Path, quiet: bool = False, factory: Fac
     """Train (or resume) a model directory; returns where training stopped. `factory`: the parts to train
     (default: those `xattn train` builds from the config); `flags`: {config key: the caller's flag for it},
     named in messages instead of the key."""
-    try:  # (a refusal while the trainer is built leaves the process group too)
+    try:  # (a refusal while the trainer is built leaves the process group, and the run directory, too)
         return Trainer(cfg, out_dir, quiet, factory, flags).fit()
+    except BaseException:
+        release_run_dir(Path(out_dir))
+        raise
     finally:
         dist.teardown()
 

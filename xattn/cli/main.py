@@ -147,8 +147,8 @@ def _verb(args) -> str:
 
 
 def _fail(verb: str, message: str) -> int:
-    sys.stderr.write(f"xattn {verb}: error: {' '.join(message.split())}\n")  # one write: whole beside other ranks
-    return 2
+    print(f"xattn {verb}: error: {' '.join(message.split())}\n", end="", file=sys.stderr)  # (one write: whole
+    return 2                                                                                 # beside other ranks)
 
 
 if __name__ == "__main__":
