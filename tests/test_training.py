@@ -203,17 +203,18 @@ FULL_DISK = textwrap.dedent("""
     from xattn import training
     from xattn.cli.main import main
     if __name__ == "__main__":
-        write = training.Trainer._save_state
-        def full(self, rngs, for_averaging=False):  # rank 0's disk fills at the checkpoint of step 2
+        where, write = sys.argv.pop(1), getattr(training.Trainer, sys.argv[1])
+        def full(self, *args, **kwargs):  # rank 0's disk fills at step 2's checkpoint, or its log record
             if self.ctx.rank == 0 and self.progress.step >= 2:
-                raise OSError(errno.ENOSPC, "No space left on device", str(self.out_dir / "train_state"))
-            return write(self, rngs, for_averaging)
-        training.Trainer._save_state = full
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.out_dir / where))
+            return write(self, *args, **kwargs)
+        setattr(training.Trainer, sys.argv.pop(1), full)
         sys.exit(main(sys.argv[1:]))
 """)
 
 
-@pytest.mark.parametrize("refusal", ["directory held", "prepared corpus damaged", "disk full at a checkpoint"])
+@pytest.mark.parametrize("refusal", ["directory held", "prepared corpus damaged", "disk full at a checkpoint",
+                                     "disk full at a log record"])
 def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
     """Rank 0 alone takes the run directory, reads a prepared corpus through and writes the checkpoints. When another
     training held the directory, an array no longer matched its SHA-256 or the disk filled, rank 0 ended with its
@@ -230,9 +231,11 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
         data[0] ^= 1
         array.write_bytes(bytes(data))
         out, extra = tmp_path / "new", [f"data.prepared={tmp_path / 'prepared'}"]
-    elif refusal == "disk full at a checkpoint":
+    elif refusal.startswith("disk full"):
         (tmp_path / "full.py").write_text(FULL_DISK)
-        out, extra, launch = tmp_path / "new", ["train.eval_every=2", "train.max_steps=4"], [str(tmp_path / "full.py")]
+        where = ["train_state", "_save_state"] if refusal.endswith("checkpoint") else ["log.jsonl", "_log"]
+        out, extra = tmp_path / "new", ["train.eval_every=2", "train.max_steps=4"]
+        launch = [str(tmp_path / "full.py"), *where]
     lock_run_dir(tmp_path / "run")  # another training writing there
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *launch,
@@ -242,7 +245,8 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_line(tmp_path, refusal):
     finally:
         release_run_dir(tmp_path / "run")
     line = {"directory held": "another training (process", "prepared corpus damaged": "SHA-256",
-            "disk full at a checkpoint": "train_state: No space left on device"}[refusal]
+            "disk full at a checkpoint": "train_state: No space left on device",
+            "disk full at a log record": "log.jsonl: No space left on device"}[refusal]
     assert result.returncode != 0 and result.stderr.count(line) == 2, result.stderr[-2000:]
     for sign in ("[rank1]", "RuntimeError", "Connection closed", "terminate called"):
         assert sign not in result.stderr, result.stderr[-3000:]

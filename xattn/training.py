@@ -247,16 +247,16 @@ class Trainer:
                 while p.batch < len(batches) and stop_reason is None:
                     group = [self.corpus.train.collate(ix) for ix in batches[p.batch: p.batch + tc.accumulate]]
                     nll, n_tokens, aligned = self._train_step(group)
-                    p.step, p.batch = p.step + 1, p.batch + len(group)
+                    p.step, p.batch, p.seconds = p.step + 1, p.batch + len(group), time.time() - start
                     p.target_tokens += n_tokens * self.ctx.world
-                    p.seconds = time.time() - start
                     window.add(nll, n_tokens * self.ctx.world)
                     lr = self.optimizer.param_groups[0]["lr"]
                     display.update(StepStatus(p.step, p.epoch, window.loss, lr, window.rate, p.seconds))
                     if p.step % tc.log_every == 0:
-                        self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": lr,
-                                   "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)}
-                                  | ({"alignment_loss": aligned} if aligned is not None else {}))
+                        with self.ctx.first():  # (rank 0 writes: a full disk ends every rank with its line)
+                            self._log({"step": p.step, "epoch": p.epoch, "loss": nll, "lr": lr,
+                                       "tokens_per_s": window.rate, "seconds": round(p.seconds, 2)}
+                                      | ({"alignment_loss": aligned} if aligned is not None else {}))
                     stop_reason = self._after_step()
                 if p.batch >= len(batches):
                     p.epoch, p.batch = p.epoch + 1, 0
