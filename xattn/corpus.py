@@ -17,7 +17,7 @@ from xattn.data.splits import describe_split, read_all, read_split, text_fingerp
 from xattn.distributed import Context
 from xattn.errors import XattnError
 from xattn.io import json_text
-from xattn.train_state import STATE_DIR, TrainStateDir, lock_run_dir
+from xattn.train_state import hold_new_run_dir
 from xattn.tokenizer import TokenizerPair, load_tokenizers
 
 
@@ -35,8 +35,7 @@ class Corpus:
 def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, new_tokenizers: bool = True,
                    inherit: dict[str, Path] | None = None, workers: int | None = None) -> Corpus:
     """The training corpus prepared (found or made, xattn.data.store) and mapped, the validation pairs read
-    and tokenized. With `new_tokenizers` (a new run), rank 0 holds `out_dir` for it (lock_run_dir, until
-    release_run_dir or the process ends; refused if a run went on there meanwhile) and copies
+    and tokenized. With `new_tokenizers` (a new run), rank 0 holds `out_dir` for it (hold_new_run_dir) and copies
     the prepared directory's tokenizers there; otherwise the ones in `out_dir` must be the same. `inherit` {"src"
     or "tgt": a tokenizer file}: that side's tokenizer is a transfer parent's, and only the other side's is trained.
     The fingerprint covers the prepared arrays and tokenizers, so a resumed run whose model directory holds other
@@ -53,12 +52,8 @@ def prepare_corpus(cfg: DataConfig, out_dir: Path, ctx: Context | None = None, n
     train = training_corpus(cfg, ctx, inherit, workers)
     prepared = train.manifest.get("tokenizers", {})
     with ctx.first() as mine:  # (the others wait for it)
-        if new_tokenizers and mine:  # the new run's first write there: the directory is held from now on (another
-            out_dir.mkdir(parents=True, exist_ok=True)  # run started into it at once overwrote these, then was
-            lock_run_dir(out_dir, make=True)            # refused later)
-            if TrainStateDir(out_dir / STATE_DIR).read() is not None:  # (one started there meanwhile and went on)
-                raise XattnError(f"{out_dir}: another training started a run there meanwhile; resume it with its "
-                                 "command, or train into another directory")
+        if new_tokenizers and mine:  # the new run's first write there
+            hold_new_run_dir(out_dir)
             for stale in set(tokenizer_hashes(out_dir)) - set(prepared):
                 (out_dir / stale).unlink()
             copy_tokenizers(train.folder, out_dir)

@@ -8,9 +8,9 @@ import contextlib
 import ctypes
 import os
 import pickle
-from datetime import timedelta
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist

@@ -288,6 +288,17 @@ def lock_run_dir(out_dir: Path, make: bool = False) -> None:
     _HELD[key] = held
 
 
+def hold_new_run_dir(out_dir: Path) -> None:
+    """Hold `out_dir` for a new run from its first write there (lock_run_dir; until release_run_dir or the process
+    ends). Refused when a run went on there since this one found none: two runs started into one new directory at
+    once each wrote their tokenizers there, and the later one removed the other's checkpoint as half written."""
+    out_dir.mkdir(parents=True, exist_ok=True)  # (where locks are unavailable too)
+    lock_run_dir(out_dir, make=True)
+    if TrainStateDir(out_dir / STATE_DIR).read() is not None:
+        raise XattnError(f"{out_dir}: another training started a run there meanwhile; resume it with its command, "
+                         "or train into another directory")
+
+
 def release_run_dir(out_dir: Path) -> None:
     """Let go of `out_dir` (lock_run_dir), as the end of this process would."""
     if (held := _HELD.pop(str(out_dir.resolve()), None)) is not None:

@@ -147,8 +147,9 @@ def _verb(args) -> str:
 
 
 def _fail(verb: str, message: str) -> int:
-    print(f"xattn {verb}: error: {' '.join(message.split())}\n", end="", file=sys.stderr)  # (one write: whole
-    return 2                                                                                 # beside other ranks)
+    # one write, so that the lines of torchrun's processes, which share a stderr, do not run into each other
+    print(f"xattn {verb}: error: {' '.join(message.split())}\n", end="", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

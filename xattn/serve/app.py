@@ -362,7 +362,7 @@ def add_file_routes(app: FastAPI, models: Models, limits: Limits, api_key: str |
         # event loop, since a file may have thousands of lines to identify (a tenth of a second and more)
         route_of = partial(models.route, req.source, req.target, [content, *lines],
                            ["file", *(f"file: line {n}" for n in numbers)])
-        route = await asyncio.to_thread(route_of) if req.source.lower() == "auto" else route_of()
+        route = await asyncio.to_thread(route_of) if models.code(req.source) == "auto" else route_of()
         record["model"] = route.served.pair
         asked = TranslateRequest(q=lines, source=route.served.source, target=route.served.target)
         # one request, its lines its texts: a file is within a request's characters (file_text), not its items

@@ -20,6 +20,7 @@ import html
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from html.parser import HTMLParser
 
 from xattn.serve.limits import ApiError
@@ -104,7 +105,7 @@ class Page:
     """An HTML text as markup kept (str) and blocks to translate, in order."""
     parts: list[str | Block]
 
-    @property
+    @cached_property  # (parts are not changed once read)
     def blocks(self) -> list[Block]:
         return [p for p in self.parts if isinstance(p, Block)]
 
@@ -210,7 +211,7 @@ class Reader(HTMLParser):
             self.kept.append(self._raw(data))
             return
         if not data.strip(" \t\n\r\f") and self.block is None:
-            self.parts.append(html.escape(data, quote=False))
+            self.parts.append(data)  # (white space alone: nothing to escape)
             return
         block = self._block()
         block.raw.append(self._raw(data))
@@ -333,8 +334,6 @@ def plain(page: Page) -> str:
 def named_blocks(pages: list[Page]):
     """An ApiError raised inside, naming q[k] (the k-th block of all the pages, each a text of the request that
     translates them), names the page and its block instead: q[i], or q[i]: block n of a page of several."""
-    owners = [(i, n, len(page.blocks)) for i, page in enumerate(pages) for n in range(1, len(page.blocks) + 1)]
-
     def name(m: re.Match) -> str:
         if int(m[1]) >= len(owners):
             return m[0]
@@ -343,4 +342,5 @@ def named_blocks(pages: list[Page]):
     try:
         yield
     except ApiError as e:
+        owners = [(i, n, len(page.blocks)) for i, page in enumerate(pages) for n in range(1, len(page.blocks) + 1)]
         raise ApiError(e.status, NAME.sub(name, e.message), e.error_type, e.headers) from None

@@ -140,6 +140,7 @@ class Models:
                 raise XattnError(f"{twin.path} and {one.path}: both translate {one.source}→{one.target}; serve one "
                                  "model per language pair (requests are routed by source and target)")
         self.served, self.detect = served, detect or identified
+        self.codes = list(dict.fromkeys(code for one in served for code in (one.source, one.target)))  # in order
 
     @classmethod
     def read(cls, model_dirs: list[str], detect: Detect | None = None, limits: Limits | None = None) -> Models:
@@ -216,9 +217,8 @@ class Models:
         """`given` as this server names a language: in lower case (`DE`, `Auto`), and LibreTranslate's names of
         variants (`zh-Hans`, as its /languages lists them since 1.6) as the codes of its models (`zh`); as given
         when neither is a language served, for the error to name it as the client wrote it."""
-        served = {code for one in self.served for code in (one.source, one.target)} | {"auto"}
         lower = given.lower()
-        return next((code for code in (lower, VARIANTS.get(lower)) if code in served), given)
+        return next((code for code in (lower, VARIANTS.get(lower)) if code == "auto" or code in self.codes), given)
 
     def pick(self, source: str, target: str | None) -> Served:
         """The model from `source` to `target` (None: the only target `source` has here)."""
@@ -242,9 +242,8 @@ class Models:
 
     def languages(self) -> list[dict]:
         """LibreTranslate's /languages: every language that is a source or a target here, once, with its targets."""
-        codes = dict.fromkeys(code for one in self.served for code in (one.source, one.target))
         return [{"code": code, "name": LANGUAGE_NAMES.get(code, code),
-                 "targets": sorted(one.target for one in self.served if one.source == code)} for code in codes]
+                 "targets": sorted(one.target for one in self.served if one.source == code)} for code in self.codes]
 
     async def load(self, device: str, limits: Limits, metrics: Metrics,
                    on_error: Callable[[str], None] | None = None) -> None:
